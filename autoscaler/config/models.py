@@ -1,0 +1,307 @@
+"""The configuration schema: one pydantic model per block of the YAML.
+
+Every model forbids unknown keys so a typo is refused rather than silently ignored, and every
+number that spends money or bounds capacity is range-checked here, once, for every caller.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from autoscaler.config.durations import Duration
+
+DEFAULT_WORKER_IMAGE = "ghcr.io/gpu-queue-autoscaler/worker:latest"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- triggers
+
+
+def _check_cron(expr: str) -> str:
+    if not croniter.is_valid(expr):
+        raise ValueError(
+            f"{expr!r} is not a cron expression croniter accepts; "
+            'write five fields "minute hour day-of-month month day-of-week", e.g. "0 8 * * 1-5"'
+        )
+    return expr
+
+
+def _check_timezone(name: str) -> str:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"{name!r} is not an IANA time zone; use a name like 'UTC' or 'Europe/Paris'"
+        ) from None
+    return name
+
+
+class NoWorkersTrigger(Strict):
+    """Jobs are pending and no live worker serves the queue: start one machine."""
+
+    trigger: Literal["no_workers"]
+
+
+class QueueDepthTrigger(Strict):
+    """More than `threshold` pending: one more machine; or `target_per_worker` jobs per machine."""
+
+    trigger: Literal["queue_depth"]
+    threshold: int | None = Field(default=None, ge=0)
+    target_per_worker: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> QueueDepthTrigger:
+        if (self.threshold is None) == (self.target_per_worker is None):
+            raise ValueError(
+                "queue_depth needs exactly one of 'threshold' (add one machine above N pending) "
+                "or 'target_per_worker' (one machine per N pending)"
+            )
+        return self
+
+
+class LatencyTrigger(Strict):
+    """The oldest pending job has waited longer than `max_latency`: add a machine."""
+
+    trigger: Literal["latency"]
+    max_latency: Duration = Field(gt=0)
+
+
+class MetricTrigger(Strict):
+    """An external value (a Prometheus instant query) above a threshold or per-worker target."""
+
+    trigger: Literal["metric"]
+    query: str = Field(min_length=1)
+    url: str | None = None
+    url_env: str | None = None
+    threshold: float | None = Field(default=None, ge=0)
+    target_per_worker: float | None = Field(default=None, gt=0)
+    timeout: Duration = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> MetricTrigger:
+        if (self.threshold is None) == (self.target_per_worker is None):
+            raise ValueError(
+                "metric needs exactly one of 'threshold' or 'target_per_worker'"
+            )
+        if self.url is None and self.url_env is None:
+            raise ValueError(
+                "metric needs the Prometheus address: set 'url' (http://prometheus:9090) "
+                "or 'url_env' (the name of an environment variable holding it)"
+            )
+        return self
+
+
+class ScheduleUpTrigger(Strict):
+    """Each cron firing holds a floor of `workers` machines for `duration` (pre-warming)."""
+
+    trigger: Literal["schedule"]
+    cron: str
+    timezone: str = "UTC"
+    workers: int = Field(ge=1)
+    duration: Duration = Field(gt=0)
+
+    _cron = field_validator("cron")(_check_cron)
+    _tz = field_validator("timezone")(_check_timezone)
+
+
+class IdleTrigger(Strict):
+    """A worker that has run no task for `timeout` is drained, most idle first."""
+
+    trigger: Literal["idle"]
+    timeout: Duration = Field(gt=0)
+
+
+class ScheduleDownTrigger(Strict):
+    """At each cron firing, go back to `min_workers`: idle drained now, busy once finished."""
+
+    trigger: Literal["schedule"]
+    cron: str
+    timezone: str = "UTC"
+
+    _cron = field_validator("cron")(_check_cron)
+    _tz = field_validator("timezone")(_check_timezone)
+
+
+ScaleUpTrigger = Annotated[
+    NoWorkersTrigger | QueueDepthTrigger | LatencyTrigger | MetricTrigger | ScheduleUpTrigger,
+    Field(discriminator="trigger"),
+]
+ScaleDownTrigger = Annotated[IdleTrigger | ScheduleDownTrigger, Field(discriminator="trigger")]
+
+SCALE_UP_TRIGGERS = ("no_workers", "queue_depth", "latency", "metric", "schedule")
+SCALE_DOWN_TRIGGERS = ("idle", "schedule")
+
+
+# --------------------------------------------------------------------------- queues
+
+
+class Deployment(Strict):
+    """What a rented machine runs: the team's task code and how to start its worker."""
+
+    git_url: str = Field(min_length=1)
+    startup_cmd: str = Field(min_length=1)
+    git_ref: str | None = None
+
+
+class InstanceSpec(Strict):
+    """The machine to rent for a queue."""
+
+    gpu: str = Field(min_length=1)
+    gpu_count: int = Field(default=1, ge=1, le=16)
+    disk_gb: int = Field(default=50, ge=1)
+    max_price_per_hour: float = Field(gt=0)
+    image: str = DEFAULT_WORKER_IMAGE
+
+
+class MetricsSource(Strict):
+    """Where a queue's numbers come from.
+
+    `celery` picks the transport from the URL scheme (redis/rediss, amqp, sqla+); `asynq` reads
+    the Go queue runqy is built on; `redis-list` / `redis-stream` serve any other producer.
+    Without a URL the watched broker of the environment (AUTOSCALER_WATCH_BROKER_URL) is used.
+    """
+
+    source: Literal["celery", "asynq", "redis-list", "redis-stream"] = "celery"
+    url: str | None = None
+    url_env: str | None = None
+    queue: str | None = None
+    management_url: str | None = None
+    global_keyprefix: str = ""
+    sep: str = "\x06\x16"
+    priority_steps: tuple[int, ...] = (0, 3, 6, 9)
+    stale_after: Duration = Field(default=300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_url(self) -> MetricsSource:
+        if self.url is not None and self.url_env is not None:
+            raise ValueError("give 'url' or 'url_env', not both")
+        return self
+
+
+class Autoscale(Strict):
+    enabled: bool = True
+    provider: str = Field(min_length=1)
+    min_workers: int = Field(default=0, ge=0)
+    max_workers: int = Field(ge=0)
+    priority: int = 0
+    scale_up: tuple[ScaleUpTrigger, ...] = ()
+    scale_down: tuple[ScaleDownTrigger, ...] = ()
+    instance: InstanceSpec
+    poll_interval: Duration | None = Field(default=None, gt=0)
+    boot_timeout: Duration | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscale:
+        if self.max_workers < self.min_workers:
+            raise ValueError(
+                f"max_workers ({self.max_workers}) is below min_workers ({self.min_workers}); "
+                "raise max_workers or lower min_workers"
+            )
+        for trig in self.scale_up:
+            if isinstance(trig, ScheduleUpTrigger) and trig.workers > self.max_workers:
+                raise ValueError(
+                    f"a schedule asks for {trig.workers} workers but max_workers is "
+                    f"{self.max_workers}; lower the schedule's workers or raise max_workers"
+                )
+        return self
+
+
+class Queue(Strict):
+    deployment: Deployment | None = None
+    metrics: MetricsSource = MetricsSource()
+    autoscale: Autoscale | None = None
+
+
+# --------------------------------------------------------------------------- providers
+
+PROVIDER_KINDS = ("runpod", "vast", "mock", "local")
+
+
+class _ProviderBase(Strict):
+    """Credentials are never written in the YAML: by env var name, or stored encrypted."""
+
+    api_key_env: str | None = None
+
+
+class RunPodProvider(_ProviderBase):
+    kind: Literal["runpod"]
+    gpu_types: tuple[str, ...] = ()
+    cloud_type: Literal["SECURE", "COMMUNITY"] = "SECURE"
+    data_centers: tuple[str, ...] = ()
+    base_url: str = "https://api.runpod.io"
+
+
+class VastProvider(_ProviderBase):
+    kind: Literal["vast"]
+    verified: bool = True
+    countries: tuple[str, ...] = ()
+    min_bandwidth_mbps: float | None = Field(default=None, ge=0)
+    min_cuda_version: float | None = Field(default=None, gt=0)
+    min_reliability: float | None = Field(default=None, ge=0, le=1)
+    avoid_host_for: Duration = Field(default=86400.0, gt=0)
+    base_url: str = "https://console.vast.ai"
+
+
+class MockProvider(_ProviderBase):
+    """Simulated machines in the database: test triggers without renting anything."""
+
+    kind: Literal["mock"]
+    boot_delay: Duration = Field(default=5.0, ge=0)
+    boot_failure_rate: float = Field(default=0.0, ge=0, le=1)
+    capacity_error_rate: float = Field(default=0.0, ge=0, le=1)
+    price_per_hour: float = Field(default=0.40, ge=0)
+
+
+class LocalProvider(_ProviderBase):
+    """"Rents" by starting a local process per machine; destroys by stopping its process group."""
+
+    kind: Literal["local"]
+    command: str | None = None
+    price_per_hour: float = Field(default=0.0, ge=0)
+
+
+ProviderConfig = Annotated[
+    RunPodProvider | VastProvider | MockProvider | LocalProvider, Field(discriminator="kind")
+]
+
+
+# --------------------------------------------------------------------------- top level
+
+
+class Backoff(Strict):
+    """Exponential backoff of a failed rental per (queue, provider)."""
+
+    base: Duration = Field(default=30.0, gt=0)
+    cap: Duration = Field(default=600.0, gt=0)
+    jitter: float = Field(default=0.2, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _cap_above_base(self) -> Backoff:
+        if self.cap < self.base:
+            raise ValueError("backoff cap is below its base; raise 'cap' or lower 'base'")
+        return self
+
+
+class Limits(Strict):
+    """Account-wide spend caps shared by all queues, served by `autoscale.priority`."""
+
+    max_machines: int | None = Field(default=None, ge=0)
+    max_price_per_hour: float | None = Field(default=None, ge=0)
+
+
+class Config(Strict):
+    poll_interval: Duration = Field(default=30.0, gt=0)
+    boot_timeout: Duration = Field(default=900.0, gt=0)
+    heartbeat_timeout: Duration = Field(default=300.0, gt=0)
+    drain_timeout: Duration = Field(default=3600.0, gt=0)
+    backoff: Backoff = Backoff()
+    limits: Limits = Limits()
+    providers: dict[str, ProviderConfig] = {}
+    queues: dict[str, Queue] = {}

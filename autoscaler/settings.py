@@ -1,0 +1,58 @@
+"""Process settings from the environment; embedded SQLite defaults when nothing is set.
+
+The YAML config says *what* to scale; these settings say *where* the control plane keeps its
+state and talks to itself. Nothing here is a secret except URLs that may carry passwords,
+which is why callers log `redact_url(...)` and never the raw value.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+
+def redact_url(url: str) -> str:
+    """A URL safe for logs and errors: the password replaced by ***."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an SQLAlchemy-style URL; fall back to a blunt redaction
+        if "@" in url and "://" in url:
+            scheme, rest = url.split("://", 1)
+            return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+        return url
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    database_url: str
+    broker_url: str
+    result_backend: str
+    config_path: Path | None
+    vault_key: str | None
+    vault_key_file: Path | None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        e = os.environ if env is None else env
+        home = Path(e.get("AUTOSCALER_HOME", ".autoscaler")).absolute()
+        config = e.get("AUTOSCALER_CONFIG")
+        key_file = e.get("AUTOSCALER_VAULT_KEY_FILE")
+        return cls(
+            home=home,
+            database_url=e.get("AUTOSCALER_DATABASE_URL", f"sqlite:///{home / 'state.db'}"),
+            broker_url=e.get("AUTOSCALER_BROKER_URL", f"sqla+sqlite:///{home / 'broker.db'}"),
+            result_backend=e.get(
+                "AUTOSCALER_RESULT_BACKEND", f"db+sqlite:///{home / 'results.db'}"
+            ),
+            config_path=Path(config) if config else None,
+            vault_key=e.get("AUTOSCALER_VAULT_KEY") or None,
+            vault_key_file=Path(key_file) if key_file else None,
+        )
+
+    def ensure_home(self) -> None:
+        """The embedded SQLite files live under home; create it before first use."""
+        self.home.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,22 @@
+"""This installation's id: stamped on every machine it creates, so it only touches its own."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from autoscaler.store.models import Installation
+
+
+def installation_id(session: Session) -> str:
+    """The id, created on first use; concurrent first uses converge on one row (unique id=1)."""
+    row = session.scalar(select(Installation).where(Installation.id == 1))
+    if row is not None:
+        return row.installation_id
+    with session.begin_nested():
+        session.add(Installation(id=1, installation_id=uuid.uuid4().hex[:12]))
+    row = session.scalar(select(Installation).where(Installation.id == 1))
+    assert row is not None
+    return row.installation_id

@@ -1,0 +1,268 @@
+"""SQLAlchemy models: the state the control loop must never lose.
+
+Every table here survives a restart; that is the point of keeping it in the database instead of
+in memory. Timestamps are timezone-aware UTC (`UtcDateTime`) on PostgreSQL and SQLite alike.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Aware datetimes in, aware UTC datetimes out, even on SQLite (which stores naive text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use an aware UTC datetime")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UtcDateTime(), dict[str, Any]: JSON()}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class InstanceState(enum.StrEnum):
+    """The machine lifecycle (DESIGN.md): a row is written before any provider call."""
+
+    PENDING = "pending"
+    CREATING = "creating"
+    BOOTING = "booting"
+    READY = "ready"
+    DRAINING = "draining"
+    DRAINED = "drained"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+    LOST = "lost"
+
+
+LIVE_STATES = (
+    InstanceState.PENDING,
+    InstanceState.CREATING,
+    InstanceState.BOOTING,
+    InstanceState.READY,
+    InstanceState.DRAINING,
+    InstanceState.DRAINED,
+    InstanceState.TERMINATING,
+)
+"""States in which a machine may exist at the provider and may be billing."""
+
+
+class Installation(Base):
+    """One row: this installation's id, stamped on every machine it creates (ownership)."""
+
+    __tablename__ = "installation"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    installation_id: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Provider(Base):
+    __tablename__ = "providers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    credentials_encrypted: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    options: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class QueueConfigVersion(Base):
+    """The effective config of a queue, every version kept: who changed what, and when."""
+
+    __tablename__ = "queue_configs"
+    __table_args__ = (UniqueConstraint("queue", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    queue: Mapped[str] = mapped_column(String(200), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict[str, Any]] = mapped_column()
+    changed_by: Mapped[str] = mapped_column(String(200))
+    changed_at: Mapped[datetime] = mapped_column(default=utcnow)
+    comment: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class Instance(Base):
+    """One rented (or to-be-rented) machine, with a timestamp for each lifecycle state."""
+
+    __tablename__ = "instances"
+    __table_args__ = (
+        Index("ix_instances_queue_state", "queue", "state"),
+        Index("ix_instances_provider_pid", "provider", "provider_instance_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    launch_id: Mapped[str] = mapped_column(String(64), unique=True)
+    queue: Mapped[str] = mapped_column(String(200))
+    provider: Mapped[str] = mapped_column(String(100))
+    state: Mapped[InstanceState] = mapped_column(
+        Enum(InstanceState, native_enum=False, length=20, values_callable=lambda e: [m.value for m in e])
+    )
+    state_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    provider_instance_id: Mapped[str | None] = mapped_column(String(100), default=None)
+    host_id: Mapped[str | None] = mapped_column(String(100), default=None)
+    gpu: Mapped[str | None] = mapped_column(String(100), default=None)
+    price_per_hour: Mapped[float | None] = mapped_column(Float, default=None)
+    offer: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    decision_id: Mapped[int | None] = mapped_column(
+        ForeignKey("scale_events.id", ondelete="SET NULL"), default=None
+    )
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    drain_requested: Mapped[bool] = mapped_column(default=False)
+    pending_at: Mapped[datetime | None] = mapped_column(default=None)
+    creating_at: Mapped[datetime | None] = mapped_column(default=None)
+    booting_at: Mapped[datetime | None] = mapped_column(default=None)
+    ready_at: Mapped[datetime | None] = mapped_column(default=None)
+    draining_at: Mapped[datetime | None] = mapped_column(default=None)
+    drained_at: Mapped[datetime | None] = mapped_column(default=None)
+    terminating_at: Mapped[datetime | None] = mapped_column(default=None)
+    terminated_at: Mapped[datetime | None] = mapped_column(default=None)
+    failed_at: Mapped[datetime | None] = mapped_column(default=None)
+    lost_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_task_at: Mapped[datetime | None] = mapped_column(default=None)
+    running_tasks: Mapped[int] = mapped_column(Integer, default=0)
+    worker_token_hash: Mapped[str | None] = mapped_column(String(128), default=None, unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class RentalBackoff(Base):
+    """A failed rental backs (queue, provider) off exponentially; survives restarts."""
+
+    __tablename__ = "rental_backoffs"
+
+    queue: Mapped[str] = mapped_column(String(200), primary_key=True)
+    provider: Mapped[str] = mapped_column(String(100), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    until: Mapped[datetime] = mapped_column()
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class AvoidedHost(Base):
+    """A host that failed us (e.g. Vast OCI errors, never booted): excluded until `until`."""
+
+    __tablename__ = "avoided_hosts"
+
+    provider: Mapped[str] = mapped_column(String(100), primary_key=True)
+    host_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    until: Mapped[datetime] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ScaleEvent(Base):
+    """The audit trail: every decision and action, with its human-readable reason."""
+
+    __tablename__ = "scale_events"
+    __table_args__ = (Index("ix_scale_events_queue_at", "queue", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    queue: Mapped[str | None] = mapped_column(String(200), default=None)
+    kind: Mapped[str] = mapped_column(String(40))
+    action: Mapped[str] = mapped_column(String(40))
+    launch_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    reason: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+
+
+class Lease(Base):
+    """A named lock with an expiry (beat leader, per-queue evaluation): one holder at a time."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[datetime] = mapped_column()
+    acquired_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TickSlot(Base):
+    """One row per (queue, slot): a duplicate tick for the same slot inserts nothing and stops."""
+
+    __tablename__ = "tick_slots"
+
+    queue: Mapped[str] = mapped_column(String(200), primary_key=True)
+    slot: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    claimed_by: Mapped[str] = mapped_column(String(200))
+    claimed_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class MockMachine(Base):
+    """Machines of the mock provider, in the database so every process sees the same ones."""
+
+    __tablename__ = "mock_machines"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    provider: Mapped[str] = mapped_column(String(100), index=True)
+    label: Mapped[str] = mapped_column(String(200), unique=True)
+    env: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    gpu: Mapped[str] = mapped_column(String(100))
+    price_per_hour: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(20))
+    boots_at: Mapped[datetime] = mapped_column()
+    will_fail: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    destroyed_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class QueueHeadSighting(Base):
+    """When a queue's head message id was first seen: bounds the age of unstamped messages."""
+
+    __tablename__ = "queue_head_sightings"
+
+    source: Mapped[str] = mapped_column(String(300), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(200), primary_key=True)
+    message_id: Mapped[str] = mapped_column(String(200))
+    first_seen_at: Mapped[datetime] = mapped_column()
