@@ -14,7 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from autoscaler.store.db import make_engine, session_factory
 from autoscaler.store.models import Base
 
-PG_ADMIN_DSN = os.environ.get("TEST_PG_ADMIN_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
+PG_ADMIN_DSN = os.environ.get(
+    "TEST_PG_ADMIN_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+)
 PG_URL_TEMPLATE = os.environ.get(
     "TEST_PG_URL_TEMPLATE", "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
 )

@@ -13,8 +13,8 @@ from pydantic import BeforeValidator
 ACCEPTED_FORMS = 'a number of seconds (90), or a string like "30s", "5m", "2h", "1d" or "1h30m"'
 
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)([smhd]))+$")
-_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_DURATION = re.compile(r"^(?:([0-9]+(?:\.[0-9]+)?)([smhd]))+$")
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
 
 
 def parse_duration(value: Any) -> float:
@@ -24,10 +24,8 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str) and _DURATION.match(value.strip().lower()):
-        seconds = sum(
-            float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value.strip().lower())
-        )
-    elif isinstance(value, str) and value.strip().isdigit():
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value.strip().lower()))
+    elif isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
         seconds = float(value.strip())
     else:
         raise ValueError(f"{value!r} is not a duration; use {ACCEPTED_FORMS}")

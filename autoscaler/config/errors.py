@@ -50,8 +50,11 @@ def _strip_union_member(loc: tuple[Any, ...]) -> tuple[int | str, ...]:
     out: list[int | str] = []
     for i, part in enumerate(loc):
         # A tag follows a list index or a providers-dict key, never a field name of ours.
-        if isinstance(part, str) and part in tags and i > 0 and (
-            isinstance(loc[i - 1], int) or (i >= 2 and loc[i - 2] == "providers")
+        if (
+            isinstance(part, str)
+            and part in tags
+            and i > 0
+            and (isinstance(loc[i - 1], int) or (i >= 2 and loc[i - 2] == "providers"))
         ):
             continue
         out.append(part)

@@ -25,16 +25,26 @@ def load_config_text(
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
         raise ConfigError(
-            [Refusal(where, f"not valid YAML ({getattr(exc, 'problem', exc)})",
-                     "fix the indentation or quoting at that position")],
+            [
+                Refusal(
+                    where,
+                    f"not valid YAML ({getattr(exc, 'problem', exc)})",
+                    "fix the indentation or quoting at that position",
+                )
+            ],
             source,
         ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(
-            [Refusal("(top level)", "the document is not a mapping",
-                     "start with 'queues:' (and optionally 'providers:')")],
+            [
+                Refusal(
+                    "(top level)",
+                    "the document is not a mapping",
+                    "start with 'queues:' (and optionally 'providers:')",
+                )
+            ],
             source,
         )
     try:

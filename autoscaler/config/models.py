@@ -60,8 +60,9 @@ class QueueDepthTrigger(Strict):
     def _one_mode(self) -> QueueDepthTrigger:
         if (self.threshold is None) == (self.target_per_worker is None):
             raise ValueError(
-                "queue_depth needs exactly one of 'threshold' (add one machine above N pending) "
-                "or 'target_per_worker' (one machine per N pending)"
+                "queue_depth needs exactly one of 'threshold' or 'target_per_worker'; set "
+                "'threshold: N' (add a machine above N pending) or 'target_per_worker: N' "
+                "(one machine per N pending)"
             )
         return self
 
@@ -88,11 +89,11 @@ class MetricTrigger(Strict):
     def _one_mode(self) -> MetricTrigger:
         if (self.threshold is None) == (self.target_per_worker is None):
             raise ValueError(
-                "metric needs exactly one of 'threshold' or 'target_per_worker'"
+                "metric needs exactly one of 'threshold' or 'target_per_worker'; set one of them"
             )
         if self.url is None and self.url_env is None:
             raise ValueError(
-                "metric needs the Prometheus address: set 'url' (http://prometheus:9090) "
+                "metric needs the Prometheus address; set 'url' (http://prometheus:9090) "
                 "or 'url_env' (the name of an environment variable holding it)"
             )
         return self
@@ -181,7 +182,7 @@ class MetricsSource(Strict):
     @model_validator(mode="after")
     def _one_url(self) -> MetricsSource:
         if self.url is not None and self.url_env is not None:
-            raise ValueError("give 'url' or 'url_env', not both")
+            raise ValueError("both 'url' and 'url_env' are set; keep only one")
         return self
 
 
@@ -260,7 +261,7 @@ class MockProvider(_ProviderBase):
 
 
 class LocalProvider(_ProviderBase):
-    """"Rents" by starting a local process per machine; destroys by stopping its process group."""
+    """ "Rents" by starting a local process per machine; destroys by stopping its process group."""
 
     kind: Literal["local"]
     command: str | None = None

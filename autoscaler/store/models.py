@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -60,7 +60,10 @@ NAMING = {
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map = {datetime: UtcDateTime(), dict[str, Any]: JSON()}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UtcDateTime(),
+        dict[str, Any]: JSON(),
+    }
 
 
 def utcnow() -> datetime:
@@ -145,7 +148,12 @@ class Instance(Base):
     queue: Mapped[str] = mapped_column(String(200))
     provider: Mapped[str] = mapped_column(String(100))
     state: Mapped[InstanceState] = mapped_column(
-        Enum(InstanceState, native_enum=False, length=20, values_callable=lambda e: [m.value for m in e])
+        Enum(
+            InstanceState,
+            native_enum=False,
+            length=20,
+            values_callable=lambda e: [m.value for m in e],
+        )
     )
     state_reason: Mapped[str | None] = mapped_column(Text, default=None)
     provider_instance_id: Mapped[str | None] = mapped_column(String(100), default=None)

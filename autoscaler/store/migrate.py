@@ -1,0 +1,37 @@
+"""Apply and check Alembic migrations from code (the `autoscaler db` commands and the tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config as AlembicConfig
+from alembic.migration import MigrationContext
+from sqlalchemy import Engine
+
+from autoscaler.store.models import Base
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def alembic_config(database_url: str) -> AlembicConfig:
+    cfg = AlembicConfig(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    cfg.attributes["database_url"] = database_url
+    return cfg
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(database_url), revision)
+
+
+def downgrade(database_url: str, revision: str) -> None:
+    command.downgrade(alembic_config(database_url), revision)
+
+
+def differences(engine: Engine) -> list[object]:
+    """What autogenerate would still emit: empty when models and migrations agree."""
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+        return list(compare_metadata(ctx, Base.metadata))

@@ -1,0 +1,42 @@
+"""Celery settings of the autoscaler's own control plane, read from the environment.
+
+Embedded default: kombu's SQLAlchemy transport on SQLite under $AUTOSCALER_HOME, so a fresh
+machine runs the loop with nothing but Python. Production: AUTOSCALER_BROKER_URL=redis://...
+
+Never point AUTOSCALER_BROKER_URL at a watched application's Redis database and key prefix:
+kombu keeps one `unacked` hash per database/prefix, and our workers' restore logic would requeue
+the *application's* in-flight messages under our visibility timeout — its jobs would run twice.
+A distinct database number (or server) is required; `global_keyprefix` below is a second fence,
+and `autoscaler validate` refuses a config whose watched queue shares both.
+"""
+
+from autoscaler.settings import Settings
+
+_settings = Settings.from_env()
+if _settings.broker_url.startswith("sqla+sqlite") or _settings.result_backend.startswith(
+    "db+sqlite"
+):
+    _settings.ensure_home()
+
+CONTROL_KEYPREFIX = "autoscaler-control:"
+
+broker_url = _settings.broker_url
+result_backend = _settings.result_backend
+database_url = _settings.database_url
+
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+timezone = "UTC"
+enable_utc = True
+
+# The control plane's own queue; watched application queues are only ever *read*.
+task_default_queue = "autoscaler"
+worker_prefetch_multiplier = 1
+task_track_started = True
+result_expires = 86400
+broker_connection_retry_on_startup = True
+worker_hijack_root_logger = False
+
+if broker_url.startswith(("redis://", "rediss://")):
+    broker_transport_options = {"global_keyprefix": CONTROL_KEYPREFIX, "visibility_timeout": 3600}

@@ -1,0 +1,82 @@
+"""`celery -A autoscaler` finds the app; a real worker answers a real `celery call`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from autoscaler.store import migrate
+
+CELERY = str(Path(sys.executable).with_name("celery"))
+
+
+def _env(tmp_path: Path, broker: str, backend: str, db_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "AUTOSCALER_HOME": str(tmp_path / "home"),
+        "AUTOSCALER_BROKER_URL": broker,
+        "AUTOSCALER_RESULT_BACKEND": backend,
+        "AUTOSCALER_DATABASE_URL": db_url,
+    }
+
+
+@pytest.mark.parametrize("transport", ["embedded", "redis"])
+def test_worker_runs_a_task_sent_with_celery_call(transport, tmp_path, db_url):
+    migrate.upgrade(db_url)
+    # PostgreSQL here trusts loopback, so a password is accepted and must never be shown.
+    db_url = db_url.replace("postgres@", "postgres:pw-SECRET-42@")
+    if transport == "embedded":
+        broker = f"sqla+sqlite:///{tmp_path / 'broker.db'}"
+        backend = f"db+sqlite:///{tmp_path / 'results.db'}"
+    else:
+        broker = "redis://127.0.0.1:6379/14"
+        backend = "redis://127.0.0.1:6379/14"
+    env = _env(tmp_path, broker, backend, db_url)
+    queue = f"autoscaler-test-{uuid.uuid4().hex[:8]}"
+    worker = subprocess.Popen(
+        [CELERY, "-A", "autoscaler", "worker", "--pool", "solo", "-Q", queue, "-l", "warning",
+         "-n", f"{queue}@%h"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        sent = subprocess.run(
+            [CELERY, "-A", "autoscaler", "call", "autoscaler.check_store", "--queue", queue],
+            env=env, capture_output=True, text=True, check=True, timeout=60,
+        )
+        task_id = sent.stdout.strip().splitlines()[-1]
+        code = (
+            "import json,sys; from autoscaler.celery import app; "
+            f"print(json.dumps(app.AsyncResult('{task_id}').get(timeout=60)))"
+        )
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                text=True, timeout=90)
+        assert result.returncode == 0, result.stderr
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+        assert answer["revision"] == "0001"
+        assert answer["live_instances"] == 0
+        assert "pw-SECRET-42" not in result.stdout
+        assert answer["database"].startswith(db_url.split(":")[0])
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+
+
+def test_celery_finds_the_app_and_its_config(tmp_path, sqlite_url):
+    env = _env(tmp_path, f"sqla+sqlite:///{tmp_path / 'b.db'}", f"db+sqlite:///{tmp_path / 'r.db'}",
+               sqlite_url)
+    out = subprocess.run([CELERY, "-A", "autoscaler", "report"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "sqla+sqlite" in out.stdout
+    assert "task_default_queue: 'autoscaler'" in out.stdout
