@@ -10,15 +10,13 @@ A distinct database number (or server) is required; `global_keyprefix` below is 
 and `autoscaler validate` refuses a config whose watched queue shares both.
 """
 
-from autoscaler.settings import Settings
+from autoscaler.settings import CONTROL_KEYPREFIX, Settings
 
 _settings = Settings.from_env()
 if _settings.broker_url.startswith("sqla+sqlite") or _settings.result_backend.startswith(
     "db+sqlite"
 ):
     _settings.ensure_home()
-
-CONTROL_KEYPREFIX = "autoscaler-control:"
 
 broker_url = _settings.broker_url
 result_backend = _settings.result_backend

@@ -21,12 +21,11 @@ from autoscaler.credentials import (
     registered_provider_configs,
     validate_provider,
 )
-from autoscaler.settings import Settings, redact_url
-from autoscaler.store import migrate
+from autoscaler.settings import CONTROL_KEYPREFIX, Settings, redact_url
+from autoscaler.store import migrate, queue_configs
 from autoscaler.store import providers as provider_store
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.vault import Vault, VaultError, generate_key
-from celeryconfig import CONTROL_KEYPREFIX
 
 
 def _settings() -> Settings:
@@ -98,6 +97,55 @@ def validate(file: str) -> None:
         return
     click.echo(f"{file}: OK. Dry run (nothing is rented):")
     click.echo(describe(config, known_providers(config, registered), datetime.now(UTC)))
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option(
+    "--by",
+    "changed_by",
+    default=lambda: os.environ.get("USER", "unknown"),
+    help="Who makes this change (recorded with each new version).",
+)
+@click.option("--comment", help="Why (recorded with each new version).")
+def apply(file: str, changed_by: str, comment: str | None) -> None:
+    """Validate FILE and record each queue's effective config as a new version if it changed.
+
+    All queues are recorded in one transaction: a refused config records nothing.
+    """
+    settings = _settings()
+    with transaction(_sessions(settings)) as session:
+        registered = registered_provider_configs(session)
+        try:
+            config = load_config(file, registered)
+            refusals = check_broker_isolation(config, settings.broker_url, CONTROL_KEYPREFIX)
+            if refusals:
+                raise ConfigError(refusals, file)
+        except ConfigError as exc:
+            _fail(exc.render())
+            return
+        now = datetime.now(UTC)
+        for name, queue in config.queues.items():
+            row = queue_configs.record(
+                session, name, queue.model_dump(mode="json"), changed_by, now, comment
+            )
+            state = f"version {row.version}" if row else "unchanged"
+            click.echo(f"queue {name}: {state}")
+
+
+@main.command()
+@click.argument("queue")
+def history(queue: str) -> None:
+    """Every recorded version of QUEUE's config: when, by whom, why."""
+    with transaction(_sessions(_settings())) as session:
+        rows = queue_configs.history(session, queue)
+        if not rows:
+            _fail(f"no config recorded for queue {queue!r}; record one with 'autoscaler apply'")
+        for row in rows:
+            note = f" — {row.comment}" if row.comment else ""
+            click.echo(
+                f"v{row.version}\t{row.changed_at:%Y-%m-%d %H:%M:%S}Z\t{row.changed_by}{note}"
+            )
 
 
 # ------------------------------------------------------------------------------ providers

@@ -14,6 +14,10 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 
+CONTROL_KEYPREFIX = "autoscaler-control:"
+"""Prefix of every Redis key of the control plane's own broker (see celeryconfig.py)."""
+
+
 def redact_url(url: str) -> str:
     """A URL safe for logs and errors: the password replaced by ***."""
     try:

@@ -40,15 +40,34 @@ def test_validate_seed_prints_the_dry_run_once_its_provider_is_registered(cli):
     refused = cli("validate", str(EXAMPLES / "seed.yaml"))
     assert refused.exit_code != 0
     assert "unknown provider 'gpu-vast'" in refused.output
-    added = cli("providers", "add", "gpu-vast", "--kind", "vast", "--api-key-stdin",
-                "--option", 'countries=["US","CA"]', "--option", "min_cuda_version=12.1",
-                input=SECRET + "\n")
+    added = cli(
+        "providers",
+        "add",
+        "gpu-vast",
+        "--kind",
+        "vast",
+        "--api-key-stdin",
+        "--option",
+        'countries=["US","CA"]',
+        "--option",
+        "min_cuda_version=12.1",
+        input=SECRET + "\n",
+    )
     assert added.exit_code == 0, added.output
     ok = cli("validate", str(EXAMPLES / "seed.yaml"))
     assert ok.exit_code == 0, ok.output
-    for expected in ("queue inference: on gpu-vast", "RTX 4090", "at most $0.60/h",
-                     "0..4 machines", "more than 50 jobs pending", "older than 5m",
-                     "no task for 10m", "in US/CA", "CUDA ≥12.1", "worst case $2.40/h"):
+    for expected in (
+        "queue inference: on gpu-vast",
+        "RTX 4090",
+        "at most $0.60/h",
+        "0..4 machines",
+        "more than 50 jobs pending",
+        "older than 5m",
+        "no task for 10m",
+        "in US/CA",
+        "CUDA ≥12.1",
+        "worst case $2.40/h",
+    ):
         assert expected in ok.output
     assert SECRET not in ok.output
 
@@ -76,9 +95,15 @@ def test_bad_config_is_refused_and_changes_nothing(cli, db_url, tmp_path):
 
 
 def test_providers_list_never_prints_a_secret_and_remove_works(cli):
-    assert cli("providers", "add", "rp", "--kind", "runpod", "--api-key-stdin",
-               input=SECRET + "\n").exit_code == 0
-    assert cli("providers", "add", "vx", "--kind", "vast", "--api-key-env", "VAST_KEY").exit_code == 0
+    assert (
+        cli(
+            "providers", "add", "rp", "--kind", "runpod", "--api-key-stdin", input=SECRET + "\n"
+        ).exit_code
+        == 0
+    )
+    assert (
+        cli("providers", "add", "vx", "--kind", "vast", "--api-key-env", "VAST_KEY").exit_code == 0
+    )
     listed = cli("providers", "list")
     assert listed.exit_code == 0
     assert "rp\trunpod\tcredentials: stored encrypted" in listed.output
@@ -92,8 +117,17 @@ def test_providers_list_never_prints_a_secret_and_remove_works(cli):
 
 
 def test_bad_provider_options_are_refused_and_nothing_is_stored(cli):
-    result = cli("providers", "add", "v", "--kind", "vast", "--option", "min_reliability=3",
-                 "--option", "colour=red")
+    result = cli(
+        "providers",
+        "add",
+        "v",
+        "--kind",
+        "vast",
+        "--option",
+        "min_reliability=3",
+        "--option",
+        "colour=red",
+    )
     assert result.exit_code != 0
     assert "providers.v.min_reliability" in result.output
     assert "unknown field 'colour'" in result.output
@@ -101,16 +135,28 @@ def test_bad_provider_options_are_refused_and_nothing_is_stored(cli):
 
 
 def test_storing_a_key_without_a_vault_key_is_refused(cli):
-    result = cli("providers", "add", "rp", "--kind", "runpod", "--api-key-stdin",
-                 input=SECRET + "\n", AUTOSCALER_VAULT_KEY="")
+    result = cli(
+        "providers",
+        "add",
+        "rp",
+        "--kind",
+        "runpod",
+        "--api-key-stdin",
+        input=SECRET + "\n",
+        AUTOSCALER_VAULT_KEY="",
+    )
     assert result.exit_code != 0 and "no vault key is configured" in result.output
     assert "no provider registered" in cli("providers", "list").output
 
 
 def test_vault_rotate_re_encrypts_and_wrong_key_changes_nothing(cli, db_url):
     old = cli.env["AUTOSCALER_VAULT_KEY"]
-    assert cli("providers", "add", "rp", "--kind", "runpod", "--api-key-stdin",
-               input=SECRET + "\n").exit_code == 0
+    assert (
+        cli(
+            "providers", "add", "rp", "--kind", "runpod", "--api-key-stdin", input=SECRET + "\n"
+        ).exit_code
+        == 0
+    )
     engine = make_engine(db_url)
 
     def stored() -> bytes:
@@ -127,6 +173,7 @@ def test_vault_rotate_re_encrypts_and_wrong_key_changes_nothing(cli, db_url):
     after = stored()
     assert after != before and SECRET.encode() not in after
     from autoscaler.vault import Vault
+
     assert Vault.from_keys(new).decrypt(after) == SECRET
     engine.dispose()
 
@@ -147,3 +194,31 @@ def test_console_script_is_installed_and_runs(tmp_path):
     exe = Path(sys.executable).with_name("autoscaler")
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True)
     assert "providers" in out.stdout and "validate" in out.stdout and "vault" in out.stdout
+
+
+def test_apply_records_a_version_only_when_the_effective_config_changes(cli, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text((EXAMPLES / "full.yaml").read_text())
+    first = cli("apply", str(cfg), "--by", "alice", "--comment", "first")
+    assert first.exit_code == 0, first.output
+    assert "queue inference: version 1" in first.output
+    again = cli("apply", str(cfg), "--by", "bob")
+    assert "queue inference: unchanged" in again.output
+    cfg.write_text(cfg.read_text().replace("threshold: 50", "threshold: 80"))
+    changed = cli("apply", str(cfg), "--by", "bob", "--comment", "fewer machines")
+    assert "queue inference: version 2" in changed.output
+    assert "queue llm: unchanged" in changed.output
+    hist = cli("history", "inference")
+    lines = hist.output.strip().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("v1") and "alice — first" in lines[0]
+    assert lines[1].startswith("v2") and "bob — fewer machines" in lines[1]
+
+
+def test_apply_of_a_refused_config_records_nothing(cli, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    text_ = (EXAMPLES / "full.yaml").read_text()
+    cfg.write_text(text_.replace("max_workers: 3", "max_workers: -3"))
+    result = cli("apply", str(cfg))
+    assert result.exit_code != 0 and "max_workers" in result.output
+    assert cli("history", "inference").exit_code != 0

@@ -35,75 +35,185 @@ def _set(key, value):
 
 # (id, change, expected path, expected cause fragment, expected fix fragment)
 CASES = [
-    ("unknown provider lists known ones", _set("provider", "gpu-vsat"),
-     "queues.inference.autoscale.provider", "unknown provider 'gpu-vsat' (known: gpu-vast)",
-     "autoscaler providers add gpu-vsat"),
-    ("duration in words", lambda d: auto(d)["scale_up"][2].__setitem__("max_latency", "5 minutes"),
-     "queues.inference.autoscale.scale_up[2].max_latency", "'5 minutes' is not a duration",
-     '"30s", "5m", "2h", "1d" or "1h30m"'),
-    ("max below min", _set("min_workers", 5),
-     "queues.inference.autoscale", "max_workers (4) is below min_workers (5)",
-     "raise max_workers or lower min_workers"),
-    ("cron croniter rejects", lambda d: auto(d)["scale_down"].append(
-        {"trigger": "schedule", "cron": "61 * * * *"}),
-     "queues.inference.autoscale.scale_down[1].cron", "'61 * * * *' is not a cron expression",
-     "five fields"),
-    ("negative price", lambda d: auto(d)["instance"].__setitem__("max_price_per_hour", -0.6),
-     "queues.inference.autoscale.instance.max_price_per_hour", "-0.6 is out of range",
-     "more than 0"),
-    ("unknown scale-up trigger", lambda d: auto(d)["scale_up"].append({"trigger": "cpu"}),
-     "queues.inference.autoscale.scale_up[3].trigger", "unknown trigger 'cpu'",
-     "no_workers, queue_depth, latency, metric, schedule"),
-    ("unknown scale-down trigger", lambda d: auto(d)["scale_down"][0].__setitem__("trigger", "idel"),
-     "queues.inference.autoscale.scale_down[0].trigger", "unknown trigger 'idel'",
-     "idle, schedule"),
-    ("trigger name missing", lambda d: auto(d)["scale_up"].append({"threshold": 3}),
-     "queues.inference.autoscale.scale_up[3]", "'trigger' is missing", "add 'trigger'"),
-    ("typo in a field", _set("max_worker", 4),
-     "queues.inference.autoscale.max_worker", "unknown field 'max_worker'", "spelling"),
-    ("negative threshold", lambda d: auto(d)["scale_up"][1].__setitem__("threshold", -1),
-     "queues.inference.autoscale.scale_up[1].threshold", "-1 is out of range", "at least 0"),
-    ("queue_depth without a number", lambda d: auto(d)["scale_up"][1].pop("threshold"),
-     "queues.inference.autoscale.scale_up[1]", "exactly one of 'threshold'", "target_per_worker"),
-    ("unknown time zone", lambda d: auto(d)["scale_up"].append(
-        {"trigger": "schedule", "cron": "0 8 * * *", "timezone": "Mars/Olympus", "workers": 1,
-         "duration": "1h"}),
-     "queues.inference.autoscale.scale_up[3].timezone", "'Mars/Olympus' is not an IANA time zone",
-     "Europe/Paris"),
-    ("schedule above max", lambda d: auto(d)["scale_up"].append(
-        {"trigger": "schedule", "cron": "0 8 * * *", "workers": 9, "duration": "1h"}),
-     "queues.inference.autoscale", "a schedule asks for 9 workers but max_workers is 4",
-     "raise max_workers"),
-    ("schedule without duration", lambda d: auto(d)["scale_up"].append(
-        {"trigger": "schedule", "cron": "0 8 * * *", "workers": 1}),
-     "queues.inference.autoscale.scale_up[3].duration", "'duration' is required",
-     "add 'duration'"),
-    ("zero idle timeout", lambda d: auto(d)["scale_down"][0].__setitem__("timeout", "0s"),
-     "queues.inference.autoscale.scale_down[0].timeout", "0.0 is out of range", "more than 0"),
-    ("missing instance", lambda d: auto(d).pop("instance"),
-     "queues.inference.autoscale.instance", "'instance' is required", "add 'instance'"),
-    ("negative min_workers", _set("min_workers", -1),
-     "queues.inference.autoscale.min_workers", "-1 is out of range", "at least 0"),
-    ("unknown provider kind", lambda d: d.__setitem__("providers", {"x": {"kind": "aws"}}),
-     "providers.x.kind", "unknown provider kind 'aws'", "runpod, vast, mock, local"),
-    ("vast reliability above 1", lambda d: d.__setitem__(
-        "providers", {"gpu-vast": {"kind": "vast", "min_reliability": 3}}),
-     "providers.gpu-vast.min_reliability", "3 is out of range", "at most 1"),
-    ("backoff cap under base", lambda d: d.__setitem__("backoff", {"base": "5m", "cap": "1m"}),
-     "backoff", "backoff cap is below its base", "raise 'cap'"),
-    ("metric without an address", lambda d: auto(d)["scale_up"].append(
-        {"trigger": "metric", "query": "up", "threshold": 1}),
-     "queues.inference.autoscale.scale_up[3]", "metric needs the Prometheus address", "url_env"),
-    ("enabled not a boolean", _set("enabled", "sometimes"),
-     "queues.inference.autoscale.enabled", "'sometimes'", "correct the value"),
-    ("runpod cloud type", lambda d: d.__setitem__(
-        "providers", {"rp": {"kind": "runpod", "cloud_type": "HOME"}}),
-     "providers.rp.cloud_type", "'HOME' is not allowed", "'SECURE' or 'COMMUNITY'"),
+    (
+        "unknown provider lists known ones",
+        _set("provider", "gpu-vsat"),
+        "queues.inference.autoscale.provider",
+        "unknown provider 'gpu-vsat' (known: gpu-vast)",
+        "autoscaler providers add gpu-vsat",
+    ),
+    (
+        "duration in words",
+        lambda d: auto(d)["scale_up"][2].__setitem__("max_latency", "5 minutes"),
+        "queues.inference.autoscale.scale_up[2].max_latency",
+        "'5 minutes' is not a duration",
+        '"30s", "5m", "2h", "1d" or "1h30m"',
+    ),
+    (
+        "max below min",
+        _set("min_workers", 5),
+        "queues.inference.autoscale",
+        "max_workers (4) is below min_workers (5)",
+        "raise max_workers or lower min_workers",
+    ),
+    (
+        "cron croniter rejects",
+        lambda d: auto(d)["scale_down"].append({"trigger": "schedule", "cron": "61 * * * *"}),
+        "queues.inference.autoscale.scale_down[1].cron",
+        "'61 * * * *' is not a cron expression",
+        "five fields",
+    ),
+    (
+        "negative price",
+        lambda d: auto(d)["instance"].__setitem__("max_price_per_hour", -0.6),
+        "queues.inference.autoscale.instance.max_price_per_hour",
+        "-0.6 is out of range",
+        "more than 0",
+    ),
+    (
+        "unknown scale-up trigger",
+        lambda d: auto(d)["scale_up"].append({"trigger": "cpu"}),
+        "queues.inference.autoscale.scale_up[3].trigger",
+        "unknown trigger 'cpu'",
+        "no_workers, queue_depth, latency, metric, schedule",
+    ),
+    (
+        "unknown scale-down trigger",
+        lambda d: auto(d)["scale_down"][0].__setitem__("trigger", "idel"),
+        "queues.inference.autoscale.scale_down[0].trigger",
+        "unknown trigger 'idel'",
+        "idle, schedule",
+    ),
+    (
+        "trigger name missing",
+        lambda d: auto(d)["scale_up"].append({"threshold": 3}),
+        "queues.inference.autoscale.scale_up[3]",
+        "'trigger' is missing",
+        "add 'trigger'",
+    ),
+    (
+        "typo in a field",
+        _set("max_worker", 4),
+        "queues.inference.autoscale.max_worker",
+        "unknown field 'max_worker'",
+        "spelling",
+    ),
+    (
+        "negative threshold",
+        lambda d: auto(d)["scale_up"][1].__setitem__("threshold", -1),
+        "queues.inference.autoscale.scale_up[1].threshold",
+        "-1 is out of range",
+        "at least 0",
+    ),
+    (
+        "queue_depth without a number",
+        lambda d: auto(d)["scale_up"][1].pop("threshold"),
+        "queues.inference.autoscale.scale_up[1]",
+        "exactly one of 'threshold'",
+        "target_per_worker",
+    ),
+    (
+        "unknown time zone",
+        lambda d: auto(d)["scale_up"].append(
+            {
+                "trigger": "schedule",
+                "cron": "0 8 * * *",
+                "timezone": "Mars/Olympus",
+                "workers": 1,
+                "duration": "1h",
+            }
+        ),
+        "queues.inference.autoscale.scale_up[3].timezone",
+        "'Mars/Olympus' is not an IANA time zone",
+        "Europe/Paris",
+    ),
+    (
+        "schedule above max",
+        lambda d: auto(d)["scale_up"].append(
+            {"trigger": "schedule", "cron": "0 8 * * *", "workers": 9, "duration": "1h"}
+        ),
+        "queues.inference.autoscale",
+        "a schedule asks for 9 workers but max_workers is 4",
+        "raise max_workers",
+    ),
+    (
+        "schedule without duration",
+        lambda d: auto(d)["scale_up"].append(
+            {"trigger": "schedule", "cron": "0 8 * * *", "workers": 1}
+        ),
+        "queues.inference.autoscale.scale_up[3].duration",
+        "'duration' is required",
+        "add 'duration'",
+    ),
+    (
+        "zero idle timeout",
+        lambda d: auto(d)["scale_down"][0].__setitem__("timeout", "0s"),
+        "queues.inference.autoscale.scale_down[0].timeout",
+        "0.0 is out of range",
+        "more than 0",
+    ),
+    (
+        "missing instance",
+        lambda d: auto(d).pop("instance"),
+        "queues.inference.autoscale.instance",
+        "'instance' is required",
+        "add 'instance'",
+    ),
+    (
+        "negative min_workers",
+        _set("min_workers", -1),
+        "queues.inference.autoscale.min_workers",
+        "-1 is out of range",
+        "at least 0",
+    ),
+    (
+        "unknown provider kind",
+        lambda d: d.__setitem__("providers", {"x": {"kind": "aws"}}),
+        "providers.x.kind",
+        "unknown provider kind 'aws'",
+        "runpod, vast, mock, local",
+    ),
+    (
+        "vast reliability above 1",
+        lambda d: d.__setitem__("providers", {"gpu-vast": {"kind": "vast", "min_reliability": 3}}),
+        "providers.gpu-vast.min_reliability",
+        "3 is out of range",
+        "at most 1",
+    ),
+    (
+        "backoff cap under base",
+        lambda d: d.__setitem__("backoff", {"base": "5m", "cap": "1m"}),
+        "backoff",
+        "backoff cap is below its base",
+        "raise 'cap'",
+    ),
+    (
+        "metric without an address",
+        lambda d: auto(d)["scale_up"].append({"trigger": "metric", "query": "up", "threshold": 1}),
+        "queues.inference.autoscale.scale_up[3]",
+        "metric needs the Prometheus address",
+        "url_env",
+    ),
+    (
+        "enabled not a boolean",
+        _set("enabled", "sometimes"),
+        "queues.inference.autoscale.enabled",
+        "'sometimes'",
+        "correct the value",
+    ),
+    (
+        "runpod cloud type",
+        lambda d: d.__setitem__("providers", {"rp": {"kind": "runpod", "cloud_type": "HOME"}}),
+        "providers.rp.cloud_type",
+        "'HOME' is not allowed",
+        "'SECURE' or 'COMMUNITY'",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("change", "path", "cause", "fix"),
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("change", "path", "cause", "fix"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_bad_input_is_refused_with_path_cause_and_fix(change, path, cause, fix):
     with pytest.raises(ConfigError) as exc:
         load_config_text(mutate(change), "seed.yaml", VAST)
@@ -118,6 +228,7 @@ def test_every_problem_is_reported_at_once():
         auto(d)["min_workers"] = -1
         auto(d)["scale_up"][1]["threshold"] = -5
         auto(d)["instance"]["max_price_per_hour"] = 0
+
     with pytest.raises(ConfigError) as exc:
         load_config_text(mutate(many), "seed.yaml", VAST)
     assert len(exc.value.refusals) == 3

@@ -53,8 +53,13 @@ def test_full_example_loads_every_trigger_and_provider_kind():
     assert set(kinds.values()) == {"runpod", "vast", "mock", "local"}
     triggers = [t for q in config.queues.values() if q.autoscale for t in q.autoscale.scale_up]
     downs = [t for q in config.queues.values() if q.autoscale for t in q.autoscale.scale_down]
-    for cls in (NoWorkersTrigger, QueueDepthTrigger, LatencyTrigger, MetricTrigger,
-                ScheduleUpTrigger):
+    for cls in (
+        NoWorkersTrigger,
+        QueueDepthTrigger,
+        LatencyTrigger,
+        MetricTrigger,
+        ScheduleUpTrigger,
+    ):
         assert any(isinstance(t, cls) for t in triggers), cls
     for cls in (IdleTrigger, ScheduleDownTrigger):
         assert any(isinstance(t, cls) for t in downs), cls

@@ -41,22 +41,42 @@ def test_worker_runs_a_task_sent_with_celery_call(transport, tmp_path, db_url):
     env = _env(tmp_path, broker, backend, db_url)
     queue = f"autoscaler-test-{uuid.uuid4().hex[:8]}"
     worker = subprocess.Popen(
-        [CELERY, "-A", "autoscaler", "worker", "--pool", "solo", "-Q", queue, "-l", "warning",
-         "-n", f"{queue}@%h"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            CELERY,
+            "-A",
+            "autoscaler",
+            "worker",
+            "--pool",
+            "solo",
+            "-Q",
+            queue,
+            "-l",
+            "warning",
+            "-n",
+            f"{queue}@%h",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         sent = subprocess.run(
             [CELERY, "-A", "autoscaler", "call", "autoscaler.check_store", "--queue", queue],
-            env=env, capture_output=True, text=True, check=True, timeout=60,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
         )
         task_id = sent.stdout.strip().splitlines()[-1]
         code = (
             "import json,sys; from autoscaler.celery import app; "
             f"print(json.dumps(app.AsyncResult('{task_id}').get(timeout=60)))"
         )
-        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                                text=True, timeout=90)
+        result = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=90
+        )
         assert result.returncode == 0, result.stderr
         answer = json.loads(result.stdout.strip().splitlines()[-1])
         assert answer["revision"] == "0001"
@@ -73,10 +93,15 @@ def test_worker_runs_a_task_sent_with_celery_call(transport, tmp_path, db_url):
 
 
 def test_celery_finds_the_app_and_its_config(tmp_path, sqlite_url):
-    env = _env(tmp_path, f"sqla+sqlite:///{tmp_path / 'b.db'}", f"db+sqlite:///{tmp_path / 'r.db'}",
-               sqlite_url)
-    out = subprocess.run([CELERY, "-A", "autoscaler", "report"], env=env, capture_output=True,
-                         text=True, timeout=60)
+    env = _env(
+        tmp_path,
+        f"sqla+sqlite:///{tmp_path / 'b.db'}",
+        f"db+sqlite:///{tmp_path / 'r.db'}",
+        sqlite_url,
+    )
+    out = subprocess.run(
+        [CELERY, "-A", "autoscaler", "report"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert "sqla+sqlite" in out.stdout
     assert "task_default_queue: 'autoscaler'" in out.stdout

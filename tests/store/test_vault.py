@@ -45,10 +45,12 @@ def test_key_file_with_several_keys(tmp_path):
     new, old = generate_key(), generate_key()
     token = Vault.from_keys(old).encrypt(SECRET)
     (tmp_path / "keys").write_text(f"{new}\n{old}\n")
-    vault = Vault.from_settings(Settings.from_env({"AUTOSCALER_VAULT_KEY_FILE": str(tmp_path / "keys")}))
+    vault = Vault.from_settings(
+        Settings.from_env({"AUTOSCALER_VAULT_KEY_FILE": str(tmp_path / "keys")})
+    )
     assert vault.decrypt(token) == SECRET
     assert Vault.from_keys(new).decrypt(vault.rotate(token)) == SECRET
-    assert "Vault(<keys hidden>)" == repr(vault)
+    assert repr(vault) == "Vault(<keys hidden>)"
 
 
 def test_rotation_in_the_store_and_no_plaintext_at_rest(sessions, engine):
@@ -57,8 +59,12 @@ def test_rotation_in_the_store_and_no_plaintext_at_rest(sessions, engine):
         store.add_provider(s, "rp", "runpod", {}, Vault.from_keys(old).encrypt(SECRET))
     with engine.connect() as conn:
         raw = conn.execute(text("SELECT * FROM providers")).all()
-    assert raw and SECRET not in repr(raw) and SECRET.encode() not in b"".join(
-        bytes(v) for row in raw for v in row if isinstance(v, bytes | memoryview))
+    assert (
+        raw
+        and SECRET not in repr(raw)
+        and SECRET.encode()
+        not in b"".join(bytes(v) for row in raw for v in row if isinstance(v, bytes | memoryview))
+    )
 
     both = Vault.from_keys(new, old)
     with transaction(sessions) as s:
