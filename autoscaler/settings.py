@@ -13,7 +13,6 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-
 CONTROL_KEYPREFIX = "autoscaler-control:"
 """Prefix of every Redis key of the control plane's own broker (see celeryconfig.py)."""
 

@@ -105,3 +105,60 @@ def test_celery_finds_the_app_and_its_config(tmp_path, sqlite_url):
     assert out.returncode == 0, out.stderr
     assert "sqla+sqlite" in out.stdout
     assert "task_default_queue: 'autoscaler'" in out.stdout
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_beat_and_flower_start_from_the_app(tmp_path, sqlite_url):
+    import requests
+
+    env = _env(tmp_path, "redis://127.0.0.1:6379/14", "redis://127.0.0.1:6379/14", sqlite_url)
+    port = _free_port()
+    beat = subprocess.Popen(
+        [CELERY, "-A", "autoscaler", "beat", "-l", "info", "-s", str(tmp_path / "beat-schedule")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    flower = subprocess.Popen(
+        [CELERY, "-A", "autoscaler", "flower", f"--port={port}", "--address=127.0.0.1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        answer = None
+        for _ in range(120):
+            try:
+                answer = requests.get(f"http://127.0.0.1:{port}/healthcheck", timeout=2)
+                break
+            except requests.ConnectionError:
+                assert flower.poll() is None, flower.stdout.read() if flower.stdout else ""
+                subprocess.run(["sleep", "0.5"], check=True)
+        assert answer is not None and answer.status_code == 200
+        # Flower's API shows task arguments: it stays closed without authentication.
+        api = requests.get(f"http://127.0.0.1:{port}/api/workers", timeout=5)
+        assert api.status_code == 401
+        assert beat.poll() is None  # beat is running, not crashed on the config
+    finally:
+        _stop(flower)
+        _stop(beat)
+    out = beat.stdout.read().decode() if beat.stdout else ""
+    assert "beat: Starting" in out, out
