@@ -36,5 +36,9 @@ result_expires = 86400
 broker_connection_retry_on_startup = True
 worker_hijack_root_logger = False
 
-if broker_url.startswith(("redis://", "rediss://")):
+broker_transport_options: dict[str, object] = {}
+if broker_url.startswith("sqla+sqlite"):
+    # Worker, beat and CLI share one SQLite file: wait for its lock instead of failing at once.
+    broker_transport_options = {"connect_args": {"timeout": 30}}
+elif broker_url.startswith(("redis://", "rediss://")):
     broker_transport_options = {"global_keyprefix": CONTROL_KEYPREFIX, "visibility_timeout": 3600}

@@ -65,6 +65,8 @@ def db_upgrade(revision: str) -> None:
     settings = _settings()
     migrate.upgrade(settings.database_url, revision)
     click.echo(f"database {redact_url(settings.database_url)} is at {revision}")
+    if migrate.prepare_embedded_broker(settings.broker_url):
+        click.echo(f"embedded broker {redact_url(settings.broker_url)} is ready")
 
 
 # ------------------------------------------------------------------------------- validate

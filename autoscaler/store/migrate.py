@@ -8,6 +8,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config as AlembicConfig
 from alembic.migration import MigrationContext
+from kombu.connection import Connection
 from sqlalchemy import Engine
 
 from autoscaler.store.models import Base
@@ -28,6 +29,21 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 
 def downgrade(database_url: str, revision: str) -> None:
     command.downgrade(alembic_config(database_url), revision)
+
+
+def prepare_embedded_broker(broker_url: str) -> bool:
+    """Create kombu's tables for an SQLAlchemy broker now, once, rather than racing for them.
+
+    kombu creates them lazily in every process that connects; worker and beat starting together
+    on a fresh SQLite file can collide. Returns False for other brokers (nothing to prepare).
+    """
+    if not broker_url.startswith("sqla+"):
+        return False
+    with Connection(  # type: ignore[no-untyped-call]
+        broker_url, transport_options={"connect_args": {"timeout": 30}}
+    ) as conn:
+        conn.default_channel.session.close()
+    return True
 
 
 def differences(engine: Engine) -> list[object]:

@@ -190,6 +190,23 @@ def test_validate_refuses_a_watched_queue_on_the_control_planes_redis(cli, tmp_p
     assert result.exit_code != 0 and "requeue its unacked jobs" in result.output
 
 
+def test_db_upgrade_prepares_the_embedded_broker(db_url, tmp_path):
+    broker = tmp_path / "broker.db"
+    env = {
+        "AUTOSCALER_HOME": str(tmp_path),
+        "AUTOSCALER_DATABASE_URL": db_url,
+        "AUTOSCALER_BROKER_URL": f"sqla+sqlite:///{broker}",
+    }
+    result = CliRunner().invoke(main, ["db", "upgrade"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "embedded broker" in result.output
+    engine = make_engine(f"sqlite:///{broker}")
+    with engine.connect() as c:
+        names = {r[0] for r in c.execute(text("SELECT name FROM sqlite_master"))}
+    engine.dispose()
+    assert {"kombu_queue", "kombu_message"} <= names
+
+
 def test_console_script_is_installed_and_runs(tmp_path):
     exe = Path(sys.executable).with_name("autoscaler")
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True)

@@ -77,19 +77,17 @@ def test_worker_runs_a_task_sent_with_celery_call(transport, tmp_path, db_url):
         result = subprocess.run(
             [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=90
         )
-        assert result.returncode == 0, result.stderr
+        if result.returncode != 0:
+            _stop(worker)
+            logs = worker.stdout.read().decode() if worker.stdout else ""
+            raise AssertionError(f"{result.stderr}\n--- worker ---\n{logs}")
         answer = json.loads(result.stdout.strip().splitlines()[-1])
         assert answer["revision"] == "0001"
         assert answer["live_instances"] == 0
         assert "pw-SECRET-42" not in result.stdout
         assert answer["database"].startswith(db_url.split(":")[0])
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
+        _stop(worker)
 
 
 def test_celery_finds_the_app_and_its_config(tmp_path, sqlite_url):
@@ -116,6 +114,8 @@ def _free_port() -> int:
 
 
 def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=30)
