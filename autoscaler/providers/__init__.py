@@ -1,0 +1,37 @@
+"""Providers: one module per provider behind the small interface in `base`."""
+
+from autoscaler.providers.base import (
+    AmbiguousCreateError,
+    AuthError,
+    CapacityError,
+    Launch,
+    Machine,
+    MachineStatus,
+    NotOwnedError,
+    Offer,
+    OfferGoneError,
+    Provider,
+    ProviderError,
+    ProviderRequestError,
+    RateLimitedError,
+    TransientError,
+    create_on_first_offer,
+)
+
+__all__ = [
+    "AmbiguousCreateError",
+    "AuthError",
+    "CapacityError",
+    "Launch",
+    "Machine",
+    "MachineStatus",
+    "NotOwnedError",
+    "Offer",
+    "OfferGoneError",
+    "Provider",
+    "ProviderError",
+    "ProviderRequestError",
+    "RateLimitedError",
+    "TransientError",
+    "create_on_first_offer",
+]

@@ -1,0 +1,286 @@
+"""The provider interface: find offers, create, get, list our own, destroy — and the errors.
+
+Every provider (RunPod, Vast.ai, mock, local) implements `Provider`. Callers never see a
+provider's wire format: they get `Offer` and `Machine` values and one of the error classes
+below, each of which says what to do next:
+
+- `CapacityError` (and its `OfferGoneError`): nothing was created; try the next GPU type/offer.
+- `AuthError`: the key is wrong or lacks rights; stop and tell the operator.
+- `RateLimitedError` / `TransientError`: nothing is known to have happened; retry later, with
+  backoff (idempotent calls are already retried inside `http.HttpClient`).
+- `AmbiguousCreateError`: the create may have happened. Look the label up before any retry
+  (`Provider.find_by_label`); `create_on_first_offer` does exactly that.
+- `NotOwnedError`: refused to touch a machine that does not carry this installation's label.
+- `ProviderRequestError`: the provider refused our request as malformed — a bug or a config
+  value the provider does not accept; retrying will not help.
+
+Ownership is enforced here, once: `list_owned`, `get`, `find_by_label` and `destroy` only ever
+return or touch machines whose label parses to this installation's id (`labels.is_owned`).
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from autoscaler.config.models import InstanceSpec
+from autoscaler.providers import labels
+
+# --------------------------------------------------------------------------- values
+
+
+class MachineStatus(enum.StrEnum):
+    """A machine's state at the provider, normalised across providers."""
+
+    STARTING = "starting"  # being allocated, pulling the image, booting
+    RUNNING = "running"  # up (the worker on it may still be starting)
+    DEAD = "dead"  # exited, errored, offline: will not become running by itself
+    GONE = "gone"  # terminated / destroyed at the provider
+
+
+def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True)
+class Offer:
+    """Something `create` can rent: a RunPod GPU type, a Vast ask, a mock or local slot.
+
+    `spec` is the instance spec the offer was found for (image, disk, GPU count travel with it).
+    `price_per_hour` is the whole machine's price (all GPUs). `details` is informational only.
+    """
+
+    provider: str
+    offer_id: str
+    gpu: str
+    gpu_count: int
+    price_per_hour: float
+    spec: InstanceSpec
+    host_id: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "details", _frozen(self.details))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What one create stamps on the machine: the ownership label and the environment."""
+
+    label: str
+    env: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if labels.parse_label(self.label) is None:
+            raise ValueError(
+                f"{self.label!r} is not an ownership label; build it with Launch.new(...)"
+            )
+        object.__setattr__(self, "env", _frozen(self.env))
+
+    @classmethod
+    def new(
+        cls, installation_id: str, launch_id: str, env: Mapping[str, str] | None = None
+    ) -> Launch:
+        """The launch for `launch_id`, its env carrying the ownership marker too."""
+        merged = dict(env or {})
+        merged.update(labels.marker_env(installation_id, launch_id))
+        return cls(label=labels.make_label(installation_id, launch_id), env=merged)
+
+    @property
+    def launch_id(self) -> str:
+        parsed = labels.parse_label(self.label)
+        assert parsed is not None
+        return parsed.launch_id
+
+    @property
+    def installation_id(self) -> str:
+        parsed = labels.parse_label(self.label)
+        assert parsed is not None
+        return parsed.installation_id
+
+    def __repr__(self) -> str:  # env may hold the worker's token: never print its values
+        return f"Launch(label={self.label!r}, env_keys={sorted(self.env)!r})"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One of our machines as the provider reports it."""
+
+    provider_instance_id: str
+    label: str
+    status: MachineStatus
+    raw_status: str | None = None
+    price_per_hour: float | None = None
+    host_id: str | None = None
+    gpu: str | None = None
+
+    @property
+    def launch_id(self) -> str | None:
+        parsed = labels.parse_label(self.label)
+        return parsed.launch_id if parsed else None
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ProviderError(Exception):
+    """Base of every provider failure. Messages never contain credentials."""
+
+    def __init__(self, message: str, *, provider: str = "") -> None:
+        super().__init__(message)
+        self.provider = provider
+
+
+class CapacityError(ProviderError):
+    """No machine could be had for this offer (no stock, price moved, refused): try the next."""
+
+
+class OfferGoneError(CapacityError):
+    """The offer vanished between search and create (Vast `no_such_ask`): try the next offer."""
+
+
+class AuthError(ProviderError):
+    """The API key was refused (401) or lacks rights (403). Retrying will not help."""
+
+
+class RateLimitedError(ProviderError):
+    """The provider said 429 (after our own retries, if the call was idempotent)."""
+
+    def __init__(
+        self, message: str, *, provider: str = "", retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, provider=provider)
+        self.retry_after = retry_after
+
+
+class TransientError(ProviderError):
+    """Network trouble or a 5xx on a call where nothing can have happened twice: retry later."""
+
+
+class AmbiguousCreateError(ProviderError):
+    """A create failed in a way that may have created the machine (5xx, timeout).
+
+    The provider already looked for `label` and did not find it (yet). Before any new create for
+    this launch, look it up by label again; never create a second machine for the same launch.
+    """
+
+    def __init__(self, message: str, *, provider: str = "", label: str = "") -> None:
+        super().__init__(message, provider=provider)
+        self.label = label
+
+
+class NotOwnedError(ProviderError):
+    """The machine does not carry this installation's label: we never touch it."""
+
+
+class ProviderRequestError(ProviderError):
+    """The provider refused the request itself (400/422): a bug or an unsupported setting."""
+
+
+# --------------------------------------------------------------------------- the interface
+
+
+class Provider(ABC):
+    """One provider account as seen by one installation.
+
+    Implementations keep the API key private: it appears in no repr, log line or error text.
+    """
+
+    kind: str = ""
+
+    def __init__(self, name: str, installation_id: str) -> None:
+        if not labels.INSTALLATION_RE.fullmatch(installation_id):
+            raise ValueError(f"bad installation id {installation_id!r}")
+        self.name = name
+        self.installation_id = installation_id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, installation={self.installation_id!r})"
+
+    # -- the five operations
+
+    @abstractmethod
+    def find_offers(self, spec: InstanceSpec) -> list[Offer]:
+        """Offers for `spec`, best first (preference order, then price); all within the cap."""
+
+    @abstractmethod
+    def create(self, offer: Offer, launch: Launch) -> Machine:
+        """Rent `offer`, labelled and with `launch.env`. Raises one of the errors above."""
+
+    @abstractmethod
+    def get(self, provider_instance_id: str) -> Machine | None:
+        """One of our machines; None when it is gone or is not ours."""
+
+    @abstractmethod
+    def list_owned(self) -> list[Machine]:
+        """Every machine at the provider carrying this installation's label (all pages)."""
+
+    @abstractmethod
+    def destroy(self, provider_instance_id: str) -> None:
+        """Destroy one of our machines. Already gone = success. Not ours = `NotOwnedError`."""
+
+    # -- helpers with sensible defaults
+
+    def find_by_label(self, label: str) -> Machine | None:
+        """Our machine with this label, if the provider has it (used after ambiguous creates)."""
+        if not self.owns(label):
+            return None
+        for machine in self.list_owned():
+            if machine.label == label:
+                return machine
+        return None
+
+    def avoid_host(self, host_id: str, reason: str) -> None:  # noqa: B027 - optional hook
+        """Remember a host that failed us so later searches skip it (Vast); a no-op elsewhere."""
+
+    def owns(self, label: str | None) -> bool:
+        return labels.is_owned(label, self.installation_id)
+
+    def _check_launch(self, launch: Launch) -> None:
+        if not self.owns(launch.label):
+            raise NotOwnedError(
+                f"launch label {launch.label!r} does not belong to installation "
+                f"{self.installation_id!r}; build it with Launch.new(installation_id, ...)",
+                provider=self.name,
+            )
+
+
+def create_on_first_offer(provider: Provider, offers: Iterable[Offer], launch: Launch) -> Machine:
+    """Rent the first offer that works, never two machines for one launch.
+
+    1. A machine with this label already exists (a redelivered task, a restart mid-launch):
+       return it.
+    2. Try the offers in order, moving on after a capacity error (no stock, offer gone).
+    3. An ambiguous create is looked up by label once more; if still not found it is raised
+       rather than trying the next offer, since the first create may yet appear.
+    Auth, rate-limit and transient errors are raised as they come.
+    """
+    existing = provider.find_by_label(launch.label)
+    if existing is not None:
+        return existing
+    last: CapacityError | None = None
+    tried = 0
+    for offer in offers:
+        tried += 1
+        try:
+            return provider.create(offer, launch)
+        except CapacityError as exc:
+            last = exc
+            continue
+        except AmbiguousCreateError:
+            found = provider.find_by_label(launch.label)
+            if found is not None:
+                return found
+            raise
+    if last is None:
+        raise CapacityError(
+            f"{provider.name}: no offer matches the instance spec", provider=provider.name
+        )
+    raise CapacityError(
+        f"{provider.name}: none of {tried} offer(s) could be rented; last: {last}",
+        provider=provider.name,
+    ) from last

@@ -1,0 +1,255 @@
+"""One HTTP client for the provider APIs: timeouts, retries, error classes, no secret leaks.
+
+- Every call has a connect and a read timeout.
+- Idempotent calls (GET, DELETE, searches) are retried on 429, 5xx and network errors with
+  exponential backoff and jitter; a `Retry-After` header is honoured when present (Vast never
+  sends one, so the backoff is ours). A create is never retried here: a 5xx or a read timeout
+  on a create raises `AmbiguousCreateError` (or returns the 5xx to the provider, which may know
+  it as a capacity refusal), because the machine may exist.
+- 401/403 raise `AuthError`, 429 (after retries) `RateLimitedError`.
+- The key travels only in the Authorization header, set by an auth hook whose repr is redacted;
+  messages built here never include headers, and `redact` scrubs the key from anything echoed
+  back (response bodies).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from requests.auth import AuthBase
+
+from autoscaler.providers.base import (
+    AmbiguousCreateError,
+    AuthError,
+    RateLimitedError,
+    TransientError,
+)
+
+log = logging.getLogger("autoscaler.providers.http")
+
+REDACTED = "***"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How idempotent calls are retried: `attempts` in all, delay base*2^n capped, jittered."""
+
+    attempts: int = 4
+    base: float = 0.5
+    cap: float = 10.0
+    max_retry_after: float = 30.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Backoff before retry number `attempt` (0-based): uniform in [d/2, d]."""
+        d = min(self.cap, self.base * (2**attempt))
+        return float(d / 2 + rng.random() * d / 2)
+
+
+class _Bearer(AuthBase):
+    """Sets `Authorization: Bearer <key>`; prints as redacted."""
+
+    def __init__(self, key: str) -> None:
+        self._key = key
+
+    def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
+        r.headers["Authorization"] = f"Bearer {self._key}"
+        return r
+
+    def __repr__(self) -> str:
+        return "<Bearer ***>"
+
+
+def _retry_after(resp: requests.Response, policy: RetryPolicy) -> float | None:
+    value = resp.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return min(max(float(value), 0.0), policy.max_retry_after)
+    except ValueError:
+        return None
+
+
+class HttpClient:
+    """A `requests` session bound to one provider's base URL and key."""
+
+    def __init__(
+        self,
+        provider: str,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: tuple[float, float] = (5.0, 30.0),
+        retry: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+        label: str = "",
+    ) -> None:
+        if not api_key:
+            raise AuthError(
+                f"{provider}: no API key given; store the provider's key in the vault "
+                "or set its api_key_env",
+                provider=provider,
+            )
+        self.provider = provider
+        self.display = label or provider
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._secret = api_key
+        self._session = requests.Session()
+        self._session.auth = _Bearer(api_key)
+        self._session.headers["User-Agent"] = "gpu-queue-autoscaler"
+        self._session.trust_env = False  # no proxies or .netrc credentials from the environment
+
+    def __repr__(self) -> str:
+        return f"HttpClient(provider={self.provider!r}, base_url={self.base_url!r})"
+
+    def close(self) -> None:
+        self._session.close()
+
+    def redact(self, text: str) -> str:
+        return text.replace(self._secret, REDACTED) if self._secret else text
+
+    def excerpt(self, resp: requests.Response, limit: int = 300) -> str:
+        """A short, redacted piece of a response body for error messages."""
+        try:
+            text = resp.text
+        except Exception:  # undecodable body
+            return "<unreadable body>"
+        text = " ".join(text.split())
+        return self.redact(text[:limit])
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        idempotent: bool = True,
+        timeout: tuple[float, float] | None = None,
+    ) -> requests.Response:
+        """Send one call, retrying idempotent ones. Returns any response that is not 401/403/429
+        and, for idempotent calls, not 5xx; raises the classified error otherwise."""
+        url = self.base_url + path
+        attempts = self.retry.attempts if idempotent else 1
+        what = f"{self.display}: {method} {path}"
+        for attempt in range(attempts):
+            last_try = attempt == attempts - 1
+            t0 = time.monotonic()
+            try:
+                resp = self._session.request(
+                    method, url, params=params, json=json, timeout=timeout or self.timeout
+                )
+            except (requests.ConnectTimeout, requests.exceptions.ProxyError) as exc:
+                # Never reached the server: nothing can have happened.
+                log.info(
+                    "%s: cannot connect (%s), attempt %d", what, type(exc).__name__, attempt + 1
+                )
+                if last_try:
+                    raise TransientError(
+                        f"{what}: cannot connect ({type(exc).__name__})", provider=self.provider
+                    ) from None
+                self._sleep(self.retry.delay(attempt, self._rng))
+                continue
+            except requests.ConnectionError as exc:
+                refused = _connection_refused(exc)
+                log.info(
+                    "%s: connection error (%s), attempt %d", what, type(exc).__name__, attempt + 1
+                )
+                if not idempotent and not refused:
+                    raise AmbiguousCreateError(
+                        f"{what}: connection lost after sending ({type(exc).__name__}); "
+                        "the machine may exist",
+                        provider=self.provider,
+                    ) from None
+                if last_try:
+                    raise TransientError(
+                        f"{what}: connection failed ({type(exc).__name__})", provider=self.provider
+                    ) from None
+                self._sleep(self.retry.delay(attempt, self._rng))
+                continue
+            except requests.Timeout as exc:  # ReadTimeout: the request was sent
+                log.info("%s: timed out (%s), attempt %d", what, type(exc).__name__, attempt + 1)
+                if not idempotent:
+                    raise AmbiguousCreateError(
+                        f"{what}: timed out after sending; the machine may exist",
+                        provider=self.provider,
+                    ) from None
+                if last_try:
+                    raise TransientError(f"{what}: timed out", provider=self.provider) from None
+                self._sleep(self.retry.delay(attempt, self._rng))
+                continue
+            except requests.RequestException as exc:
+                raise TransientError(
+                    f"{what}: request failed ({type(exc).__name__})", provider=self.provider
+                ) from None
+
+            status = resp.status_code
+            log.debug(
+                "%s -> %d in %.3fs (attempt %d)", what, status, time.monotonic() - t0, attempt + 1
+            )
+            if status in (401, 403):
+                verb = "refused the API key" if status == 401 else "denied this API key access"
+                raise AuthError(
+                    f"{self.display} {verb} (HTTP {status} on {method} {path}); check the key "
+                    "stored for this provider and its permissions",
+                    provider=self.provider,
+                )
+            if status == 429:
+                wait = _retry_after(resp, self.retry)
+                if last_try:
+                    raise RateLimitedError(
+                        f"{what}: rate limited (HTTP 429): {self.excerpt(resp, 120)}",
+                        provider=self.provider,
+                        retry_after=wait,
+                    )
+                log.info("%s: rate limited, backing off (attempt %d)", what, attempt + 1)
+                self._sleep(wait if wait is not None else self.retry.delay(attempt, self._rng))
+                continue
+            if status >= 500 and idempotent:
+                if last_try:
+                    raise TransientError(
+                        f"{what}: HTTP {status}: {self.excerpt(resp, 160)}", provider=self.provider
+                    )
+                log.info("%s: HTTP %d, retrying (attempt %d)", what, status, attempt + 1)
+                self._sleep(self.retry.delay(attempt, self._rng))
+                continue
+            return resp
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _connection_refused(exc: requests.ConnectionError) -> bool:
+    """True when the connection was never established (so nothing was sent)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        name = type(cur).__name__
+        if name in ("NewConnectionError", "ConnectionRefusedError", "NameResolutionError"):
+            return True
+        reason = getattr(cur, "reason", None)
+        if isinstance(reason, BaseException) and id(reason) not in seen:
+            cur = reason
+            continue
+        nxt = cur.__cause__ or cur.__context__
+        if nxt is None and cur.args and isinstance(cur.args[0], BaseException):
+            nxt = cur.args[0]
+        cur = nxt
+    return False
+
+
+def json_body(resp: requests.Response) -> Any:
+    """The JSON body, or None when the body is not JSON (e.g. a plain-text 429)."""
+    try:
+        return resp.json()
+    except ValueError:
+        return None

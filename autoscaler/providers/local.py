@@ -1,0 +1,280 @@
+"""The local provider: "rents" a machine by starting a local process, so the whole loop can run
+for real on one computer.
+
+Each machine is one process started in its own session (`start_new_session=True`, so it leads
+its own process group) running `command` through `/bin/sh -c` with the machine's environment
+(the ownership marker and whatever the launch carries) on top of this process's. Destroy stops
+the whole group: SIGTERM, then SIGKILL after `grace` seconds.
+
+State is one JSON file per machine under `state_dir` (`<label>.json`, mode 0600 since the env
+may carry the worker's token) holding the pid, the process start time (so a recycled pid is
+never signalled) and the label and env. Any process with the same `state_dir` — beat, a worker,
+the CLI — can therefore find and destroy machines started by another.
+
+The default command (`DEFAULT_COMMAND`) is a placeholder that sleeps until it is stopped: it
+stands for the worker agent until the agent exists, and is replaced by setting `command` in the
+provider's config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autoscaler.config.models import InstanceSpec
+from autoscaler.config.models import LocalProvider as LocalConfig
+from autoscaler.providers.base import (
+    Launch,
+    Machine,
+    MachineStatus,
+    NotOwnedError,
+    Offer,
+    Provider,
+    ProviderError,
+)
+from autoscaler.providers.labels import parse_label
+
+log = logging.getLogger("autoscaler.providers.local")
+
+DEFAULT_COMMAND = f"exec {shlex.quote(sys.executable)} -c " + shlex.quote(
+    "import signal, time\nwhile True:\n    time.sleep(3600)"
+)
+"""Sleep until stopped: the stand-in for the worker agent on a 'machine'."""
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (field 22 of /proc/pid/stat), None if no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[0] if fields else None
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any process of the group exists and is not a zombie."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - someone else's group now
+        return False
+    # killpg(0) also succeeds for zombies; look for a living member.
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+class LocalProvider(Provider):
+    kind = "local"
+
+    def __init__(
+        self,
+        name: str,
+        config: LocalConfig,
+        installation_id: str,
+        state_dir: Path,
+        *,
+        grace: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(name, installation_id)
+        self.config = config
+        self.command = config.command or DEFAULT_COMMAND
+        self.state_dir = Path(state_dir) / name
+        self.grace = grace
+        self._clock = clock
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    # ------------------------------------------------------------------ offers / create
+
+    def find_offers(self, spec: InstanceSpec) -> list[Offer]:
+        price = self.config.price_per_hour
+        if price > spec.max_price_per_hour:
+            return []
+        return [
+            Offer(
+                provider=self.name,
+                offer_id="local",
+                gpu=spec.gpu,
+                gpu_count=spec.gpu_count,
+                price_per_hour=price,
+                spec=spec,
+                host_id=os.uname().nodename,
+            )
+        ]
+
+    def create(self, offer: Offer, launch: Launch) -> Machine:
+        self._check_launch(launch)
+        existing = self.find_by_label(launch.label)
+        if existing is not None:
+            return existing
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        env = dict(os.environ)
+        env.update(launch.env)
+        log_path = self.state_dir / f"{launch.label}.log"
+        with open(log_path, "ab") as out:
+            try:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", self.command],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                raise ProviderError(
+                    f"{self.name}: cannot start the local machine command ({exc.strerror})",
+                    provider=self.name,
+                ) from None
+        record = {
+            "pid": proc.pid,
+            "pgid": proc.pid,
+            "start_time": _start_time(proc.pid),
+            "label": launch.label,
+            "env": dict(launch.env),
+            "gpu": offer.gpu,
+            "price_per_hour": offer.price_per_hour,
+            "created_at": self._clock(),
+            "command": self.command,
+        }
+        self._write(launch.label, record)
+        self._children[launch.label] = proc
+        log.info("%s: started local machine %s (pid %d)", self.name, launch.label, proc.pid)
+        return self._machine(record)
+
+    # ------------------------------------------------------------------ read
+
+    def _path(self, label: str) -> Path:
+        return self.state_dir / f"{label}.json"
+
+    def _write(self, label: str, record: dict[str, Any]) -> None:
+        tmp = self.state_dir / f".{label}.json.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, self._path(label))
+
+    def _read(self, label: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self._path(label).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("label") == label else None
+
+    def _alive(self, record: dict[str, Any]) -> bool:
+        label = str(record["label"])
+        child = self._children.get(label)
+        if child is not None:
+            child.poll()  # reap our own child so it is not a zombie
+        pid = int(record["pid"])
+        if record.get("start_time") is not None and _start_time(pid) not in (
+            None,
+            record["start_time"],
+        ):
+            return False  # the pid was recycled: our process is long gone
+        return _group_alive(int(record["pgid"]))
+
+    def _machine(self, record: dict[str, Any]) -> Machine:
+        alive = self._alive(record)
+        return Machine(
+            provider_instance_id=str(record["label"]),
+            label=str(record["label"]),
+            status=MachineStatus.RUNNING if alive else MachineStatus.DEAD,
+            raw_status=f"pid {record['pid']} {'alive' if alive else 'exited'}",
+            price_per_hour=float(record.get("price_per_hour") or 0.0),
+            host_id=os.uname().nodename,
+            gpu=record.get("gpu"),
+        )
+
+    def get(self, provider_instance_id: str) -> Machine | None:
+        if not self.owns(provider_instance_id):
+            return None
+        record = self._read(provider_instance_id)
+        return self._machine(record) if record is not None else None
+
+    def find_by_label(self, label: str) -> Machine | None:
+        return self.get(label)
+
+    def list_owned(self) -> list[Machine]:
+        if not self.state_dir.is_dir():
+            return []
+        machines = []
+        for path in sorted(self.state_dir.glob("*.json")):
+            label = path.name[: -len(".json")]
+            if not self.owns(label):
+                continue
+            record = self._read(label)
+            if record is not None:
+                machines.append(self._machine(record))
+        return machines
+
+    # ------------------------------------------------------------------ destroy
+
+    def destroy(self, provider_instance_id: str) -> None:
+        if parse_label(provider_instance_id) is None:
+            return  # not a machine id this provider ever made
+        if not self.owns(provider_instance_id):
+            raise NotOwnedError(
+                f"{self.name}: {provider_instance_id} was not created by this installation",
+                provider=self.name,
+            )
+        record = self._read(provider_instance_id)
+        if record is None:
+            return
+        pgid = int(record["pgid"])
+        if self._alive(record):
+            self._signal(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + self.grace
+            while time.monotonic() < deadline and self._alive(record):
+                time.sleep(0.05)
+            if self._alive(record):
+                log.warning("%s: %s ignored SIGTERM; killing it", self.name, provider_instance_id)
+                self._signal(pgid, signal.SIGKILL)
+                deadline = time.monotonic() + 5.0
+                while time.monotonic() < deadline and self._alive(record):
+                    time.sleep(0.05)
+        child = self._children.pop(provider_instance_id, None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=1.0)
+        with contextlib.suppress(FileNotFoundError):
+            self._path(provider_instance_id).unlink()
+        log.info("%s: stopped local machine %s", self.name, provider_instance_id)
+
+    @staticmethod
+    def _signal(pgid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)

@@ -1,0 +1,327 @@
+"""RunPod through REST v2 (`/v2/...`, Bearer key). See reference/providers.md.
+
+- Offers come from the GPU catalog with live availability and list price
+  (`GET /v2/catalog/gpus?include=AVAILABILITY&product=POD`). The configured GPU types are
+  tried in order of preference; a type with no stock (in the configured data centers, if any)
+  or whose price for the requested GPU count is above the cap is skipped.
+- A create takes one GPU type; the pod's `name` is the launch's unique ownership label. After a
+  5xx or a timeout the pod may exist and bill: it is looked up by name before anything else.
+  A refusal whose detail says no instances are available is a capacity error, whatever its code.
+- `GET /v2/pods` answers every pod of the account in one response (the v2 spec has no paging
+  parameters); it is read whole and filtered by label.
+- Terminate is `DELETE /v2/pods/{id}`; 404 means already gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import requests
+
+from autoscaler.config.models import InstanceSpec
+from autoscaler.config.models import RunPodProvider as RunPodConfig
+from autoscaler.providers.base import (
+    AmbiguousCreateError,
+    CapacityError,
+    Launch,
+    Machine,
+    MachineStatus,
+    NotOwnedError,
+    Offer,
+    Provider,
+    ProviderError,
+    ProviderRequestError,
+)
+from autoscaler.providers.http import HttpClient, RetryPolicy, json_body
+
+log = logging.getLogger("autoscaler.providers.runpod")
+
+_STATUS = {
+    "PROVISIONING": MachineStatus.STARTING,
+    "STARTING": MachineStatus.STARTING,
+    "RUNNING": MachineStatus.RUNNING,
+    "EXITED": MachineStatus.DEAD,
+    "ERROR": MachineStatus.DEAD,
+    "TERMINATED": MachineStatus.GONE,
+}
+
+_CAPACITY_RE = re.compile(
+    r"no (longer )?(any )?instances? (are )?(currently )?available"
+    r"|not enough (free )?(gpus?|capacity|resources)"
+    r"|insufficient capacity|out of stock|no capacity|capacity (is )?unavailable",
+    re.IGNORECASE,
+)
+
+
+def _problem(resp: requests.Response) -> str:
+    """title: detail (errors...) of an RFC 9457 problem body, or ''."""
+    body = json_body(resp)
+    if not isinstance(body, dict):
+        return ""
+    parts = [str(body.get("title") or ""), str(body.get("detail") or "")]
+    errors = body.get("errors")
+    if isinstance(errors, list) and errors:
+        parts.append("; ".join(str(e) for e in errors[:5]))
+    return ": ".join(p for p in parts if p)
+
+
+class RunPodProvider(Provider):
+    kind = "runpod"
+
+    def __init__(
+        self,
+        name: str,
+        config: RunPodConfig,
+        api_key: str,
+        installation_id: str,
+        *,
+        timeout: tuple[float, float] = (5.0, 30.0),
+        retry: RetryPolicy | None = None,
+        lookup_attempts: int = 3,
+        lookup_delay: float = 2.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(name, installation_id)
+        self.config = config
+        self.lookup_attempts = max(1, lookup_attempts)
+        self.lookup_delay = lookup_delay
+        self._sleep = sleep
+        self._http = HttpClient(
+            name,
+            config.base_url,
+            api_key,
+            timeout=timeout,
+            retry=retry,
+            sleep=sleep,
+            label=f"RunPod ({name})",
+        )
+
+    # ------------------------------------------------------------------ offers
+
+    def find_offers(self, spec: InstanceSpec) -> list[Offer]:
+        params = {
+            "include": "AVAILABILITY",
+            "product": "POD",
+            "count": spec.gpu_count,
+            "cloud": self.config.cloud_type,
+        }
+        resp = self._http.request("GET", "/v2/catalog/gpus", params=params)
+        self._raise_unexpected(resp, "GET /v2/catalog/gpus")
+        body = json_body(resp)
+        gpus = body.get("gpus") if isinstance(body, dict) else None
+        if not isinstance(gpus, list):
+            raise ProviderError(
+                f"{self.name}: catalog answer has no 'gpus' list", provider=self.name
+            )
+        wanted = self.config.gpu_types or (spec.gpu,)
+        secure = self.config.cloud_type == "SECURE"
+        offers: list[Offer] = []
+        for want in wanted:
+            entry = _match_gpu(gpus, want)
+            if entry is None:
+                log.info("%s: GPU type %r is not in the catalog; skipped", self.name, want)
+                continue
+            if not entry.get("secure" if secure else "community", False):
+                continue
+            availability = self._availability(entry)
+            if availability in (None, "NONE"):
+                log.info("%s: %s has no stock; skipped", self.name, entry["id"])
+                continue
+            unit = (entry.get("price") or {}).get("secure" if secure else "community")
+            if not isinstance(unit, int | float) or unit <= 0:
+                continue
+            price = round(float(unit) * spec.gpu_count, 6)
+            if price > spec.max_price_per_hour:
+                log.info(
+                    "%s: %s costs %.3f/h, above the cap %.3f; skipped",
+                    self.name,
+                    entry["id"],
+                    price,
+                    spec.max_price_per_hour,
+                )
+                continue
+            offers.append(
+                Offer(
+                    provider=self.name,
+                    offer_id=str(entry["id"]),
+                    gpu=str(entry["id"]),
+                    gpu_count=spec.gpu_count,
+                    price_per_hour=price,
+                    spec=spec,
+                    details={"availability": availability, "name": entry.get("name")},
+                )
+            )
+        return offers
+
+    def _availability(self, entry: dict[str, Any]) -> str | None:
+        if not self.config.data_centers:
+            value = entry.get("availability")
+            return str(value) if value is not None else None
+        levels = [
+            str(dc.get("availability"))
+            for dc in entry.get("dataCenters") or []
+            if dc.get("id") in self.config.data_centers
+        ]
+        for level in ("HIGH", "MEDIUM", "LOW"):
+            if level in levels:
+                return level
+        return "NONE"
+
+    # ------------------------------------------------------------------ create
+
+    def create(self, offer: Offer, launch: Launch) -> Machine:
+        self._check_launch(launch)
+        spec = offer.spec
+        body: dict[str, Any] = {
+            "name": launch.label,
+            "image": spec.image,
+            "gpu": {"id": offer.offer_id, "count": offer.gpu_count},
+            "cloud": self.config.cloud_type,
+            "disk": spec.disk_gb,
+            "env": dict(launch.env),
+        }
+        if self.config.data_centers:
+            body["dataCenterIds"] = list(self.config.data_centers)
+        try:
+            resp = self._http.request("POST", "/v2/pods", json=body, idempotent=False)
+        except AmbiguousCreateError as exc:
+            return self._recover(launch.label, str(exc))
+        status = resp.status_code
+        if status in (200, 201):
+            pod = json_body(resp)
+            if isinstance(pod, dict) and pod.get("id"):
+                log.info("%s: created pod %s (%s)", self.name, pod["id"], launch.label)
+                return self._machine(pod)
+            return self._recover(launch.label, f"HTTP {status} without a pod in the body")
+        problem = _problem(resp) or self._http.excerpt(resp)
+        if _CAPACITY_RE.search(problem):
+            raise CapacityError(
+                f"{self.name}: no {offer.offer_id} available (HTTP {status}): {problem}",
+                provider=self.name,
+            )
+        if status >= 500:
+            return self._recover(launch.label, f"HTTP {status}: {problem}")
+        if status == 404:  # the GPU type (or data center) does not exist (any more)
+            raise CapacityError(
+                f"{self.name}: {offer.offer_id} refused (HTTP 404): {problem}", provider=self.name
+            )
+        raise ProviderRequestError(
+            f"{self.name}: create refused (HTTP {status}): {problem}", provider=self.name
+        )
+
+    def _recover(self, label: str, why: str) -> Machine:
+        """The create may have happened: find the pod by its unique name before anything else."""
+        log.warning("%s: create of %s is ambiguous (%s); looking it up", self.name, label, why)
+        for attempt in range(self.lookup_attempts):
+            if attempt:
+                self._sleep(self.lookup_delay)
+            found = self.find_by_label(label)
+            if found is not None:
+                log.info(
+                    "%s: the ambiguous create did happen: %s", self.name, found.provider_instance_id
+                )
+                return found
+        raise AmbiguousCreateError(
+            f"{self.name}: create of {label} failed ambiguously ({why}) and no pod with that "
+            "name was found yet; look it up by label before creating again",
+            provider=self.name,
+            label=label,
+        )
+
+    # ------------------------------------------------------------------ read
+
+    def list_owned(self) -> list[Machine]:
+        resp = self._http.request("GET", "/v2/pods")
+        self._raise_unexpected(resp, "GET /v2/pods")
+        body = json_body(resp)
+        pods = body.get("pods") if isinstance(body, dict) else None
+        if not isinstance(pods, list):
+            # Never read a malformed answer as "no machines": that would leak every pod.
+            raise ProviderError(
+                f"{self.name}: pod list answer has no 'pods' list", provider=self.name
+            )
+        return [self._machine(p) for p in pods if isinstance(p, dict) and self.owns(p.get("name"))]
+
+    def get(self, provider_instance_id: str) -> Machine | None:
+        pod = self._get_pod(provider_instance_id)
+        if pod is None or not self.owns(pod.get("name")):
+            return None
+        return self._machine(pod)
+
+    def _get_pod(self, pod_id: str) -> dict[str, Any] | None:
+        _check_id(pod_id)
+        resp = self._http.request("GET", f"/v2/pods/{pod_id}")
+        if resp.status_code == 404:
+            return None
+        self._raise_unexpected(resp, "GET /v2/pods/{id}")
+        pod = json_body(resp)
+        if not isinstance(pod, dict):
+            raise ProviderError(f"{self.name}: pod answer is not an object", provider=self.name)
+        if pod.get("status") == "TERMINATED":
+            return None
+        return pod
+
+    # ------------------------------------------------------------------ destroy
+
+    def destroy(self, provider_instance_id: str) -> None:
+        pod = self._get_pod(provider_instance_id)
+        if pod is None:
+            return
+        if not self.owns(pod.get("name")):
+            raise NotOwnedError(
+                f"{self.name}: pod {provider_instance_id} was not created by this installation; "
+                "it is left alone",
+                provider=self.name,
+            )
+        resp = self._http.request("DELETE", f"/v2/pods/{provider_instance_id}")
+        if resp.status_code in (200, 204, 404):
+            log.info("%s: terminated pod %s", self.name, provider_instance_id)
+            return
+        self._raise_unexpected(resp, "DELETE /v2/pods/{id}")
+
+    # ------------------------------------------------------------------ helpers
+
+    def _machine(self, pod: dict[str, Any]) -> Machine:
+        raw = pod.get("status")
+        gpu = pod.get("gpu") if isinstance(pod.get("gpu"), dict) else {}
+        cost = pod.get("cost")
+        return Machine(
+            provider_instance_id=str(pod["id"]),
+            label=str(pod.get("name") or ""),
+            status=_STATUS.get(str(raw), MachineStatus.STARTING),
+            raw_status=str(raw) if raw is not None else None,
+            price_per_hour=float(cost) if isinstance(cost, int | float) else None,
+            host_id=pod.get("dataCenterId"),
+            gpu=(gpu or {}).get("id"),
+        )
+
+    def _raise_unexpected(self, resp: requests.Response, what: str) -> None:
+        if 200 <= resp.status_code < 300:
+            return
+        problem = _problem(resp) or self._http.excerpt(resp)
+        raise ProviderRequestError(
+            f"{self.name}: {what} answered HTTP {resp.status_code}: {problem}", provider=self.name
+        )
+
+
+def _match_gpu(gpus: list[Any], want: str) -> dict[str, Any] | None:
+    w = want.strip().lower()
+    for entry in gpus:
+        if isinstance(entry, dict) and str(entry.get("id", "")).lower() == w:
+            return entry
+    for entry in gpus:
+        if isinstance(entry, dict) and str(entry.get("name", "")).lower() == w:
+            return entry
+    return None
+
+
+_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+
+
+def _check_id(pod_id: str) -> None:
+    if not _ID_RE.fullmatch(pod_id):
+        raise ValueError(f"{pod_id!r} is not a RunPod pod id")

@@ -1,0 +1,412 @@
+"""Vast.ai (console API, Bearer key). See reference/providers.md.
+
+- Offers: a live search (`POST /api/v0/bundles/`) for the cheapest verified, rentable offer
+  under the price cap, with the configured filters (country, bandwidth, CUDA, reliability),
+  enough disk, and the hosts to avoid (persisted, expiring) excluded by `machine_id notin`.
+  Results are re-checked client side too. Searches are always live: cached offers drift.
+- Create: `PUT /api/v0/asks/{offer}/` with label and env (an object, as the CLI sends it).
+  Offer gone (404/410 `no_such_ask`) → `OfferGoneError`: try the next offer. A failed answer
+  that still names a `new_contract` means an instance exists: it is destroyed at once.
+  A 5xx or a timeout → the instance is looked up by label before anything else.
+- Our instances: `GET /api/v1/instances/` walked page by page (`next_token`), filtered by label.
+  The deprecated `GET /api/v0/instances/` list is never used: it answers `deprecated_endpoint`
+  and reading that as "no instances" would leak every machine.
+- Get `GET /api/v0/instances/{id}/` (`{"instances": null}` = gone); destroy
+  `DELETE /api/v0/instances/{id}/` (404 = already gone).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import requests
+from sqlalchemy.orm import Session, sessionmaker
+
+from autoscaler.config.models import InstanceSpec
+from autoscaler.config.models import VastProvider as VastConfig
+from autoscaler.providers.base import (
+    AmbiguousCreateError,
+    CapacityError,
+    Launch,
+    Machine,
+    MachineStatus,
+    NotOwnedError,
+    Offer,
+    OfferGoneError,
+    Provider,
+    ProviderError,
+    ProviderRequestError,
+)
+from autoscaler.providers.http import HttpClient, RetryPolicy, json_body
+from autoscaler.store import avoided_hosts
+from autoscaler.store.db import transaction
+
+log = logging.getLogger("autoscaler.providers.vast")
+
+PAGE_SIZE = 25  # the v1 list's maximum
+SEARCH_LIMIT = 20
+
+_STATUS = {
+    None: MachineStatus.STARTING,
+    "created": MachineStatus.STARTING,
+    "loading": MachineStatus.STARTING,
+    "rebooting": MachineStatus.STARTING,
+    "running": MachineStatus.RUNNING,
+    "stopped": MachineStatus.DEAD,
+    "frozen": MachineStatus.DEAD,
+    "exited": MachineStatus.DEAD,
+    "unknown": MachineStatus.DEAD,
+    "offline": MachineStatus.DEAD,
+}
+_OCI_ERROR_RE = re.compile(r"oci runtime|error response from daemon", re.IGNORECASE)
+
+
+def _country(geolocation: Any) -> str:
+    """'Paris, FR' or 'FR' → 'FR'."""
+    text = str(geolocation or "")
+    return text.rsplit(",", 1)[-1].strip().upper()
+
+
+def _error_text(body: Any) -> str:
+    if isinstance(body, dict):
+        parts = [str(body.get(k)) for k in ("error", "msg", "detail") if body.get(k)]
+        return ": ".join(parts)
+    return ""
+
+
+def machine_status(instance: dict[str, Any]) -> MachineStatus:
+    """Normalise Vast's statuses; an OCI runtime error in status_msg means the box is dead."""
+    actual = instance.get("actual_status")
+    status = _STATUS.get(actual, MachineStatus.DEAD if actual else MachineStatus.STARTING)
+    if status is not MachineStatus.RUNNING and _OCI_ERROR_RE.search(
+        str(instance.get("status_msg") or "")
+    ):
+        return MachineStatus.DEAD
+    return status
+
+
+class VastProvider(Provider):
+    kind = "vast"
+
+    def __init__(
+        self,
+        name: str,
+        config: VastConfig,
+        api_key: str,
+        installation_id: str,
+        sessions: sessionmaker[Session],
+        *,
+        timeout: tuple[float, float] = (5.0, 30.0),
+        retry: RetryPolicy | None = None,
+        lookup_attempts: int = 3,
+        lookup_delay: float = 2.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        super().__init__(name, installation_id)
+        self.config = config
+        self.sessions = sessions
+        self.lookup_attempts = max(1, lookup_attempts)
+        self.lookup_delay = lookup_delay
+        self._sleep = sleep
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._http = HttpClient(
+            name,
+            config.base_url,
+            api_key,
+            timeout=timeout,
+            retry=retry,
+            sleep=sleep,
+            label=f"Vast.ai ({name})",
+        )
+
+    # ------------------------------------------------------------------ offers
+
+    def search_query(self, spec: InstanceSpec, avoid: list[str]) -> dict[str, Any]:
+        """The search body (public so its shape can be inspected and tested)."""
+        q: dict[str, Any] = {
+            "rentable": {"eq": True},
+            "rented": {"eq": False},
+            "gpu_name": {"eq": spec.gpu},
+            "num_gpus": {"eq": spec.gpu_count},
+            "dph_total": {"lte": spec.max_price_per_hour},
+            "disk_space": {"gte": spec.disk_gb},
+            "order": [["dph_total", "asc"]],
+            "limit": SEARCH_LIMIT,
+            "allocated_storage": spec.disk_gb,
+        }
+        if self.config.verified:
+            q["verified"] = {"eq": True}
+        if self.config.countries:
+            q["geolocation"] = {"in": [c.upper() for c in self.config.countries]}
+        if self.config.min_bandwidth_mbps is not None:
+            q["inet_down"] = {"gte": self.config.min_bandwidth_mbps}
+        if self.config.min_cuda_version is not None:
+            q["cuda_max_good"] = {"gte": self.config.min_cuda_version}
+        if self.config.min_reliability is not None:
+            q["reliability"] = {"gte": self.config.min_reliability}
+        ids = [int(h) for h in avoid if h.isdigit()]
+        if ids:
+            q["machine_id"] = {"notin": ids}
+        return q
+
+    def find_offers(self, spec: InstanceSpec) -> list[Offer]:
+        with transaction(self.sessions) as s:
+            avoid = avoided_hosts.active_host_ids(s, self.name, self._clock())
+        query = self.search_query(spec, avoid)
+        resp = self._http.request("POST", "/api/v0/bundles/", json=query)
+        body = self._ok_json(resp, "search offers")
+        offers = body.get("offers")
+        if not isinstance(offers, list):
+            raise ProviderError(
+                f"{self.name}: search answer has no 'offers' list", provider=self.name
+            )
+        avoided = set(avoid)
+        countries = {c.upper() for c in self.config.countries}
+        result: list[Offer] = []
+        for o in offers:
+            if not isinstance(o, dict) or "id" not in o:
+                continue
+            price = o.get("dph_total")
+            if not isinstance(price, int | float) or price > spec.max_price_per_hour:
+                continue
+            if str(o.get("machine_id")) in avoided:
+                continue
+            if self.config.verified and o.get("verified") is False:
+                continue
+            if countries and _country(o.get("geolocation")) not in countries:
+                continue
+            result.append(
+                Offer(
+                    provider=self.name,
+                    offer_id=str(o["id"]),
+                    gpu=str(o.get("gpu_name") or spec.gpu),
+                    gpu_count=int(o.get("num_gpus") or spec.gpu_count),
+                    price_per_hour=float(price),
+                    spec=spec,
+                    host_id=str(o["machine_id"]) if o.get("machine_id") is not None else None,
+                    details={
+                        k: o.get(k)
+                        for k in (
+                            "host_id",
+                            "geolocation",
+                            "reliability",
+                            "cuda_max_good",
+                            "inet_down",
+                            "disk_space",
+                        )
+                    },
+                )
+            )
+        result.sort(key=lambda offer: offer.price_per_hour)
+        return result
+
+    def avoid_host(self, host_id: str, reason: str) -> None:
+        until = self._clock() + timedelta(seconds=self.config.avoid_host_for)
+        with transaction(self.sessions) as s:
+            avoided_hosts.avoid(s, self.name, host_id, reason[:2000], until)
+        log.info("%s: avoiding host %s until %s: %s", self.name, host_id, until.isoformat(), reason)
+
+    # ------------------------------------------------------------------ create
+
+    def create(self, offer: Offer, launch: Launch) -> Machine:
+        self._check_launch(launch)
+        if not offer.offer_id.isdigit():
+            raise ValueError(f"{offer.offer_id!r} is not a Vast offer id")
+        spec = offer.spec
+        body: dict[str, Any] = {
+            "client_id": "me",
+            "image": spec.image,
+            "disk": spec.disk_gb,
+            "label": launch.label,
+            "env": dict(launch.env),
+            "runtype": "args",
+            "cancel_unavail": True,
+        }
+        path = f"/api/v0/asks/{offer.offer_id}/"
+        try:
+            resp = self._http.request("PUT", path, json=body, idempotent=False)
+        except AmbiguousCreateError as exc:
+            return self._recover(launch.label, str(exc))
+        data = json_body(resp)
+        status = resp.status_code
+        contract = data.get("new_contract") if isinstance(data, dict) else None
+        success = isinstance(data, dict) and data.get("success") is True
+        if status == 200 and success and contract is not None:
+            log.info("%s: created instance %s (%s)", self.name, contract, launch.label)
+            return Machine(
+                provider_instance_id=str(contract),
+                label=launch.label,
+                status=MachineStatus.STARTING,
+                raw_status=None,
+                price_per_hour=offer.price_per_hour,
+                host_id=offer.host_id,
+                gpu=offer.gpu,
+            )
+        text = _error_text(data) or self._http.excerpt(resp)
+        if contract is not None:
+            # Failed, yet an instance exists and bills: destroy it before moving on.
+            log.warning(
+                "%s: create failed (HTTP %d: %s) but instance %s exists; destroying it",
+                self.name,
+                status,
+                text,
+                contract,
+            )
+            self._delete(str(contract))
+            raise CapacityError(
+                f"{self.name}: offer {offer.offer_id} failed after creating instance {contract} "
+                f"(destroyed): {text}",
+                provider=self.name,
+            )
+        if status in (404, 410) or "no_such_ask" in text:
+            raise OfferGoneError(
+                f"{self.name}: offer {offer.offer_id} is gone: {text}", provider=self.name
+            )
+        if status >= 500 or (status == 200 and not success and not text):
+            return self._recover(launch.label, f"HTTP {status}: {text}")
+        if status == 200 or "invalid_price" in text or "unavail" in text:
+            raise CapacityError(
+                f"{self.name}: offer {offer.offer_id} refused: {text}", provider=self.name
+            )
+        raise ProviderRequestError(
+            f"{self.name}: create refused (HTTP {status}): {text}", provider=self.name
+        )
+
+    def _recover(self, label: str, why: str) -> Machine:
+        log.warning("%s: create of %s is ambiguous (%s); looking it up", self.name, label, why)
+        for attempt in range(self.lookup_attempts):
+            if attempt:
+                self._sleep(self.lookup_delay)
+            found = self.find_by_label(label)
+            if found is not None:
+                log.info(
+                    "%s: the ambiguous create did happen: %s", self.name, found.provider_instance_id
+                )
+                return found
+        raise AmbiguousCreateError(
+            f"{self.name}: create of {label} failed ambiguously ({why}) and no instance with "
+            "that label was found yet; look it up by label before creating again",
+            provider=self.name,
+            label=label,
+        )
+
+    # ------------------------------------------------------------------ read
+
+    def _pages(self, select_filters: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        token: str | None = None
+        seen: set[str] = set()
+        while True:
+            params: dict[str, Any] = {
+                "limit": PAGE_SIZE,
+                "select_filters": json.dumps(select_filters, separators=(",", ":")),
+            }
+            if token:
+                params["after_token"] = token
+            resp = self._http.request("GET", "/api/v1/instances/", params=params)
+            body = self._ok_json(resp, "list instances")
+            instances = body.get("instances")
+            if not isinstance(instances, list):
+                raise ProviderError(
+                    f"{self.name}: instance list answer has no 'instances' list", provider=self.name
+                )
+            yield from (i for i in instances if isinstance(i, dict))
+            token = body.get("next_token")
+            if not token:
+                return
+            if token in seen:  # a server bug must not loop us forever
+                raise ProviderError(
+                    f"{self.name}: instance list repeats a page", provider=self.name
+                )
+            seen.add(token)
+
+    def list_owned(self) -> list[Machine]:
+        return [self._machine(i) for i in self._pages({}) if self.owns(i.get("label"))]
+
+    def find_by_label(self, label: str) -> Machine | None:
+        if not self.owns(label):
+            return None
+        for inst in self._pages({"label": {"eq": label}}):
+            if inst.get("label") == label:
+                return self._machine(inst)
+        return None
+
+    def _get_instance(self, instance_id: str) -> dict[str, Any] | None:
+        if not instance_id.isdigit():
+            raise ValueError(f"{instance_id!r} is not a Vast instance id")
+        resp = self._http.request("GET", f"/api/v0/instances/{instance_id}/")
+        if resp.status_code == 404:
+            return None
+        body = self._ok_json(resp, "show instance")
+        inst = body.get("instances")
+        return inst if isinstance(inst, dict) and inst else None
+
+    def get(self, provider_instance_id: str) -> Machine | None:
+        inst = self._get_instance(provider_instance_id)
+        if inst is None or not self.owns(inst.get("label")):
+            return None
+        return self._machine(inst)
+
+    # ------------------------------------------------------------------ destroy
+
+    def destroy(self, provider_instance_id: str) -> None:
+        inst = self._get_instance(provider_instance_id)
+        if inst is None:
+            return
+        if not self.owns(inst.get("label")):
+            raise NotOwnedError(
+                f"{self.name}: instance {provider_instance_id} was not created by this "
+                "installation; it is left alone",
+                provider=self.name,
+            )
+        self._delete(provider_instance_id)
+
+    def _delete(self, instance_id: str) -> None:
+        resp = self._http.request("DELETE", f"/api/v0/instances/{instance_id}/")
+        if resp.status_code == 404:
+            return
+        body = self._ok_json(resp, "destroy instance")
+        if body.get("success") is False:
+            raise ProviderError(
+                f"{self.name}: destroy of {instance_id} failed: {_error_text(body)}",
+                provider=self.name,
+            )
+        log.info("%s: destroyed instance %s", self.name, instance_id)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _ok_json(self, resp: requests.Response, what: str) -> dict[str, Any]:
+        """A 2xx JSON object whose `success` is not false — anything else is an error, never
+        an empty result (the deprecated list answers 200 with success false)."""
+        body = json_body(resp)
+        if 200 <= resp.status_code < 300 and isinstance(body, dict):
+            if body.get("success") is False:
+                raise ProviderError(
+                    f"{self.name}: {what} failed: {_error_text(body) or 'success=false'}",
+                    provider=self.name,
+                )
+            return body
+        text = _error_text(body) or self._http.excerpt(resp)
+        raise ProviderRequestError(
+            f"{self.name}: {what} answered HTTP {resp.status_code}: {text}", provider=self.name
+        )
+
+    def _machine(self, inst: dict[str, Any]) -> Machine:
+        price = inst.get("dph_total")
+        return Machine(
+            provider_instance_id=str(inst["id"]),
+            label=str(inst.get("label") or ""),
+            status=machine_status(inst),
+            raw_status=(
+                str(inst.get("actual_status")) if inst.get("actual_status") is not None else None
+            ),
+            price_per_hour=float(price) if isinstance(price, int | float) else None,
+            host_id=str(inst["machine_id"]) if inst.get("machine_id") is not None else None,
+            gpu=inst.get("gpu_name"),
+        )

@@ -1,0 +1,51 @@
+"""Hosts to avoid: a host that failed us is left out of searches until its entry expires.
+
+Persisted so the avoidance survives restarts (DESIGN.md invariant 5). Keyed by the provider's
+configured name and the host id (for Vast, the `machine_id` the search filters on).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from autoscaler.store.models import AvoidedHost
+
+
+def avoid(session: Session, provider: str, host_id: str, reason: str, until: datetime) -> None:
+    """Avoid `host_id` until `until`; a later call for the same host extends (never shortens)."""
+    row = session.get(AvoidedHost, (provider, host_id))
+    if row is None:
+        try:
+            with session.begin_nested():
+                session.add(
+                    AvoidedHost(provider=provider, host_id=host_id, reason=reason, until=until)
+                )
+            return
+        except IntegrityError:  # another process inserted it first
+            row = session.get(AvoidedHost, (provider, host_id), populate_existing=True)
+            if row is None:  # pragma: no cover - deleted in between
+                return
+    row.reason = reason
+    if row.until < until:
+        row.until = until
+    session.flush()
+
+
+def active_host_ids(session: Session, provider: str, now: datetime) -> list[str]:
+    """Hosts of `provider` still to be avoided at `now`, oldest first."""
+    rows = session.scalars(
+        select(AvoidedHost.host_id)
+        .where(AvoidedHost.provider == provider, AvoidedHost.until > now)
+        .order_by(AvoidedHost.created_at, AvoidedHost.host_id)
+    )
+    return list(rows)
+
+
+def purge_expired(session: Session, now: datetime) -> int:
+    """Forget every expired entry; returns how many."""
+    result = session.execute(delete(AvoidedHost).where(AvoidedHost.until <= now))
+    return int(getattr(result, "rowcount", 0) or 0)

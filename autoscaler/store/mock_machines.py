@@ -1,0 +1,105 @@
+"""The mock provider's machines, in the database so every process sees the same ones.
+
+`status` holds what was decided at create or since ("created", "dead", "destroyed"); whether a
+created machine is still booting is read from `boots_at` against the caller's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from autoscaler.store.models import MockMachine
+
+CREATED = "created"
+DEAD = "dead"
+DESTROYED = "destroyed"
+
+
+def insert(
+    session: Session,
+    *,
+    provider: str,
+    label: str,
+    env: Mapping[str, str],
+    gpu: str,
+    price_per_hour: float,
+    boots_at: datetime,
+    will_fail: bool,
+    now: datetime,
+) -> tuple[MockMachine, bool]:
+    """Create the machine for `label`, or return the one already there: (machine, created)."""
+    existing = by_label(session, label)
+    if existing is not None:
+        return existing, False
+    row = MockMachine(
+        provider=provider,
+        label=label,
+        env=dict(env),
+        gpu=gpu,
+        price_per_hour=price_per_hour,
+        status=CREATED,
+        boots_at=boots_at,
+        will_fail=will_fail,
+        created_at=now,
+    )
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:  # the same label inserted concurrently: one machine per launch
+        again = by_label(session, label)
+        assert again is not None
+        return again, False
+    return row, True
+
+
+def get(session: Session, provider: str, machine_id: int) -> MockMachine | None:
+    row = session.get(MockMachine, machine_id)
+    return row if row is not None and row.provider == provider else None
+
+
+def by_label(session: Session, label: str) -> MockMachine | None:
+    return session.scalar(select(MockMachine).where(MockMachine.label == label))
+
+
+def list_live(session: Session, provider: str) -> list[MockMachine]:
+    """Every machine of `provider` not destroyed yet (whatever its label), by id."""
+    return list(
+        session.scalars(
+            select(MockMachine)
+            .where(MockMachine.provider == provider, MockMachine.status != DESTROYED)
+            .order_by(MockMachine.id)
+        )
+    )
+
+
+def mark_destroyed(session: Session, provider: str, machine_id: int, now: datetime) -> bool:
+    """Destroy; False if it was already destroyed or never existed."""
+    result = session.execute(
+        update(MockMachine)
+        .where(
+            MockMachine.id == machine_id,
+            MockMachine.provider == provider,
+            MockMachine.status != DESTROYED,
+        )
+        .values(status=DESTROYED, destroyed_at=now)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def mark_dead(session: Session, provider: str, machine_id: int) -> bool:
+    """Simulate a machine dying (for tests and demos of the reconciler)."""
+    result = session.execute(
+        update(MockMachine)
+        .where(
+            MockMachine.id == machine_id,
+            MockMachine.provider == provider,
+            MockMachine.status == CREATED,
+        )
+        .values(status=DEAD)
+    )
+    return bool(getattr(result, "rowcount", 0))

@@ -1,0 +1,381 @@
+"""A fake Vast.ai console API: offer search, asks, instances (v1 keyset paging, v0 get/delete).
+
+Switches (attributes, set them from a test):
+- `vanish`: offer ids that are gone by the time they are rented (404 `no_such_ask`, or 410 when
+  `vanish_status` is 410). `vanish_after_search = N`: the N cheapest offers of the next search
+  disappear right after it is answered (offers vanishing between search and create).
+- `fail_after_create`: the next N creates make the instance, then answer 500.
+- `fail_with_contract`: the next N creates make the instance, then answer a failure that still
+  carries `new_contract` (the client must destroy it).
+- `delay_after_create`: seconds to hold a create's answer after making the instance (timeout).
+- `rate_limit_next`, `fail_next` (base class): 429 (plain text, no Retry-After) / 503.
+- `v0_list_mode`: what the deprecated `GET /api/v0/instances/` answers: "deprecated" (as the
+  real API does) or "empty" (the trap a client reading it would fall into). Either way our
+  client must never call it; it is outside the spec, so it skips validation.
+- `boot_seconds`: loading → running after this long; `kill(id, status, msg)`: a machine dies.
+`add_instance(label)` makes an instance as a human would (hand-made, not ours).
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import re
+import shlex
+import time
+from typing import Any
+
+from werkzeug.wrappers import Request, Response
+
+from tests.fakes import FakeServer, sleep_quietly
+from tests.fakes.openapi_check import VAST_SERVER, SpecChecker, vast_api
+
+SEARCH_META = {"order", "limit", "type", "allocated_storage"}
+SEARCH_DEFAULTS = {"verified": {"eq": True}, "rentable": {"eq": True}, "rented": {"eq": False}}
+FILTERABLE = {
+    "actual_status",
+    "gpu_name",
+    "verification",
+    "id",
+    "label",
+    "machine_id",
+    "intended_status",
+    "cur_state",
+}
+
+
+def default_offers() -> list[dict[str, Any]]:
+    """A small market: RTX 4090s at several prices, places and qualities."""
+    rows = [
+        # id, machine, host, price, geo, inet_down, cuda, reliability, verified, disk
+        (5001, 101, 11, 0.31, "Lyon, FR", 800.0, 12.4, 0.995, True, 200.0),
+        (5002, 102, 12, 0.35, "US", 900.0, 12.8, 0.999, True, 500.0),
+        (5003, 103, 13, 0.40, "Austin, US", 150.0, 12.8, 0.990, True, 500.0),
+        (5004, 104, 14, 0.45, "Toronto, CA", 1000.0, 12.2, 0.980, True, 500.0),
+        (5005, 105, 15, 0.28, "US", 1000.0, 12.8, 0.999, False, 500.0),  # unverified, cheapest
+        (5006, 106, 16, 0.50, "Ohio, US", 1000.0, 11.8, 0.999, True, 500.0),  # old CUDA
+        (5007, 107, 17, 0.55, "US", 1000.0, 12.8, 0.999, True, 30.0),  # small disk
+        (5008, 108, 18, 0.95, "US", 1000.0, 12.8, 0.999, True, 500.0),  # too dear
+        (5009, 109, 19, 0.52, "US", 1000.0, 12.8, 0.900, True, 500.0),  # unreliable
+    ]
+    return [
+        {
+            "id": oid,
+            "ask_contract_id": oid,
+            "machine_id": mid,
+            "host_id": hid,
+            "dph_total": price,
+            "dph_base": round(price * 0.9, 4),
+            "geolocation": geo,
+            "inet_down": down,
+            "inet_up": down / 2,
+            "cuda_max_good": cuda,
+            "reliability": rel,
+            "reliability2": rel,
+            "verified": ver,
+            "verification": "verified" if ver else "unverified",
+            "rentable": True,
+            "rented": False,
+            "external": False,
+            "gpu_name": "RTX 4090",
+            "num_gpus": 1,
+            "gpu_ram": 24564,
+            "disk_space": disk,
+        }
+        for oid, mid, hid, price, geo, down, cuda, rel, ver, disk in rows
+    ]
+
+
+def _country(geo: Any) -> str:
+    return str(geo or "").rsplit(",", 1)[-1].strip().upper()
+
+
+def _compare(op: str, value: Any, arg: Any) -> bool:
+    if op == "eq":
+        return bool(value == arg)
+    if op == "neq":
+        return bool(value != arg)
+    if op == "in":
+        return value in arg
+    if op == "notin":
+        return value not in arg
+    if value is None:
+        return False
+    if op == "gt":
+        return bool(value > arg)
+    if op == "gte":
+        return bool(value >= arg)
+    if op == "lt":
+        return bool(value < arg)
+    if op == "lte":
+        return bool(value <= arg)
+    raise KeyError(op)
+
+
+def _matches(value: Any, cond: dict[str, Any], key: str) -> bool:
+    if key == "geolocation":
+        value = _country(value)
+    for op, arg in cond.items():
+        if key == "geolocation" and isinstance(arg, str):
+            arg = arg.upper()
+        try:
+            if not _compare(op, value, arg):
+                return False
+        except (KeyError, TypeError):
+            return False
+    return True
+
+
+def _env_dict(env: Any) -> dict[str, str]:
+    """The CLI's object form, or the spec's docker-flag string `-e K=V -p 80:80`."""
+    if isinstance(env, dict):
+        return {str(k): str(v) for k, v in env.items()}
+    out: dict[str, str] = {}
+    if isinstance(env, str):
+        parts = shlex.split(env)
+        for flag, val in itertools.pairwise(parts):
+            if flag == "-e" and "=" in val:
+                k, v = val.split("=", 1)
+                out[k] = v
+    return out
+
+
+class FakeVast(FakeServer):
+    def __init__(self, api_key: str, offers: list[dict[str, Any]] | None = None) -> None:
+        self.offers: dict[int, dict[str, Any]] = {
+            o["id"]: dict(o) for o in (offers if offers is not None else default_offers())
+        }
+        self.instances: dict[int, dict[str, Any]] = {}
+        self._born: dict[int, float] = {}
+        self._ids = itertools.count(7835610)
+        self.vanish: set[int] = set()
+        self.vanish_status = 404
+        self.vanish_after_search = 0
+        self.fail_after_create = 0
+        self.fail_with_contract = 0
+        self.delay_after_create = 0.0
+        self.boot_seconds = 0.0
+        self.v0_list_mode = "deprecated"
+        self.rate_limit_plain_text = False
+        self.searches: list[dict[str, Any]] = []
+        super().__init__(SpecChecker(vast_api(), VAST_SERVER, strip_trailing_slash=True), api_key)
+
+    # ------------------------------------------------------------------ errors
+
+    @staticmethod
+    def error(status: int, error: str, msg: str, **extra: Any) -> Response:
+        return FakeServer.json({"success": False, "error": error, "msg": msg, **extra}, status)
+
+    def unauthorized(self) -> Response:
+        return self.error(401, "auth_error", "Invalid user key")
+
+    def invalid(self, kind: str, messages: list[str]) -> Response:
+        if kind == "security":
+            return self.unauthorized()
+        if kind == "path":
+            return self.error(404, "not_found", "no such endpoint")
+        return self.error(400, "invalid_args", "; ".join(messages)[:500])
+
+    def rate_limited(self) -> Response:
+        # No Retry-After, ever. JSON as the spec documents for most endpoints; plain text when
+        # `rate_limit_plain_text` is set (seen live on some endpoints).
+        text = "API requests too frequent endpoint threshold=2.0"
+        if self.rate_limit_plain_text:
+            return Response(text, status=429, content_type="text/plain")
+        return self.json(
+            {"success": False, "error": "rate_limit_exceeded", "msg": text, "detail": text}, 429
+        )
+
+    def unavailable(self) -> Response:
+        return Response("Service Temporarily Unavailable", status=503, content_type="text/html")
+
+    def unchecked(self, request: Request) -> bool:
+        return self._is_v0_list(request)
+
+    @staticmethod
+    def _is_v0_list(request: Request) -> bool:
+        return request.method == "GET" and request.path.rstrip("/") == "/api/v0/instances"
+
+    # ------------------------------------------------------------------ state
+
+    def _view(self, iid: int) -> dict[str, Any]:
+        inst = self.instances[iid]
+        if (
+            inst["actual_status"] == "loading"
+            and time.monotonic() - self._born[iid] >= self.boot_seconds
+        ):
+            inst.update(actual_status="running", cur_state="running", status_msg="success, running")
+        return dict(inst)
+
+    def _make_instance(self, offer: dict[str, Any], body: dict[str, Any]) -> int:
+        iid = next(self._ids)
+        env = _env_dict(body.get("env"))
+        self.instances[iid] = {
+            "id": iid,
+            "label": body.get("label"),
+            "actual_status": "loading",
+            "cur_state": "running",
+            "next_state": "running",
+            "intended_status": "running",
+            "status_msg": "pulling image",
+            "machine_id": offer["machine_id"],
+            "host_id": offer["host_id"],
+            "dph_total": offer["dph_total"],
+            "gpu_name": offer["gpu_name"],
+            "num_gpus": offer["num_gpus"],
+            "geolocation": offer["geolocation"],
+            "image_uuid": body.get("image", ""),
+            "image_runtype": body.get("runtype", "ssh"),
+            "extra_env": [[k, v] for k, v in env.items()],
+            "disk_space": body.get("disk", 8),
+            "start_date": time.time(),
+        }
+        self._born[iid] = time.monotonic()
+        return iid
+
+    def add_instance(self, label: str | None, **overrides: Any) -> int:
+        """An instance rented by hand (console or CLI): not ours."""
+        with self.lock:
+            offer = next(iter(self.offers.values()), default_offers()[0])
+            iid = self._make_instance(offer, {"label": label, "image": "someone/else"})
+            self.instances[iid].update(overrides)
+            return iid
+
+    def kill(self, iid: int, status: str = "exited", msg: str | None = None) -> None:
+        with self.lock:
+            self._view(iid)
+            self.instances[iid].update(actual_status=status, cur_state="stopped")
+            if msg is not None:
+                self.instances[iid]["status_msg"] = msg
+
+    # ------------------------------------------------------------------ routes
+
+    def route(self, request: Request) -> Response:
+        path, method = request.path.rstrip("/"), request.method
+        if path == "/api/v0/bundles" and method == "POST":
+            return self._search(request.get_json())
+        m = re.fullmatch(r"/api/v0/asks/(\d+)", path)
+        if m and method == "PUT":
+            return self._create(int(m.group(1)), request.get_json())
+        if self._is_v0_list(request):
+            if self.v0_list_mode == "empty":
+                return self.json({"instances": []})
+            return self.json(
+                {
+                    "success": False,
+                    "error": "deprecated_endpoint",
+                    "msg": "GET /api/v0/instances/ is deprecated; use GET /api/v1/instances/",
+                }
+            )
+        if path == "/api/v1/instances" and method == "GET":
+            return self._list(request)
+        m = re.fullmatch(r"/api/v0/instances/(\d+)", path)
+        if m and method == "GET":
+            with self.lock:
+                iid = int(m.group(1))
+                if iid not in self.instances:
+                    return self.json({"instances": None})
+                view = self._view(iid)
+                # The show-instance schema types extra_env as ["K=V", ...]; the v1 list as pairs.
+                view["extra_env"] = [f"{k}={v}" for k, v in view["extra_env"]]
+                return self.json({"instances": view})
+        if m and method == "DELETE":
+            with self.lock:
+                if self.instances.pop(int(m.group(1)), None) is None:
+                    return self.error(404, "not_found", "Instance not found")
+            return self.json({"success": True})
+        return self.error(404, "not_found", "route not implemented by the fake")
+
+    def _search(self, body: dict[str, Any]) -> Response:
+        with self.lock:
+            self.searches.append(body)
+            conds = {**SEARCH_DEFAULTS, **{k: v for k, v in body.items() if k not in SEARCH_META}}
+            found = [
+                dict(o)
+                for o in self.offers.values()
+                if all(isinstance(c, dict) and _matches(o.get(k), c, k) for k, c in conds.items())
+            ]
+            for field_name, direction in body.get("order") or [["dph_total", "asc"]]:
+                found.sort(key=lambda o: o.get(field_name) or 0, reverse=direction == "desc")
+            found = found[: int(body.get("limit") or 64)]
+            gone, self.vanish_after_search = found[: self.vanish_after_search], 0
+            for o in gone:
+                self.offers.pop(o["id"], None)
+        return self.json({"offers": found})
+
+    def _create(self, offer_id: int, body: dict[str, Any]) -> Response:
+        with self.lock:
+            offer = self.offers.get(offer_id)
+            if offer is None or offer_id in self.vanish or not offer.get("rentable"):
+                msg = (
+                    f"error 404/3603: no_such_ask Instance type by id {offer_id} is not available."
+                )
+                if self.vanish_status == 410:
+                    return self.error(410, "no_such_ask", msg)
+                return self.error(404, "invalid_args", msg, ask_id=offer_id)
+            iid = self._make_instance(offer, body)
+            self.offers.pop(offer_id)  # rented: no longer on the market
+            if self.fail_with_contract > 0:
+                self.fail_with_contract -= 1
+                return self.error(
+                    400,
+                    "invalid_args",
+                    "error 400/3467: container failed to start",
+                    new_contract=iid,
+                )
+            fail = self.fail_after_create > 0
+            if fail:
+                self.fail_after_create -= 1
+            delay = self.delay_after_create
+        if delay:
+            sleep_quietly(delay)
+        if fail:
+            return Response("Internal Server Error", status=500, content_type="text/html")
+        return self.json({"success": True, "new_contract": iid})
+
+    def _list(self, request: Request) -> Response:
+        try:
+            filters = json.loads(request.args.get("select_filters", "{}"))
+            if not isinstance(filters, dict):
+                raise ValueError
+        except ValueError:
+            return self.error(400, "invalid_args", "select_filters must be a JSON object")
+        bad = [k for k in filters if k not in FILTERABLE]
+        if bad:
+            return self.error(400, "invalid_args", f"cannot filter on {bad}")
+        limit = int(request.args.get("limit", "25"))
+        limit = 5 if limit <= 0 else limit
+        after = 0
+        token = request.args.get("after_token")
+        if token:
+            try:
+                after = int(json.loads(base64.b64decode(token))["values"]["id"])
+            except (ValueError, KeyError, TypeError):
+                return self.error(400, "invalid_args", "invalid after_token")
+        with self.lock:
+            rows = [
+                self._view(i)
+                for i in sorted(self.instances)
+                if all(_matches(self.instances[i].get(k), c, k) for k, c in filters.items())
+            ]
+        page = [r for r in rows if r["id"] > after][:limit]
+        more = bool(page) and any(r["id"] > page[-1]["id"] for r in rows)
+        next_token = (
+            base64.b64encode(json.dumps({"values": {"id": page[-1]["id"]}}).encode()).decode()
+            if more
+            else None
+        )
+        labels: dict[str, int] = {}
+        for r in rows:
+            labels[r.get("label") or ""] = labels.get(r.get("label") or "", 0) + 1
+        return self.json(
+            {
+                "success": True,
+                "instances_found": len(page),
+                "total_instances": len(rows),
+                "label_counts": labels,
+                "next_token": next_token,
+                "instances": page,
+            }
+        )

@@ -1,0 +1,143 @@
+"""The local provider: a real process group per machine, found and stopped from anywhere."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from autoscaler.config.models import LocalProvider as LocalConfig
+from autoscaler.providers import Launch, MachineStatus, NotOwnedError
+from autoscaler.providers.local import DEFAULT_COMMAND, LocalProvider
+from tests.providers.conftest import INSTALLATION, OTHER_INSTALLATION, spec
+
+PY = sys.executable
+
+
+def local(
+    state: Path, command: str | None = None, installation: str = INSTALLATION, grace: float = 2.0
+) -> LocalProvider:
+    config = LocalConfig.model_validate({"kind": "local", "command": command})
+    return LocalProvider("here", config, installation, state, grace=grace)
+
+
+def launch(installation: str = INSTALLATION) -> Launch:
+    return Launch.new(installation, uuid.uuid4().hex, {"QUEUE": "local-q"})
+
+
+def wait_for(path: Path, timeout: float = 5.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return path.read_text()
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never written")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_process_gets_env_and_whole_group_is_stopped_by_another_provider(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    # The "machine" writes its env, then starts a child in the same group and waits.
+    cmd = (
+        f"{PY} -c \"import os; open('{out}', 'w').write(os.environ['AUTOSCALER_LABEL'] + "
+        f"' ' + os.environ['QUEUE'])\" && sleep 300 & "
+        f"echo $! > {tmp_path / 'child'}; wait"
+    )
+    a = local(tmp_path / "state", cmd)
+    lx = launch()
+    m = a.create(a.find_offers(spec())[0], lx)
+    assert wait_for(out) == f"{lx.label} local-q"
+    child = int(wait_for(tmp_path / "child"))
+    assert alive(child)
+    assert m.status is MachineStatus.RUNNING and m.provider_instance_id == lx.label
+    b = local(tmp_path / "state", cmd)  # another process: same state dir, fresh object
+    assert [x.label for x in b.list_owned()] == [lx.label]
+    b.destroy(m.provider_instance_id)
+    deadline = time.monotonic() + 3
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive(child)  # the whole group went, not just the shell
+    assert b.list_owned() == [] and a.get(m.provider_instance_id) is None
+    b.destroy(m.provider_instance_id)  # already gone: success
+
+
+def test_sigterm_ignored_means_sigkill_after_grace(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    cmd = (
+        f'exec {PY} -c "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
+        f"open('{ready}', 'w').write('x'); time.sleep(300)\""
+    )
+    p = local(tmp_path / "state", cmd, grace=0.3)
+    m = p.create(p.find_offers(spec())[0], launch())
+    wait_for(ready)
+    t0 = time.monotonic()
+    p.destroy(m.provider_instance_id)
+    assert 0.3 <= time.monotonic() - t0 < 5
+    assert p.list_owned() == []
+
+
+def test_exited_process_reads_dead(tmp_path: Path) -> None:
+    p = local(tmp_path / "state", "exit 3")
+    m = p.create(p.find_offers(spec())[0], launch())
+    deadline = time.monotonic() + 5
+    while p.get(m.provider_instance_id).status is not MachineStatus.DEAD:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    p.destroy(m.provider_instance_id)
+
+
+def test_default_command_runs_until_stopped(tmp_path: Path) -> None:
+    p = local(tmp_path / "state")
+    assert p.command == DEFAULT_COMMAND
+    m = p.create(p.find_offers(spec())[0], launch())
+    time.sleep(0.2)
+    assert p.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    p.destroy(m.provider_instance_id)
+    assert p.get(m.provider_instance_id) is None
+
+
+def test_foreign_machines_and_recycled_pids_are_left_alone(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    theirs = local(state, "sleep 300", installation=OTHER_INSTALLATION)
+    tm = theirs.create(theirs.find_offers(spec())[0], launch(OTHER_INSTALLATION))
+    mine = local(state, "sleep 300")
+    assert mine.list_owned() == [] and mine.get(tm.provider_instance_id) is None
+    with pytest.raises(NotOwnedError):
+        mine.destroy(tm.provider_instance_id)
+    assert theirs.get(tm.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    theirs.destroy(tm.provider_instance_id)
+    # A pid file whose pid now belongs to an unrelated process is never signalled.
+    bystander = os.getpid()
+    lx = launch()
+    (state / "here").mkdir(parents=True, exist_ok=True)
+    mine._write(
+        lx.label,
+        {
+            "pid": bystander,
+            "pgid": os.getpgid(bystander),
+            "start_time": "1",
+            "label": lx.label,
+            "env": {},
+            "price_per_hour": 0.0,
+        },
+    )
+    got = mine.get(lx.label)
+    assert got is not None and got.status is MachineStatus.DEAD
+    old = signal.signal(signal.SIGTERM, lambda *_: pytest.fail("signalled a bystander"))
+    try:
+        mine.destroy(lx.label)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert mine.get(lx.label) is None

@@ -1,0 +1,142 @@
+"""The mock provider on both databases: boot delay, failures, capacity, prices, shared state."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from autoscaler.config.models import MockProvider as MockConfig
+from autoscaler.providers import (
+    CapacityError,
+    Launch,
+    MachineStatus,
+    NotOwnedError,
+    create_on_first_offer,
+)
+from autoscaler.providers.mock import MockProvider
+from autoscaler.store import mock_machines
+from autoscaler.store.db import make_engine, session_factory, transaction
+from tests.providers.conftest import INSTALLATION, OTHER_INSTALLATION, spec
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def mock(
+    sessions: sessionmaker[Session],
+    now: list[datetime],
+    installation: str = INSTALLATION,
+    seed: int = 1,
+    **cfg: object,
+) -> MockProvider:
+    config = MockConfig.model_validate({"kind": "mock", **cfg})
+    return MockProvider(
+        "demo", config, installation, sessions, rng=random.Random(seed), clock=lambda: now[0]
+    )
+
+
+def launch(installation: str = INSTALLATION) -> Launch:
+    return Launch.new(installation, uuid.uuid4().hex, {"QUEUE": "q"})
+
+
+def test_boot_delay_then_running_then_destroyed(sessions: sessionmaker[Session]) -> None:
+    now = [T0]
+    p = mock(sessions, now, boot_delay=30, price_per_hour=0.25)
+    offers = p.find_offers(spec())
+    assert [o.price_per_hour for o in offers] == [0.25]
+    m = p.create(offers[0], launch())
+    assert m.status is MachineStatus.STARTING and m.price_per_hour == 0.25
+    now[0] += timedelta(seconds=29)
+    assert p.get(m.provider_instance_id).status is MachineStatus.STARTING  # type: ignore[union-attr]
+    now[0] += timedelta(seconds=2)
+    assert p.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    p.destroy(m.provider_instance_id)
+    assert p.get(m.provider_instance_id) is None and p.list_owned() == []
+    p.destroy(m.provider_instance_id)  # already gone: success
+
+
+def test_state_is_shared_through_the_database(db_url: str, engine: Engine) -> None:
+    """Two providers on two engines (two processes, as far as the DB can tell) agree."""
+    now = [T0]
+    a = mock(session_factory(engine), now, boot_delay=0)
+    other_engine = make_engine(db_url)
+    try:
+        b = mock(session_factory(other_engine), now, boot_delay=0)
+        m = a.create(a.find_offers(spec())[0], launch())
+        assert [x.provider_instance_id for x in b.list_owned()] == [m.provider_instance_id]
+        b.destroy(m.provider_instance_id)
+        assert a.list_owned() == []
+    finally:
+        other_engine.dispose()
+
+
+def test_boot_failures_capacity_errors_and_price_cap(sessions: sessionmaker[Session]) -> None:
+    now = [T0]
+    failing = mock(sessions, now, boot_delay=1, boot_failure_rate=1.0)
+    m = failing.create(failing.find_offers(spec())[0], launch())
+    now[0] += timedelta(seconds=2)
+    assert failing.get(m.provider_instance_id).status is MachineStatus.DEAD  # type: ignore[union-attr]
+    full = mock(sessions, now, capacity_error_rate=1.0)
+    with pytest.raises(CapacityError):
+        create_on_first_offer(full, full.find_offers(spec()), launch())
+    dear = mock(sessions, now, price_per_hour=0.9)
+    assert dear.find_offers(spec(max_price_per_hour=0.6)) == []
+
+
+def test_capacity_rate_is_a_rate(sessions: sessionmaker[Session]) -> None:
+    now = [T0]
+    p = mock(sessions, now, capacity_error_rate=0.5, seed=7)
+    offer = p.find_offers(spec())[0]
+    refused = 0
+    for _ in range(40):
+        try:
+            p.create(offer, launch())
+        except CapacityError:
+            refused += 1
+    assert 8 <= refused <= 32
+    assert len(p.list_owned()) == 40 - refused
+
+
+def test_machine_dying_and_idempotent_create(sessions: sessionmaker[Session]) -> None:
+    now = [T0]
+    p = mock(sessions, now, boot_delay=0)
+    lx = launch()
+    offer = p.find_offers(spec())[0]
+    m = p.create(offer, lx)
+    assert p.create(offer, lx).provider_instance_id == m.provider_instance_id  # same launch
+    assert p.kill(m.provider_instance_id)
+    assert p.get(m.provider_instance_id).status is MachineStatus.DEAD  # type: ignore[union-attr]
+    assert len(p.list_owned()) == 1
+
+
+def test_hand_made_and_foreign_machines_are_not_ours(sessions: sessionmaker[Session]) -> None:
+    now = [T0]
+    p = mock(sessions, now)
+    other = mock(sessions, now, installation=OTHER_INSTALLATION)
+    theirs = other.create(other.find_offers(spec())[0], launch(OTHER_INSTALLATION))
+    with transaction(sessions) as s:
+        hand, _ = mock_machines.insert(
+            s,
+            provider="demo",
+            label="by-hand",
+            env={},
+            gpu="RTX 4090",
+            price_per_hour=1.0,
+            boots_at=T0,
+            will_fail=False,
+            now=T0,
+        )
+        hand_id = f"mock-{hand.id}"
+    mine = p.create(p.find_offers(spec())[0], launch())
+    assert [m.provider_instance_id for m in p.list_owned()] == [mine.provider_instance_id]
+    for pid in (theirs.provider_instance_id, hand_id):
+        assert p.get(pid) is None
+        with pytest.raises(NotOwnedError):
+            p.destroy(pid)
+    assert len(other.list_owned()) == 1
+    with transaction(sessions) as s:
+        assert {r.label for r in mock_machines.list_live(s, "demo")} >= {"by-hand"}

@@ -1,0 +1,305 @@
+"""RunPod REST v2 against the fake: offers, creates, ambiguity, errors, ownership, secrets."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import requests
+
+from autoscaler.providers import (
+    AmbiguousCreateError,
+    AuthError,
+    CapacityError,
+    Launch,
+    MachineStatus,
+    NotOwnedError,
+    RateLimitedError,
+    TransientError,
+    create_on_first_offer,
+)
+from autoscaler.providers.labels import ENV_INSTALLATION, ENV_LABEL
+from tests.fakes.runpod_server import FakeRunPod
+from tests.providers.conftest import (
+    INSTALLATION,
+    OTHER_INSTALLATION,
+    SECRET,
+    assert_no_secret,
+    make_runpod,
+    spec,
+)
+
+PREFS = ("NVIDIA GeForce RTX 4090", "NVIDIA RTX A5000", "NVIDIA GeForce RTX 3090")
+
+
+def launch(env: dict[str, str] | None = None) -> Launch:
+    return Launch.new(INSTALLATION, uuid.uuid4().hex, env or {"QUEUE": "inference"})
+
+
+def names(fake: FakeRunPod) -> list[str]:
+    return [p["name"] for p in fake.live_pods()]
+
+
+# ---------------------------------------------------------------- offers
+
+
+def test_offers_follow_preference_and_skip_no_stock_and_over_cap(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    # 4090 costs 0.69 secure: above the 0.60 cap. A5000 0.29, 3090 0.43: in preference order.
+    offers = rp.find_offers(spec(max_price_per_hour=0.60))
+    assert [o.offer_id for o in offers] == ["NVIDIA RTX A5000", "NVIDIA GeForce RTX 3090"]
+    assert offers[0].price_per_hour == pytest.approx(0.29)
+    fake_runpod.stock["NVIDIA RTX A5000"] = 0  # no capacity: catalog says NONE
+    assert [o.offer_id for o in rp.find_offers(spec())] == ["NVIDIA GeForce RTX 3090"]
+    # price is per GPU: two GPUs of 3090 (0.86) exceed the cap
+    assert rp.find_offers(spec(gpu_count=2)) == []
+    catalog = fake_runpod.calls("GET", "/v2/catalog/gpus")[-1]
+    assert catalog.query["include"] == ["AVAILABILITY"] and catalog.query["product"] == ["POD"]
+
+
+def test_community_cloud_prices_and_spec_gpu_by_name(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod, cloud_type="COMMUNITY")  # no gpu_types: the spec's gpu
+    offers = rp.find_offers(spec(gpu="RTX 4090"))
+    assert [(o.offer_id, o.price_per_hour) for o in offers] == [("NVIDIA GeForce RTX 4090", 0.34)]
+
+
+# ---------------------------------------------------------------- create / get / list / destroy
+
+
+def test_create_names_pod_with_label_and_env_then_lifecycle(fake_runpod: FakeRunPod) -> None:
+    fake_runpod.boot_seconds = 0.3  # slow boot
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    lx = launch()
+    m = rp.create(rp.find_offers(spec())[0], lx)
+    assert m.label == lx.label and m.status is MachineStatus.STARTING
+    pod = fake_runpod.pods[m.provider_instance_id]
+    assert pod["name"] == lx.label
+    assert pod["env"][ENV_INSTALLATION] == INSTALLATION and pod["env"][ENV_LABEL] == lx.label
+    assert pod["env"]["QUEUE"] == "inference"
+    assert rp.get(m.provider_instance_id).status is MachineStatus.STARTING  # type: ignore[union-attr]
+    time.sleep(0.35)
+    assert rp.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    fake_runpod.kill(m.provider_instance_id, "ERROR")  # the machine dies
+    assert rp.get(m.provider_instance_id).status is MachineStatus.DEAD  # type: ignore[union-attr]
+    assert [x.provider_instance_id for x in rp.list_owned()] == [m.provider_instance_id]
+    rp.destroy(m.provider_instance_id)
+    assert rp.get(m.provider_instance_id) is None
+    rp.destroy(m.provider_instance_id)  # already gone: success
+    assert fake_runpod.pods == {}
+
+
+def test_terminate_404_is_success(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod)
+    rp.destroy("podnotthere")
+    assert fake_runpod.calls("GET", "/v2/pods/podnotthere")
+
+
+def test_unique_pod_name_per_launch(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    offer = rp.find_offers(spec())[0]
+    for _ in range(3):
+        rp.create(offer, launch())
+    assert len(set(names(fake_runpod))) == 3
+
+
+# ---------------------------------------------------------------- capacity
+
+
+@pytest.mark.parametrize("status", [400, 500])
+def test_capacity_refusal_moves_to_next_gpu_type(fake_runpod: FakeRunPod, status: int) -> None:
+    """The catalog shows stock, the create refuses it (4xx or 5xx with the capacity detail):
+    a capacity error, not an ambiguous create; the next preference is rented."""
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    offers = rp.find_offers(spec())
+    fake_runpod.capacity_status = status
+    fake_runpod.stock["NVIDIA RTX A5000"] = 0  # after the search: the catalog was stale
+    with pytest.raises(CapacityError):
+        rp.create(offers[0], launch())
+    assert fake_runpod.pods == {}
+    m = create_on_first_offer(rp, offers, launch())
+    assert fake_runpod.pods[m.provider_instance_id]["gpu"]["id"] == "NVIDIA GeForce RTX 3090"
+    assert len(fake_runpod.calls("POST", "/v2/pods")) == 3  # refused, refused, made
+
+
+def test_no_capacity_anywhere(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    offers = rp.find_offers(spec())
+    fake_runpod.refuse_create = True
+    with pytest.raises(CapacityError, match="none of 2 offer"):
+        create_on_first_offer(rp, offers, launch())
+    assert fake_runpod.pods == {}
+
+
+# ---------------------------------------------------------------- ambiguous creates
+
+
+def test_5xx_after_create_is_found_by_name_not_duplicated(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    offers = rp.find_offers(spec())
+    fake_runpod.fail_after_create = 1
+    lx = launch()
+    m = create_on_first_offer(rp, offers, lx)
+    assert m.label == lx.label
+    assert names(fake_runpod) == [lx.label]
+    assert len(fake_runpod.calls("POST", "/v2/pods")) == 1
+
+
+def test_timed_out_create_that_happened_is_found_and_not_duplicated(
+    fake_runpod: FakeRunPod,
+) -> None:
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    offers = rp.find_offers(spec())
+    fake_runpod.delay_after_create = 0.6  # client read timeout is 0.3 s
+    lx = launch()
+    m = rp.create(offers[0], lx)
+    assert m.label == lx.label
+    fake_runpod.delay_after_create = 0
+    # The task is redelivered and runs again: the label lookup finds the pod, nothing new.
+    again = create_on_first_offer(rp, offers, lx)
+    assert again.provider_instance_id == m.provider_instance_id
+    assert names(fake_runpod) == [lx.label]
+    assert len(fake_runpod.calls("POST", "/v2/pods")) == 1
+
+
+def test_5xx_before_create_is_ambiguous_and_not_retried(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    offers = rp.find_offers(spec())
+    fake_runpod.fail_before_create = 1
+    lx = launch()
+    with pytest.raises(AmbiguousCreateError) as info:
+        create_on_first_offer(rp, offers, lx)
+    assert info.value.label == lx.label
+    assert len(fake_runpod.calls("POST", "/v2/pods")) == 1  # never a blind second create
+    assert fake_runpod.pods == {}
+
+
+# ---------------------------------------------------------------- auth, rate limits, transient
+
+
+def test_bad_key_is_an_auth_error_said_plainly(fake_runpod: FakeRunPod, all_logs) -> None:
+    wrong = "rpa_WRONGKEY_77aa_do_not_log"
+    rp = make_runpod(fake_runpod, key=wrong)
+    for call in (lambda: rp.find_offers(spec()), rp.list_owned, lambda: rp.destroy("pod1")):
+        with pytest.raises(AuthError, match="refused the API key") as info:
+            call()
+        assert_no_secret(all_logs, info.value, rp, secret=wrong)
+    assert len(fake_runpod.calls("GET", "/v2/catalog/gpus")) == 1  # not retried
+
+
+def test_rate_limit_without_retry_after_is_backed_off_on_reads(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    fake_runpod.rate_limit_next = 2
+    assert rp.find_offers(spec())
+    assert len(fake_runpod.calls("GET", "/v2/catalog/gpus")) == 3
+    fake_runpod.rate_limit_next = 10
+    with pytest.raises(RateLimitedError):
+        rp.list_owned()
+    assert len(fake_runpod.calls("GET", "/v2/pods")) == 4  # attempts, then give up
+
+
+def test_rate_limited_create_is_not_retried(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    offer = rp.find_offers(spec())[0]
+    fake_runpod.rate_limit_next = 1
+    with pytest.raises(RateLimitedError):
+        rp.create(offer, launch())
+    assert len(fake_runpod.calls("POST", "/v2/pods")) == 1
+    assert fake_runpod.pods == {}
+
+
+def test_transient_5xx_on_reads_is_retried(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod)
+    fake_runpod.fail_next = 2
+    assert rp.list_owned() == []
+    fake_runpod.fail_next = 99
+    with pytest.raises(TransientError):
+        rp.list_owned()
+    fake_runpod.fail_next = 0
+
+
+def test_unreachable_api_is_transient() -> None:
+    fake = FakeRunPod(SECRET)
+    fake.close()  # nothing listens there any more
+    rp = make_runpod(fake)
+    with pytest.raises(TransientError):
+        rp.list_owned()
+
+
+# ---------------------------------------------------------------- ownership
+
+
+def test_hand_made_and_foreign_pods_are_never_touched(fake_runpod: FakeRunPod) -> None:
+    hand = fake_runpod.add_pod("my-notebook")
+    sneaky = fake_runpod.add_pod(f"asg-{OTHER_INSTALLATION}-abc123")  # another installation
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    offers = rp.find_offers(spec())
+    mine = [create_on_first_offer(rp, offers, launch()) for _ in range(3)]
+    owned = rp.list_owned()
+    assert {m.provider_instance_id for m in owned} == {m.provider_instance_id for m in mine}
+    assert rp.get(hand) is None and rp.get(sneaky) is None
+    for pid in (hand, sneaky):
+        with pytest.raises(NotOwnedError):
+            rp.destroy(pid)
+    for m in owned:
+        rp.destroy(m.provider_instance_id)
+    assert set(fake_runpod.pods) == {hand, sneaky}
+    assert not fake_runpod.calls("DELETE", f"/v2/pods/{hand}")
+
+
+def test_list_reads_every_pod_of_a_large_account(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    fake_runpod.stock = dict.fromkeys(fake_runpod.stock, 1000)
+    for i in range(40):
+        fake_runpod.add_pod(f"hand-{i}")
+    offer = rp.find_offers(spec())[0]
+    mine = {rp.create(offer, launch()).provider_instance_id for _ in range(30)}
+    assert {m.provider_instance_id for m in rp.list_owned()} == mine
+
+
+# ---------------------------------------------------------------- the fake itself
+
+
+def test_fake_refuses_what_the_real_api_refuses(fake_runpod: FakeRunPod) -> None:
+    """v1 field names (imageName, gpuTypeIds) are unknown to v2: 400, as live."""
+    r = requests.post(
+        fake_runpod.url + "/v2/pods",
+        json={"name": "x", "imageName": "img", "gpuTypeIds": ["NVIDIA RTX A5000"]},
+        headers={"Authorization": f"Bearer {SECRET}"},
+        timeout=5,
+    )
+    assert r.status_code == 400
+    assert r.headers["Content-Type"].startswith("application/problem+json")
+    assert "imageName" in " ".join(r.json()["errors"])
+    assert fake_runpod.expect_violations()
+    assert fake_runpod.pods == {}
+
+
+def test_no_secret_in_logs_errors_or_reprs(fake_runpod: FakeRunPod, all_logs) -> None:
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    errors: list[Exception] = []
+    offers = rp.find_offers(spec())
+    fake_runpod.fail_before_create = 1
+    try:
+        rp.create(offers[0], launch())
+    except AmbiguousCreateError as exc:
+        errors.append(exc)
+    fake_runpod.delay_after_create = 0.6
+    rp.create(offers[0], launch())
+    fake_runpod.delay_after_create = 0
+    fake_runpod.rate_limit_next = 10
+    try:
+        rp.list_owned()
+    except RateLimitedError as exc:
+        errors.append(exc)
+    fake_runpod.rate_limit_next = 0
+    fake_runpod.refuse_create = True
+    try:
+        rp.create(offers[0], launch())
+    except CapacityError as exc:
+        errors.append(exc)
+    assert len(errors) == 3
+    assert all_logs.records  # the logs were captured, and are clean:
+    assert_no_secret(all_logs, rp, rp._http, *errors, *offers, secret=SECRET)
+    # The key was really sent, so the test above could have failed.
+    assert all(r.authorization == f"Bearer {SECRET}" for r in fake_runpod.requests)
