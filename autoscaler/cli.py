@@ -22,6 +22,7 @@ from autoscaler.credentials import (
     validate_provider,
 )
 from autoscaler.settings import CONTROL_KEYPREFIX, Settings, redact_url
+from autoscaler.sim.cli import simulate
 from autoscaler.store import migrate, queue_configs
 from autoscaler.store import providers as provider_store
 from autoscaler.store.db import make_engine, session_factory, transaction
@@ -315,16 +316,7 @@ def vault_rotate() -> None:
     click.echo(f"{count} credential(s) re-encrypted under the first key")
 
 
-def _register_optional_commands() -> None:
-    """Commands whose modules may pull heavier imports are attached lazily and only if present."""
-    try:
-        from autoscaler.sim.cli import simulate
-    except ImportError:
-        return
-    main.add_command(simulate)
-
-
-_register_optional_commands()
+main.add_command(simulate)
 
 __all__ = ["CredentialError", "main"]
 

@@ -187,6 +187,9 @@ class MetricsSource(Strict):
 
 
 class Autoscale(Strict):
+    """A queue's scaling rules. `priority` matters under `limits`: higher is served first,
+    equal priorities take turns one machine at a time."""
+
     enabled: bool = True
     provider: str = Field(min_length=1)
     min_workers: int = Field(default=0, ge=0)

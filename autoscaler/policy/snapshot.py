@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from autoscaler.store.models import LIVE_STATES, InstanceState
+
 
 @dataclass(frozen=True)
 class QueueMetrics:
@@ -26,3 +28,103 @@ class QueueMetrics:
     external: tuple[tuple[str, float], ...] = ()
     stale: bool = False
     error: str | None = None
+
+
+# --------------------------------------------------------------------------- decide() input
+#
+# Everything below is owned by the decision core. The shell (control/) builds these records from
+# the store and the metrics sources; the simulator builds them from its virtual world. They are
+# frozen and hold no behaviour beyond small derived readings, so decide() stays a pure function.
+
+BOOTING_STATES = (InstanceState.PENDING, InstanceState.CREATING, InstanceState.BOOTING)
+"""A launch that is on its way: counted as capacity (no stacking), never drained."""
+
+LEAVING_STATES = (InstanceState.DRAINING, InstanceState.DRAINED, InstanceState.TERMINATING)
+"""Going away: no longer capacity, still billing (counted by spend caps)."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One of our machines serving a queue, as the decision core sees it.
+
+    `launched_for` is the audit note of the load it was launched for (trigger and numbers).
+    `price_per_hour` is the rented offer's price when known; spend caps fall back to the queue's
+    `instance.max_price_per_hour` (an upper bound) when it is None.
+    """
+
+    launch_id: str
+    state: InstanceState
+    created_at: datetime
+    provider: str = ""
+    ready_at: datetime | None = None
+    running_tasks: int = 0
+    last_task_at: datetime | None = None
+    drain_requested: bool = False
+    launched_for: str | None = None
+    price_per_hour: float | None = None
+
+    @property
+    def booting(self) -> bool:
+        return self.state in BOOTING_STATES
+
+    @property
+    def busy(self) -> bool:
+        return self.running_tasks > 0
+
+    @property
+    def serving(self) -> bool:
+        """Ready, taking jobs, and not asked to leave: live capacity."""
+        return self.state == InstanceState.READY and not self.drain_requested
+
+    @property
+    def billing(self) -> bool:
+        """May exist at the provider and cost money (every live state)."""
+        return self.state in LIVE_STATES
+
+    def idle_since(self) -> datetime:
+        """When it last ran a task; a worker that never ran one is idle since it became ready."""
+        return self.last_task_at or self.ready_at or self.created_at
+
+
+@dataclass(frozen=True)
+class BackoffState:
+    """A (queue, provider) after failed rentals: no launch before `until`."""
+
+    provider: str
+    failures: int
+    until: datetime
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    """One queue: its numbers (None when never read), our machines, hand-made workers, backoffs.
+
+    `manual_workers` counts workers serving the queue that this installation did not rent (the
+    GPU under the desk); they count as capacity but are never drained.
+    """
+
+    name: str
+    metrics: QueueMetrics | None
+    machines: tuple[Machine, ...] = ()
+    manual_workers: int = 0
+    backoffs: tuple[BackoffState, ...] = ()
+
+    def backoff_for(self, provider: str) -> BackoffState | None:
+        for b in self.backoffs:
+            if b.provider == provider:
+                return b
+        return None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every queue at one instant. Queues without config still count toward spend caps."""
+
+    queues: tuple[QueueSnapshot, ...] = ()
+
+    def queue(self, name: str) -> QueueSnapshot | None:
+        for q in self.queues:
+            if q.name == name:
+                return q
+        return None

@@ -1,0 +1,106 @@
+"""Account-wide spend caps: a limit on machines and on $/hour shared by every queue.
+
+When the queues together want more than the caps allow, launches are granted by
+`autoscale.priority` (higher first); queues of equal priority take turns one machine at a time
+(in name order), so one busy queue cannot starve an equal one. Every machine that may be
+billing counts (booting and draining too); a machine without a known price counts at its
+queue's `instance.max_price_per_hour`, the most it can cost. Caps never drain anything: over a
+cap (e.g. after lowering it) the queues simply get no new machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoscaler.config.models import Config, Limits
+from autoscaler.policy.snapshot import Snapshot
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Request:
+    queue: str
+    priority: int
+    machines: int
+    price_per_hour: float
+
+
+@dataclass(frozen=True)
+class Grant:
+    queue: str
+    granted: int
+    waiting: int
+    reason: str | None
+
+
+def usage(snapshot: Snapshot, config: Config) -> tuple[int, float]:
+    """(machines, $/hour) of every billing machine of the account, across all queues."""
+    machines = 0
+    dollars = 0.0
+    for q in snapshot.queues:
+        queue_cfg = config.queues.get(q.name)
+        auto = queue_cfg.autoscale if queue_cfg is not None else None
+        fallback = auto.instance.max_price_per_hour if auto is not None else 0.0
+        for m in q.machines:
+            if m.billing:
+                machines += 1
+                dollars += m.price_per_hour if m.price_per_hour is not None else fallback
+    return machines, dollars
+
+
+def allocate(
+    requests: list[Request], limits: Limits, used_machines: int, used_dollars: float
+) -> dict[str, Grant]:
+    """Grant launches under the caps, by priority, round-robin within a priority."""
+    want = {r.queue: r.machines for r in requests}
+    granted = dict.fromkeys(want, 0)
+    blocked: dict[str, str] = {}
+    machines, dollars = used_machines, used_dollars
+    by_priority = sorted({r.priority for r in requests}, reverse=True)
+    for prio in by_priority:
+        group = sorted((r for r in requests if r.priority == prio), key=lambda r: r.queue)
+        progress = True
+        while progress:
+            progress = False
+            for r in group:
+                if granted[r.queue] >= want[r.queue] or r.queue in blocked:
+                    continue
+                if limits.max_machines is not None and machines + 1 > limits.max_machines:
+                    blocked[r.queue] = (
+                        f"limits.max_machines = {limits.max_machines} reached "
+                        f"({machines} machines billing account-wide)"
+                    )
+                    continue
+                if (
+                    limits.max_price_per_hour is not None
+                    and dollars + r.price_per_hour > limits.max_price_per_hour + _EPS
+                ):
+                    blocked[r.queue] = (
+                        f"limits.max_price_per_hour = ${limits.max_price_per_hour:.2f}/h would be "
+                        f"exceeded (${dollars:.2f}/h billing + ${r.price_per_hour:.2f}/h for one "
+                        "more machine)"
+                    )
+                    continue
+                granted[r.queue] += 1
+                machines += 1
+                dollars += r.price_per_hour
+                progress = True
+
+    out: dict[str, Grant] = {}
+    for r in requests:
+        waiting = want[r.queue] - granted[r.queue]
+        reason = None
+        if waiting > 0:
+            served = [
+                f"{o.queue} (priority {o.priority}) +{granted[o.queue]}"
+                for o in requests
+                if o.queue != r.queue and granted[o.queue] > 0 and o.priority >= r.priority
+            ]
+            ahead = f"; served first: {', '.join(served)}" if served else ""
+            reason = (
+                f"spend cap: {blocked.get(r.queue, 'cap reached')}; "
+                f"{waiting} of {want[r.queue]} machine(s) wait (priority {r.priority}){ahead}"
+            )
+        out[r.queue] = Grant(r.queue, granted[r.queue], waiting, reason)
+    return out

@@ -1,0 +1,297 @@
+"""decide(snapshot, config, now) -> Plan: the whole scaling decision as one pure function.
+
+Per queue, in this order:
+1. capacity = ready machines not asked to leave + machines still booting + hand-made workers;
+   floor = max(min_workers, every open schedule window), never above max_workers.
+2. Metrics fresh: every scale-up trigger votes (see triggers.py); desired = max(floor, votes),
+   clamped to max_workers; launches = desired - capacity. Metrics stale or missing: only the
+   floor may launch, and nothing is scaled down (missing data never scales to zero).
+3. A (queue, provider) in backoff launches nothing and the plan says until when.
+4. Spend caps (config.limits) grant the remaining launches across queues by priority.
+5. Scale-down only when no scale-up trigger fired and nothing is launched for the queue:
+   idle machines (most idle first), then a due scale-down schedule (idle now, busy when idle),
+   never below the floor, never a machine with a running task (busy ones only get
+   `when_idle=True`, and only from the schedule). Machines already asked to drain that are now
+   idle are drained (completing an earlier decision, not a new scale-down).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from autoscaler.config.models import (
+    Autoscale,
+    Config,
+    IdleTrigger,
+    LatencyTrigger,
+    MetricTrigger,
+    NoWorkersTrigger,
+    QueueDepthTrigger,
+    ScheduleDownTrigger,
+    ScheduleUpTrigger,
+)
+from autoscaler.policy import triggers as t
+from autoscaler.policy.backoff import active_backoff
+from autoscaler.policy.caps import Grant, Request, allocate, usage
+from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Wait
+from autoscaler.policy.snapshot import BackoffState, Machine, QueueSnapshot, Snapshot
+from autoscaler.store.models import InstanceState
+
+SCHEDULE_DOWN_GRACE_POLLS = 2
+"""A scale-down schedule is acted on during this many poll intervals after it fires, so one
+late or lost tick does not skip a night's scale-down; acting twice is harmless (idempotent)."""
+
+
+@dataclass(frozen=True)
+class _Up:
+    """Scale-up half of one queue's evaluation, before backoff and caps."""
+
+    name: str
+    auto: Autoscale
+    qs: QueueSnapshot
+    capacity: int
+    floor: int
+    desired: int
+    wanted: int
+    trigger: str
+    reason: str
+    up_fired: bool
+    fresh: bool
+    backoff: BackoffState | None
+    notes: tuple[str, ...]
+    waits: tuple[Wait, ...]
+
+
+def decide(snapshot: Snapshot, config: Config, now: datetime) -> Plan:
+    """The plan for every autoscaled queue of `config` at `now` (aware). Pure: no I/O, no clock."""
+    if now.tzinfo is None:
+        raise ValueError("decide() needs an aware datetime for now (UTC)")
+    ups: list[_Up] = []
+    plan_notes: list[str] = []
+    for name in sorted(config.queues):
+        auto = config.queues[name].autoscale
+        if auto is None or not auto.enabled:
+            plan_notes.append(f"{name}: autoscaling disabled, nothing decided")
+            continue
+        qs = snapshot.queue(name) or QueueSnapshot(name=name, metrics=None)
+        ups.append(_scale_up(name, auto, qs, config, now))
+
+    grants = _grants(ups, snapshot, config)
+    queues = tuple(_finish(u, grants.get(u.name), config, now) for u in ups)
+    return Plan(at=now, queues=queues, notes=tuple(plan_notes))
+
+
+# --------------------------------------------------------------------------- scale up
+
+
+def _floor(auto: Autoscale, now: datetime) -> tuple[int, str]:
+    floor, why = auto.min_workers, f"min_workers {auto.min_workers}"
+    for trig in auto.scale_up:
+        if isinstance(trig, ScheduleUpTrigger):
+            workers, reason = t.schedule_floor(trig, now)
+            if reason is not None and workers > floor:
+                floor, why = workers, reason
+    return min(floor, auto.max_workers), why
+
+
+def _vote(trig: object, view: t.QueueView) -> t.UpVote | None:
+    if isinstance(trig, NoWorkersTrigger):
+        return t.no_workers(trig, view)
+    if isinstance(trig, QueueDepthTrigger):
+        return t.queue_depth(trig, view)
+    if isinstance(trig, LatencyTrigger):
+        return t.latency(trig, view)
+    if isinstance(trig, MetricTrigger):
+        return t.metric(trig, view)
+    return None  # schedule: a floor, handled by _floor
+
+
+def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now: datetime
+              ) -> _Up:
+    machines = qs.machines
+    serving = sum(1 for m in machines if m.serving)
+    booting = sum(1 for m in machines if m.booting)
+    capacity = serving + booting + max(0, qs.manual_workers)
+    ceiling = auto.max_workers
+    floor, floor_why = _floor(auto, now)
+    notes: list[str] = [f"floor {floor} ({floor_why})"]
+    waits: list[Wait] = []
+
+    fresh = qs.metrics is not None and not qs.metrics.stale
+    votes: list[t.UpVote] = []
+    if qs.metrics is None:
+        notes.append("no metrics read yet: load triggers not evaluated, no scale-down")
+    elif qs.metrics.stale:
+        notes.append(
+            f"metrics stale ({qs.metrics.error or 'source failing'}): load triggers not "
+            "evaluated, no scale-down"
+        )
+    else:
+        view = t.make_view(qs.metrics, machines, qs.manual_workers)
+        for trig in auto.scale_up:
+            vote = _vote(trig, view)
+            if vote is not None:
+                votes.append(vote)
+                notes.append(vote.reason)
+
+    fired = [v for v in votes if v.fired]
+    best = max(fired, key=lambda v: v.wants, default=None)
+    raw = max(floor, best.wants if best is not None else 0)
+    desired = min(raw, ceiling)
+    wanted = max(0, desired - capacity)
+    if best is not None and best.wants >= floor:
+        trigger, reason = best.trigger, best.reason
+    else:
+        trigger = "schedule" if floor > auto.min_workers else "min_workers"
+        reason = f"floor: {floor_why}, {capacity} serving or booting"
+    if raw > ceiling and raw > capacity:
+        waits.append(Wait(
+            queue=name, kind="max_workers", machines=raw - max(capacity, ceiling),
+            reason=f"{trigger} asks for {raw} but max_workers is {ceiling} (booting included)",
+        ))
+    if not fired and floor <= capacity:
+        desired = capacity  # nothing asks for more; scale-down may lower it below
+    return _Up(
+        name=name, auto=auto, qs=qs, capacity=capacity, floor=floor, desired=desired,
+        wanted=wanted, trigger=trigger, reason=reason, up_fired=bool(fired), fresh=fresh,
+        backoff=active_backoff(qs.backoff_for(auto.provider), now), notes=tuple(notes),
+        waits=tuple(waits),
+    )
+
+
+def _grants(ups: list[_Up], snapshot: Snapshot, config: Config) -> dict[str, Grant]:
+    limits = config.limits
+    if limits.max_machines is None and limits.max_price_per_hour is None:
+        return {}
+    requests = [
+        Request(u.name, u.auto.priority, u.wanted, u.auto.instance.max_price_per_hour)
+        for u in ups
+        if u.wanted > 0 and u.backoff is None
+    ]
+    used_machines, used_dollars = usage(snapshot, config)
+    return allocate(requests, limits, used_machines, used_dollars)
+
+
+# --------------------------------------------------------------------------- finish
+
+
+def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> QueuePlan:
+    waits = list(u.waits)
+    notes = list(u.notes)
+    count = u.wanted
+    if count > 0 and u.backoff is not None:
+        left = (u.backoff.until - now).total_seconds()
+        err = f" (last error: {u.backoff.last_error})" if u.backoff.last_error else ""
+        waits.append(Wait(
+            queue=u.name, kind="backoff", machines=count, until=u.backoff.until,
+            reason=(
+                f"backoff: renting from {u.auto.provider} failed {u.backoff.failures} time(s)"
+                f"{err}; no launch before {u.backoff.until.isoformat()} ({left:.0f}s left); "
+                f"{count} machine(s) wait"
+            ),
+        ))
+        count = 0
+    if count > 0 and grant is not None:
+        if grant.reason is not None:
+            waits.append(Wait(queue=u.name, kind="spend_cap", machines=grant.waiting,
+                              reason=grant.reason))
+        count = grant.granted
+
+    launches = tuple(
+        Launch(
+            queue=u.name, provider=u.auto.provider, trigger=u.trigger, index=i + 1,
+            reason=u.reason if count == 1 else f"{u.reason} (machine {i + 1} of {count})",
+        )
+        for i in range(count)
+    )
+
+    drains: list[Drain] = []
+    desired = u.desired
+    if launches:
+        notes.append("scaled up: no scale-down in the same evaluation")
+    elif u.up_fired:
+        notes.append("a scale-up trigger fired: no scale-down in this evaluation")
+    elif not u.fresh:
+        pass  # already noted: stale or missing metrics never scale down
+    else:
+        drains = _scale_down(u, config, now)
+        desired = u.capacity - len(drains)
+    drains.extend(_complete_requested(u, {d.launch_id for d in drains}))
+
+    return QueuePlan(
+        queue=u.name, capacity=u.capacity, floor=u.floor, ceiling=u.auto.max_workers,
+        desired=desired, up_fired=u.up_fired, launches=launches, drains=tuple(drains),
+        waits=tuple(waits), notes=tuple(notes),
+    )
+
+
+# --------------------------------------------------------------------------- scale down
+
+
+def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
+    budget = u.capacity - u.floor
+    if budget <= 0:
+        return []
+    machines = u.qs.machines
+    drains: list[Drain] = []
+    chosen: set[str] = set()
+
+    # idle: most idle first; several idle triggers act as the shortest timeout.
+    idle: dict[str, tuple[Machine, float, float]] = {}
+    for trig in u.auto.scale_down:
+        if isinstance(trig, IdleTrigger):
+            for m, secs in t.idle_candidates(trig, machines, now):
+                if m.launch_id not in idle or trig.timeout < idle[m.launch_id][2]:
+                    idle[m.launch_id] = (m, secs, trig.timeout)
+    for m, secs, timeout in sorted(idle.values(), key=lambda x: (-x[1], x[0].launch_id)):
+        if len(drains) >= budget:
+            break
+        drains.append(Drain(
+            queue=u.name, launch_id=m.launch_id, trigger="idle",
+            reason=(
+                f"idle: no task for {secs:.0f}s ≥ timeout {timeout:.0f}s; capacity "
+                f"{u.capacity - len(drains)} > floor {u.floor}"
+            ),
+        ))
+        chosen.add(m.launch_id)
+
+    # schedule: back to the floor; idle machines now, busy ones once they finish.
+    poll = u.auto.poll_interval or config.poll_interval
+    for trig in u.auto.scale_down:
+        if not isinstance(trig, ScheduleDownTrigger):
+            continue
+        fired = t.schedule_down_due(trig, SCHEDULE_DOWN_GRACE_POLLS * poll, now)
+        if fired is None:
+            continue
+        eligible = [
+            m for m in machines
+            if m.serving and m.launch_id not in chosen and m.created_at <= fired
+        ]
+        eligible.sort(key=lambda m: (m.busy, m.running_tasks, m.idle_since(), m.launch_id))
+        for m in eligible:
+            if len(drains) >= budget:
+                break
+            drains.append(Drain(
+                queue=u.name, launch_id=m.launch_id, trigger="schedule", when_idle=m.busy,
+                reason=(
+                    f"schedule {trig.cron!r} ({trig.timezone}) fired {fired.isoformat()}: "
+                    f"back to floor {u.floor} from capacity {u.capacity}; "
+                    + (f"busy with {m.running_tasks} task(s): drain once idle" if m.busy
+                       else "idle: drain now")
+                ),
+            ))
+            chosen.add(m.launch_id)
+    return drains
+
+
+def _complete_requested(u: _Up, already: set[str]) -> list[Drain]:
+    return [
+        Drain(
+            queue=u.name, launch_id=m.launch_id, trigger="drain_requested",
+            reason="drain was requested while busy; the worker is idle now",
+        )
+        for m in u.qs.machines
+        if m.state == InstanceState.READY and m.drain_requested and not m.busy
+        and m.launch_id not in already
+    ]

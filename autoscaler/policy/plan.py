@@ -1,0 +1,114 @@
+"""What decide() returns: actions with their reasons, and the numbers behind them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+WaitKind = Literal["backoff", "spend_cap", "max_workers", "stale"]
+DrainTrigger = Literal["idle", "schedule", "drain_requested", "baseline"]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Rent one machine for `queue` from `provider`. `index` is 1..n within this plan's queue,
+    so (queue, evaluation, index) can key an idempotent launch intent."""
+
+    queue: str
+    provider: str
+    trigger: str
+    reason: str
+    index: int = 1
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Drain machine `launch_id`. `when_idle=False`: it is idle now, drain it now.
+    `when_idle=True`: it is busy; mark it drain-requested, take no new job, drain once idle."""
+
+    queue: str
+    launch_id: str
+    trigger: DrainTrigger
+    reason: str
+    when_idle: bool = False
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Machines a queue wants but does not get this evaluation, and why."""
+
+    queue: str
+    kind: WaitKind
+    machines: int
+    reason: str
+    until: datetime | None = None
+
+
+@dataclass(frozen=True)
+class QueuePlan:
+    """One queue's decision and its audit numbers.
+
+    capacity: serving + booting + hand-made workers now; floor: max(min_workers, active
+    schedule windows); ceiling: max_workers; desired: what the triggers and floor ask for,
+    clamped to [0, ceiling] (equal to capacity when nothing asks for a change).
+    `up_fired` is True when a scale-up trigger asked for more (even if held by no-stacking,
+    backoff or caps): scale-down is then off for this evaluation.
+    """
+
+    queue: str
+    capacity: int
+    floor: int
+    ceiling: int
+    desired: int
+    up_fired: bool = False
+    launches: tuple[Launch, ...] = ()
+    drains: tuple[Drain, ...] = ()
+    waits: tuple[Wait, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def scale_down_drains(self) -> tuple[Drain, ...]:
+        """Drains that reduce capacity (not the completion of an earlier drain request)."""
+        return tuple(d for d in self.drains if d.trigger != "drain_requested")
+
+
+@dataclass(frozen=True)
+class Plan:
+    at: datetime
+    queues: tuple[QueuePlan, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def launches(self) -> tuple[Launch, ...]:
+        return tuple(a for q in self.queues for a in q.launches)
+
+    @property
+    def drains(self) -> tuple[Drain, ...]:
+        return tuple(a for q in self.queues for a in q.drains)
+
+    @property
+    def waits(self) -> tuple[Wait, ...]:
+        return tuple(a for q in self.queues for a in q.waits)
+
+    def for_queue(self, name: str) -> QueuePlan | None:
+        for q in self.queues:
+            if q.queue == name:
+                return q
+        return None
+
+    def describe(self) -> str:
+        """Every action and wait, one line each, for logs and the CLI."""
+        lines = []
+        for q in self.queues:
+            lines.append(
+                f"[{q.queue}] capacity {q.capacity}, floor {q.floor}, max {q.ceiling}, "
+                f"desired {q.desired}"
+            )
+            lines.extend(f"  launch #{a.index}: {a.reason}" for a in q.launches)
+            lines.extend(
+                f"  drain {d.launch_id}{' when idle' if d.when_idle else ''}: {d.reason}"
+                for d in q.drains
+            )
+            lines.extend(f"  wait ({w.kind}, {w.machines}): {w.reason}" for w in q.waits)
+        return "\n".join(lines)

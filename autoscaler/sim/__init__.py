@@ -1,0 +1,1 @@
+"""Replay a job trace on a virtual clock through the same decide() the control loop uses."""

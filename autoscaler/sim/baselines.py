@@ -1,0 +1,154 @@
+"""Two baselines replayed on the same trace, through the same simulated world.
+
+runqy-original: every poll, +1 machine if no *ready* worker with jobs pending, if more than
+`threshold` jobs are pending, or if the oldest job waited over `max_latency` — with no guard
+for machines still booting (they are not counted), so it stacks a launch every poll until
+the first one boots. Idle is judged per queue: only once the whole queue ran no task for the
+idle timeout are its idle workers released (down to min_workers). Busy workers are spared.
+
+KEDA-like: a ScaledObject over the queue length: desired = ceil(pending / target), clamped to
+[min, max], booting replicas counted; scale-up at once; scale-down to the highest desired of
+the last 300 s (HPA stabilization), and to zero only 300 s after the queue was last active
+(cooldownPeriod). Kubernetes removes not-ready replicas first, then the newest ready ones, and
+nothing protects a busy replica: its job is killed and re-queued (the simulator counts it).
+
+Both read their numbers from the same config block; both respect the rental backoff.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from autoscaler.config.models import (
+    Autoscale,
+    Config,
+    IdleTrigger,
+    LatencyTrigger,
+    NoWorkersTrigger,
+    QueueDepthTrigger,
+)
+from autoscaler.policy.backoff import active_backoff
+from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan
+from autoscaler.policy.snapshot import QueueSnapshot, Snapshot
+from autoscaler.store.models import InstanceState
+
+
+def _depth_number(auto: Autoscale) -> int | None:
+    for trig in auto.scale_up:
+        if isinstance(trig, QueueDepthTrigger):
+            return trig.threshold if trig.threshold is not None else trig.target_per_worker
+    return None
+
+
+def _queue(snapshot: Snapshot, config: Config) -> tuple[str, Autoscale, QueueSnapshot] | None:
+    for name, q in sorted(config.queues.items()):
+        if q.autoscale is not None and q.autoscale.enabled:
+            qs = snapshot.queue(name)
+            if qs is not None and qs.metrics is not None:
+                return name, q.autoscale, qs
+    return None
+
+
+class RunqyOriginal:
+    """runqy's first autoscaler: +1 per poll, no stacking guard, idle judged per queue."""
+
+    name = "runqy-original"
+
+    def __call__(self, snapshot: Snapshot, config: Config, now: datetime) -> Plan:
+        found = _queue(snapshot, config)
+        if found is None:
+            return Plan(at=now)
+        name, auto, qs = found
+        assert qs.metrics is not None
+        m = qs.metrics
+        live = [x for x in qs.machines if x.billing]
+        ready = [x for x in live if x.state == InstanceState.READY and not x.drain_requested]
+        why = None
+        threshold = _depth_number(auto)
+        for trig in auto.scale_up:
+            if isinstance(trig, NoWorkersTrigger) and m.pending > 0 and not ready:
+                why = f"no ready worker, {m.pending} pending"
+            elif isinstance(trig, QueueDepthTrigger) and threshold is not None \
+                    and m.pending > threshold:
+                why = f"{m.pending} pending > {threshold}"
+            elif isinstance(trig, LatencyTrigger) and m.oldest_pending_age is not None \
+                    and m.oldest_pending_age > trig.max_latency:
+                why = f"oldest job {m.oldest_pending_age:.0f}s > {trig.max_latency:.0f}s"
+            if why:
+                break
+        launches: tuple[Launch, ...] = ()
+        backoff = active_backoff(qs.backoff_for(auto.provider), now)
+        if why and len(live) < auto.max_workers and backoff is None:
+            launches = (Launch(name, auto.provider, "runqy-original", why),)
+        drains: list[Drain] = []
+        timeouts = [t.timeout for t in auto.scale_down if isinstance(t, IdleTrigger)]
+        if not launches and timeouts and m.pending == 0 and m.in_flight == 0 and ready:
+            last = max(x.idle_since() for x in ready)
+            if (now - last).total_seconds() >= min(timeouts):
+                idle = [x for x in ready if not x.busy]
+                for x in idle[: max(0, len(ready) - auto.min_workers)]:
+                    drains.append(Drain(name, x.launch_id, "baseline", "queue idle"))
+        return Plan(at=now, queues=(QueuePlan(
+            name, len(ready), auto.min_workers, auto.max_workers, len(ready) + len(launches),
+            launches=launches, drains=tuple(drains),
+        ),))
+
+
+class KedaLike:
+    """ceil(pending / target) replicas, 300 s stabilization and cooldown, busy not protected."""
+
+    name = "keda-like"
+
+    def __init__(self, window_s: float = 300.0, cooldown_s: float = 300.0) -> None:
+        self.window_s = window_s
+        self.cooldown_s = cooldown_s
+        self.history: list[tuple[datetime, int]] = []
+        self.last_active: datetime | None = None
+
+    def __call__(self, snapshot: Snapshot, config: Config, now: datetime) -> Plan:
+        found = _queue(snapshot, config)
+        if found is None:
+            return Plan(at=now)
+        name, auto, qs = found
+        assert qs.metrics is not None
+        pending = qs.metrics.pending
+        target = max(1, _depth_number(auto) or 1)
+        raw = math.ceil(pending / target)
+        desired = min(auto.max_workers, max(auto.min_workers, raw))
+        if pending > 0:
+            self.last_active = now
+        self.history = [
+            (t, d) for t, d in self.history if (now - t).total_seconds() < self.window_s
+        ]
+        self.history.append((now, desired))
+        replicas = [x for x in qs.machines
+                    if x.booting or (x.state == InstanceState.READY and not x.drain_requested)]
+        current = len(replicas)
+        launches: list[Launch] = []
+        drains: list[Drain] = []
+        if desired > current:
+            if active_backoff(qs.backoff_for(auto.provider), now) is None:
+                launches = [
+                    Launch(name, auto.provider, "keda-like",
+                           f"ceil({pending}/{target}) = {raw} > {current}", i + 1)
+                    for i in range(desired - current)
+                ]
+        else:
+            stable = max(d for _, d in self.history)
+            if stable == 0 and self.last_active is not None and \
+                    (now - self.last_active).total_seconds() < self.cooldown_s:
+                stable = 1
+            if stable < current:
+                # not-ready first, then the newest ready replica; busy or not.
+                order = sorted(
+                    replicas,
+                    key=lambda x: (not x.booting, -(x.ready_at or x.created_at).timestamp()),
+                )
+                for x in order[: current - stable]:
+                    drains.append(Drain(name, x.launch_id, "baseline",
+                                        f"scale in to {stable} (busy: {x.busy})"))
+        return Plan(at=now, queues=(QueuePlan(
+            name, current, auto.min_workers, auto.max_workers, desired,
+            launches=tuple(launches), drains=tuple(drains),
+        ),))

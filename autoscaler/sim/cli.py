@@ -1,0 +1,42 @@
+"""`autoscaler simulate --trace FILE --config FILE`: the cost of a config on a job trace."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from autoscaler.config import ConfigError
+from autoscaler.sim.report import HEADER, fmt_bound, fmt_row
+from autoscaler.sim.run import compare_files
+from autoscaler.sim.trace import TraceError
+
+
+@click.command("simulate")
+@click.option("--trace", "trace", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Job trace: CSV with arrival_s,runtime_s[,queue], or JSON Lines.")
+@click.option("--config", "config_path", required=True,
+              type=click.Path(exists=True, dir_okay=False), help="The autoscaler YAML config.")
+@click.option("--queue", default=None, help="Queue of the config the trace feeds "
+              "(default: the first autoscaled queue).")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of boot times, failures and worker races.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def simulate(trace: str, config_path: str, queue: str | None, seed: int, as_json: bool) -> None:
+    """Replay TRACE on a virtual clock through decide() and two baselines; print the cost."""
+    try:
+        name, reports, price = compare_files(trace, config_path, queue, seed)
+    except (ConfigError, TraceError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({
+            "queue": name, "price_per_hour": price,
+            "lower_bound_dollars": reports[0].lower_bound_dollars,
+            "policies": [r.as_dict() for r in reports],
+        }, indent=2))
+        return
+    click.echo(f"queue {name}: {reports[0].jobs} jobs, ${price:.2f}/h per machine")
+    click.echo(HEADER)
+    for r in reports:
+        click.echo(fmt_row(r))
+    click.echo(fmt_bound(reports[0], price))

@@ -1,0 +1,133 @@
+"""The invariants every plan must keep, checked from the outside (shared by property tests)."""
+
+from __future__ import annotations
+
+import math
+
+from autoscaler.config.models import Config, QueueDepthTrigger
+from autoscaler.policy.backoff import active_backoff
+from autoscaler.policy.decide import decide
+from autoscaler.policy.plan import Plan
+from autoscaler.policy.snapshot import QueueSnapshot, Snapshot
+from autoscaler.store.models import LIVE_STATES, InstanceState
+
+BOOTING = (InstanceState.PENDING, InstanceState.CREATING, InstanceState.BOOTING)
+
+
+def capacity_of(qs: QueueSnapshot) -> int:
+    return (
+        sum(1 for m in qs.machines if m.state == InstanceState.READY and not m.drain_requested)
+        + sum(1 for m in qs.machines if m.state in BOOTING)
+        + max(0, qs.manual_workers)
+    )
+
+
+def target_wants(qs: QueueSnapshot, cfg_triggers) -> int:
+    """What target-style queue_depth triggers may ask for (they may launch while booting)."""
+    if qs.metrics is None or qs.metrics.stale:
+        return 0
+    leaving = sum(
+        m.running_tasks for m in qs.machines
+        if m.state in LIVE_STATES and m.state not in BOOTING
+        and not (m.state == InstanceState.READY and not m.drain_requested)
+    )
+    load = qs.metrics.pending + max(0, qs.metrics.in_flight - leaving)
+    wants = 0
+    for t in cfg_triggers:
+        if isinstance(t, QueueDepthTrigger) and t.target_per_worker is not None:
+            wants = max(wants, math.ceil(load / t.target_per_worker))
+        if getattr(t, "trigger", None) == "metric" and t.target_per_worker is not None:
+            value = dict(qs.metrics.external).get(t.query)
+            if value is not None and value > 0:
+                wants = max(wants, math.ceil(value / t.target_per_worker))
+    return wants
+
+
+def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
+    now = plan.at
+    total_launches = 0
+    for qp in plan.queues:
+        auto = config.queues[qp.queue].autoscale
+        assert auto is not None and auto.enabled
+        qs = snapshot.queue(qp.queue) or QueueSnapshot(qp.queue, None)
+        cap = capacity_of(qs)
+        n = len(qp.launches)
+        total_launches += n
+        kinds = {w.kind for w in qp.waits}
+        assert qp.capacity == cap
+        assert auto.min_workers <= qp.floor <= auto.max_workers
+
+        # never above max (booting included)
+        if n:
+            assert cap + n <= auto.max_workers, (cap, n, auto.max_workers)
+        # never below the floor unless in backoff or held by a spend cap
+        if not kinds & {"backoff", "spend_cap"}:
+            assert cap + n >= qp.floor
+        # backoff: nothing launched
+        if active_backoff(qs.backoff_for(auto.provider), now) is not None:
+            assert n == 0
+        # no stacking: while a machine boots, only the floor or a grown target load launches
+        booting = sum(1 for m in qs.machines if m.state in BOOTING)
+        bound = max(qp.floor, target_wants(qs, auto.scale_up))
+        if booting:
+            assert n == 0 or cap + n <= bound, (cap, n, bound)
+        else:
+            assert n == 0 or cap + n <= max(bound, cap + 1, 1)
+        fresh = qs.metrics is not None and not qs.metrics.stale
+        if not fresh:
+            assert n == 0 or cap + n <= qp.floor
+
+        # drains: only our machines, each once; busy ones only "when idle"
+        by_id = {m.launch_id: m for m in qs.machines}
+        ids = [d.launch_id for d in qp.drains]
+        assert len(ids) == len(set(ids))
+        for d in qp.drains:
+            m = by_id[d.launch_id]
+            assert m.state == InstanceState.READY
+            if m.running_tasks > 0:
+                assert d.when_idle, f"busy worker {d.launch_id} drained now"
+            if d.trigger == "drain_requested":
+                assert m.drain_requested and m.running_tasks == 0
+            else:
+                assert not m.drain_requested
+        down = qp.scale_down_drains
+        if down:
+            # no up and down together; never on stale data; never below the floor
+            assert n == 0 and not qp.up_fired
+            assert fresh
+            assert cap - len(down) >= qp.floor
+            assert all(d.trigger in ("idle", "schedule") for d in down)
+        for a in qp.launches:
+            assert a.reason and a.provider == auto.provider
+        for d in qp.drains:
+            assert d.reason
+        for w in qp.waits:
+            assert w.reason
+
+    # spend caps across queues
+    limits = config.limits
+    if total_launches:
+        used = 0
+        dollars = 0.0
+        for qs in snapshot.queues:
+            q_cfg = config.queues.get(qs.name)
+            fallback = q_cfg.autoscale.instance.max_price_per_hour if (
+                q_cfg and q_cfg.autoscale) else 0.0
+            for m in qs.machines:
+                if m.state in LIVE_STATES:
+                    used += 1
+                    dollars += m.price_per_hour if m.price_per_hour is not None else fallback
+        if limits.max_machines is not None:
+            assert used + total_launches <= limits.max_machines
+        if limits.max_price_per_hour is not None:
+            for a in plan.launches:
+                auto = config.queues[a.queue].autoscale
+                dollars += auto.instance.max_price_per_hour
+            assert dollars <= limits.max_price_per_hour + 1e-6
+
+
+def checked_decide(snapshot: Snapshot, config: Config, now) -> Plan:
+    plan = decide(snapshot, config, now)
+    check_plan(snapshot, config, plan)
+    assert decide(snapshot, config, now) == plan  # pure: same inputs, same plan
+    return plan

@@ -1,0 +1,182 @@
+"""Property-based tests: random configs, snapshots and instants must keep every invariant."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoscaler.policy.snapshot import (
+    BackoffState,
+    Machine,
+    QueueMetrics,
+    QueueSnapshot,
+    Snapshot,
+)
+from autoscaler.store.models import InstanceState
+
+from .helpers import config
+from .invariants import checked_decide
+
+# instants around DST changes and ordinary days
+BASES = [
+    datetime(2025, 3, 30, 0, 0, tzinfo=UTC),   # Europe spring forward
+    datetime(2025, 10, 26, 0, 0, tzinfo=UTC),  # Europe fall back
+    datetime(2025, 3, 9, 6, 0, tzinfo=UTC),    # US spring forward
+    datetime(2025, 6, 2, 8, 0, tzinfo=UTC),
+]
+CRONS = ["0 9 * * *", "30 2 * * *", "*/15 * * * *", "0 1 * * 1-5", "0 22 * * *"]
+ZONES = ["UTC", "Europe/Paris", "America/New_York"]
+
+
+@st.composite
+def up_triggers(draw, max_workers):
+    out = []
+    if draw(st.booleans()):
+        out.append({"trigger": "no_workers"})
+    if draw(st.booleans()):
+        if draw(st.booleans()):
+            out.append({"trigger": "queue_depth", "threshold": draw(st.integers(0, 12))})
+        else:
+            out.append({"trigger": "queue_depth", "target_per_worker": draw(st.integers(1, 6))})
+    if draw(st.booleans()):
+        out.append({"trigger": "latency", "max_latency": draw(st.integers(1, 900))})
+    if draw(st.booleans()):
+        mode = draw(st.sampled_from(["threshold", "target_per_worker"]))
+        out.append({"trigger": "metric", "query": "w", "url": "http://p",
+                    mode: draw(st.integers(1, 10))})
+    if max_workers >= 1 and draw(st.booleans()):
+        out.append({"trigger": "schedule", "cron": draw(st.sampled_from(CRONS)),
+                    "timezone": draw(st.sampled_from(ZONES)),
+                    "workers": draw(st.integers(1, max_workers)),
+                    "duration": draw(st.integers(60, 6 * 3600))})
+    return out
+
+
+@st.composite
+def down_triggers(draw):
+    out = []
+    if draw(st.booleans()):
+        out.append({"trigger": "idle", "timeout": draw(st.integers(1, 1800))})
+    if draw(st.booleans()):
+        out.append({"trigger": "schedule", "cron": draw(st.sampled_from(CRONS)),
+                    "timezone": draw(st.sampled_from(ZONES))})
+    return out
+
+
+@st.composite
+def configs(draw):
+    names = draw(st.sampled_from([["q"], ["q", "r"]]))
+    queues = {}
+    for name in names:
+        mx = draw(st.integers(0, 6))
+        queues[name] = {
+            "min_workers": draw(st.integers(0, mx)),
+            "max_workers": mx,
+            "priority": draw(st.integers(0, 2)),
+            "scale_up": draw(up_triggers(mx)),
+            "scale_down": draw(down_triggers()),
+            "instance": {"gpu": "x", "max_price_per_hour": draw(st.sampled_from([0.3, 0.6, 1.1]))},
+        }
+    limits = {}
+    if draw(st.integers(0, 2)) == 0:
+        limits["max_machines"] = draw(st.integers(0, 8))
+    if draw(st.integers(0, 2)) == 0:
+        limits["max_price_per_hour"] = draw(st.sampled_from([0.0, 1.0, 2.5, 4.0]))
+    return config(queues=queues, limits=limits or None)
+
+
+@st.composite
+def machines(draw, now, name):
+    out = []
+    for i in range(draw(st.integers(0, 8))):
+        state = draw(st.sampled_from(list(InstanceState)))
+        created = now - timedelta(seconds=draw(st.integers(0, 7200)))
+        ready_at = created + timedelta(seconds=draw(st.integers(0, 600))) \
+            if state not in (InstanceState.PENDING, InstanceState.CREATING,
+                             InstanceState.BOOTING) else None
+        if ready_at is not None and ready_at > now:
+            ready_at = now
+        last = draw(st.none() | st.integers(0, 7200))
+        out.append(Machine(
+            launch_id=f"{name}-{i}",
+            state=state,
+            created_at=created,
+            provider="gpu",
+            ready_at=ready_at,
+            running_tasks=draw(st.sampled_from([0, 0, 1, 2])),
+            last_task_at=None if last is None else now - timedelta(seconds=last),
+            drain_requested=draw(st.booleans()),
+            price_per_hour=draw(st.sampled_from([None, 0.3, 0.6])),
+        ))
+    return tuple(out)
+
+
+@st.composite
+def worlds(draw):
+    cfg = draw(configs())
+    now = draw(st.sampled_from(BASES)) + timedelta(seconds=draw(st.integers(0, 3 * 86400)))
+    queues = []
+    for name in cfg.queues:
+        kind = draw(st.sampled_from(["fresh", "fresh", "fresh", "stale", "none"]))
+        metrics = None
+        if kind != "none":
+            pending = draw(st.integers(0, 40))
+            metrics = QueueMetrics(
+                name, pending,
+                draw(st.none() | st.floats(0, 3600)) if pending else None,
+                draw(st.integers(0, 10)), now,
+                external=(("w", float(draw(st.integers(0, 30)))),) if draw(st.booleans()) else (),
+                stale=kind == "stale",
+            )
+        backoffs = ()
+        if draw(st.booleans()):
+            backoffs = (BackoffState("gpu", draw(st.integers(1, 9)),
+                                     now + timedelta(seconds=draw(st.integers(-600, 600)))),)
+        queues.append(QueueSnapshot(name, metrics, draw(machines(now, name)),
+                                    draw(st.integers(0, 2)), backoffs))
+    # a queue the config does not know still bills and counts toward caps
+    if draw(st.booleans()):
+        queues.append(QueueSnapshot("orphan", None, draw(machines(now, "orphan"))))
+    return Snapshot(tuple(queues)), cfg, now
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds())
+def test_every_plan_keeps_the_invariants(world):
+    snapshot, cfg, now = world
+    checked_decide(snapshot, cfg, now)
+
+
+PLUS_ONE = st.lists(st.sampled_from([
+    {"trigger": "no_workers"},
+    {"trigger": "queue_depth", "threshold": 0},
+    {"trigger": "queue_depth", "threshold": 3},
+    {"trigger": "latency", "max_latency": 1},
+    {"trigger": "metric", "query": "w", "url": "http://p", "threshold": 1},
+]), min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(PLUS_ONE, st.integers(0, 3), st.integers(1, 4), st.integers(0, 4), st.integers(0, 50),
+       st.integers(0, 5), st.sampled_from(BASES))
+def test_no_stacking_while_booting(trigs, min_workers, n_booting, n_ready, pending, busy, now):
+    """Whatever the load, +1 triggers add nothing while a machine boots (only the floor may)."""
+    cfg = config(trigs, min_workers=min_workers, max_workers=12)
+    ms = tuple(
+        Machine(f"b{i}", InstanceState.BOOTING, now - timedelta(seconds=10 * i), "gpu")
+        for i in range(n_booting)
+    ) + tuple(
+        Machine(f"r{i}", InstanceState.READY, now - timedelta(hours=1), "gpu",
+                ready_at=now - timedelta(minutes=50), running_tasks=1 if i < busy else 0,
+                last_task_at=now)
+        for i in range(n_ready)
+    )
+    m = QueueMetrics("q", pending, 600.0 if pending else None, min(busy, n_ready), now,
+                     external=(("w", 99.0),))
+    plan = checked_decide(Snapshot((QueueSnapshot("q", m, ms),)), cfg, now)
+    qp = plan.for_queue("q")
+    assert len(qp.launches) <= max(0, min_workers - (n_booting + n_ready))
+    if pending:
+        assert qp.drains == ()  # a fired (held) trigger blocks scale-down too

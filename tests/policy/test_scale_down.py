@@ -1,0 +1,103 @@
+"""Idle scale-down, busy protection, stale data, no up-and-down together."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autoscaler.policy import decide
+from autoscaler.store.models import InstanceState
+
+from .helpers import NOW, booting, config, metrics, ready, snap
+
+IDLE = [{"trigger": "idle", "timeout": "10m"}]
+
+
+def drains(cfg, s):
+    return decide(s, cfg, NOW).for_queue("q").drains
+
+
+def test_idle_exactly_at_timeout_is_drained():
+    got = drains(config([], IDLE), snap(metrics(), (ready("a", idle_for=600),)))
+    assert [d.launch_id for d in got] == ["a"]
+
+
+def test_idle_just_under_timeout_stays():
+    assert drains(config([], IDLE), snap(metrics(), (ready("a", idle_for=599.9),))) == ()
+
+
+def test_idle_drains_most_idle_first_down_to_min_workers():
+    machines = (ready("a", idle_for=700), ready("b", idle_for=5000), ready("c", idle_for=900))
+    got = drains(config([], IDLE, min_workers=1), snap(metrics(), machines))
+    assert [d.launch_id for d in got] == ["b", "c"]
+    assert "idle: no task for 5000s" in got[0].reason
+
+
+def test_never_drains_a_busy_worker_even_if_idle_long_ago():
+    busy = ready("a", idle_for=99999, running=1)
+    assert drains(config([], IDLE), snap(metrics(in_flight=1), (busy,))) == ()
+
+
+def test_worker_that_never_ran_a_task_is_idle_since_ready():
+    m = replace(ready("a", created_ago=700), last_task_at=None)  # ready 640 s ago
+    assert [d.launch_id for d in drains(config([], IDLE), snap(metrics(), (m,)))] == ["a"]
+    m = replace(ready("a", created_ago=650), last_task_at=None)  # ready 590 s ago
+    assert drains(config([], IDLE), snap(metrics(), (m,))) == ()
+
+
+@pytest.mark.parametrize("state", [InstanceState.BOOTING, InstanceState.DRAINING,
+                                   InstanceState.DRAINED, InstanceState.FAILED])
+def test_only_ready_machines_are_drained(state):
+    m = replace(ready("a", idle_for=9999), state=state)
+    assert drains(config([], IDLE), snap(metrics(), (m,))) == ()
+
+
+def test_hand_made_workers_count_towards_floor():
+    got = drains(config([], IDLE, min_workers=1), snap(metrics(), (ready("a", idle_for=900),),
+                                                        manual=1))
+    assert [d.launch_id for d in got] == ["a"]
+
+
+def test_stale_metrics_never_scale_down():
+    s = snap(metrics(stale=True), (ready("a", idle_for=9999),))
+    p = decide(s, config([], IDLE), NOW).for_queue("q")
+    assert p.drains == ()
+    assert any("stale" in n for n in p.notes)
+
+
+def test_missing_metrics_never_scale_down_and_keep_the_floor():
+    s = snap(None, (ready("a", idle_for=9999),))
+    p = decide(s, config([{"trigger": "no_workers"}], IDLE, min_workers=2), NOW).for_queue("q")
+    assert p.drains == ()
+    assert len(p.launches) == 1  # the floor is kept without metrics
+
+
+def test_stale_metrics_do_not_drive_load_launches():
+    s = snap(metrics(pending=100, stale=True))
+    assert decide(s, config([{"trigger": "no_workers"}]), NOW).for_queue("q").launches == ()
+
+
+def test_no_scale_down_in_the_same_evaluation_as_a_scale_up():
+    cfg = config([{"trigger": "queue_depth", "target_per_worker": 1}], IDLE, max_workers=5)
+    s = snap(metrics(pending=3), (ready("a", idle_for=9999),))
+    p = decide(s, cfg, NOW).for_queue("q")
+    assert len(p.launches) == 2 and p.drains == ()
+
+
+def test_no_scale_down_while_a_trigger_is_held_by_booting():
+    cfg = config([{"trigger": "latency", "max_latency": "1m"}], IDLE)
+    s = snap(metrics(pending=1, oldest=600), (ready("a", idle_for=9999), booting("b")))
+    p = decide(s, cfg, NOW).for_queue("q")
+    assert p.launches == () and p.drains == () and p.up_fired
+
+
+def test_disabled_queue_decides_nothing():
+    cfg = config([{"trigger": "no_workers"}], queues={"q": {"enabled": False}})
+    plan = decide(snap(metrics(pending=5)), cfg, NOW)
+    assert plan.queues == () and "disabled" in plan.notes[0]
+
+
+def test_naive_now_is_refused():
+    with pytest.raises(ValueError):
+        decide(snap(metrics()), config(), NOW.replace(tzinfo=None))
