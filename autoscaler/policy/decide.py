@@ -31,12 +31,12 @@ from autoscaler.config.models import (
     ScheduleDownTrigger,
     ScheduleUpTrigger,
 )
+from autoscaler.lifecycle import InstanceState
 from autoscaler.policy import triggers as t
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.caps import Grant, Request, allocate, usage
 from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Wait
 from autoscaler.policy.snapshot import BackoffState, Machine, QueueSnapshot, Snapshot
-from autoscaler.store.models import InstanceState
 
 SCHEDULE_DOWN_GRACE_POLLS = 2
 """A scale-down schedule is acted on during this many poll intervals after it fires, so one

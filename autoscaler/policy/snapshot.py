@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from autoscaler.store.models import LIVE_STATES, InstanceState
+from autoscaler.lifecycle import LIVE_STATES, InstanceState
 
 
 @dataclass(frozen=True)

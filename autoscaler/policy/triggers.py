@@ -26,9 +26,9 @@ from autoscaler.config.models import (
     ScheduleDownTrigger,
     ScheduleUpTrigger,
 )
+from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.schedule import firing_due, window_active
 from autoscaler.policy.snapshot import Machine, QueueMetrics
-from autoscaler.store.models import InstanceState
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ from autoscaler.config.models import (
     NoWorkersTrigger,
     QueueDepthTrigger,
 )
+from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan
 from autoscaler.policy.snapshot import QueueSnapshot, Snapshot
-from autoscaler.store.models import InstanceState
 
 
 def _depth_number(auto: Autoscale) -> int | None:

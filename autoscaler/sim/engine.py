@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from autoscaler.config.models import Autoscale, Config
+from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.backoff import after_failure
 from autoscaler.policy.plan import Plan
 from autoscaler.policy.snapshot import (
@@ -29,7 +30,6 @@ from autoscaler.policy.snapshot import (
 )
 from autoscaler.sim.provider import ProviderParams, SimProvider
 from autoscaler.sim.trace import Job
-from autoscaler.store.models import InstanceState
 
 Policy = Callable[[Snapshot, Config, datetime], Plan]
 

@@ -6,7 +6,6 @@ in memory. Timestamps are timezone-aware UTC (`UtcDateTime`) on PostgreSQL and S
 
 from __future__ import annotations
 
-import enum
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -28,6 +27,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from autoscaler.lifecycle import LIVE_STATES, InstanceState
+
+__all__ = ["LIVE_STATES", "InstanceState"]
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -68,33 +71,6 @@ class Base(DeclarativeBase):
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-class InstanceState(enum.StrEnum):
-    """The machine lifecycle (DESIGN.md): a row is written before any provider call."""
-
-    PENDING = "pending"
-    CREATING = "creating"
-    BOOTING = "booting"
-    READY = "ready"
-    DRAINING = "draining"
-    DRAINED = "drained"
-    TERMINATING = "terminating"
-    TERMINATED = "terminated"
-    FAILED = "failed"
-    LOST = "lost"
-
-
-LIVE_STATES = (
-    InstanceState.PENDING,
-    InstanceState.CREATING,
-    InstanceState.BOOTING,
-    InstanceState.READY,
-    InstanceState.DRAINING,
-    InstanceState.DRAINED,
-    InstanceState.TERMINATING,
-)
-"""States in which a machine may exist at the provider and may be billing."""
 
 
 class Installation(Base):

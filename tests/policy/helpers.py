@@ -7,6 +7,7 @@ from typing import Any
 
 from autoscaler.config import load_config_text
 from autoscaler.config.models import Config, MockProvider
+from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.snapshot import (
     BackoffState,
     Machine,
@@ -14,7 +15,6 @@ from autoscaler.policy.snapshot import (
     QueueSnapshot,
     Snapshot,
 )
-from autoscaler.store.models import InstanceState
 
 NOW = datetime(2025, 6, 2, 12, 0, tzinfo=UTC)
 PROVIDERS = {"gpu": MockProvider(kind="mock")}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 from autoscaler.config.models import Config, QueueDepthTrigger
+from autoscaler.lifecycle import LIVE_STATES, InstanceState
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.decide import decide
 from autoscaler.policy.plan import Plan
 from autoscaler.policy.snapshot import QueueSnapshot, Snapshot
-from autoscaler.store.models import LIVE_STATES, InstanceState
 
 BOOTING = (InstanceState.PENDING, InstanceState.CREATING, InstanceState.BOOTING)
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.snapshot import (
     BackoffState,
     Machine,
@@ -14,7 +15,6 @@ from autoscaler.policy.snapshot import (
     QueueSnapshot,
     Snapshot,
 )
-from autoscaler.store.models import InstanceState
 
 from .helpers import config
 from .invariants import checked_decide

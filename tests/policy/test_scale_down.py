@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+from autoscaler.lifecycle import InstanceState
 from autoscaler.policy import decide
-from autoscaler.store.models import InstanceState
 
 from .helpers import NOW, booting, config, metrics, ready, snap
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from autoscaler.lifecycle import InstanceState
 from autoscaler.policy import decide
-from autoscaler.store.models import InstanceState
 
 from .helpers import NOW, booting, config, metrics, ready, snap
 
