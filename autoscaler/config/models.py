@@ -165,7 +165,9 @@ class MetricsSource(Strict):
     """Where a queue's numbers come from.
 
     `celery` picks the transport from the URL scheme (redis/rediss, amqp, sqla+); `asynq` reads
-    the Go queue runqy is built on; `redis-list` / `redis-stream` serve any other producer.
+    the Go queue runqy is built on; `redis-list` / `redis-stream` serve any other producer
+    (`pop_side`: the end of the list workers take from; `group`: the stream's consumer group).
+    `timeout` bounds one read; a failing source keeps its last numbers for `stale_after`.
     Without a URL the watched broker of the environment (AUTOSCALER_WATCH_BROKER_URL) is used.
     """
 
@@ -177,6 +179,9 @@ class MetricsSource(Strict):
     global_keyprefix: str = ""
     sep: str = "\x06\x16"
     priority_steps: tuple[int, ...] = (0, 3, 6, 9)
+    group: str | None = None
+    pop_side: Literal["right", "left"] = "right"
+    timeout: Duration = Field(default=5.0, gt=0)
     stale_after: Duration = Field(default=300.0, gt=0)
 
     @model_validator(mode="after")

@@ -1,0 +1,115 @@
+"""First sightings of queue head message ids: the age bound for unstamped producers.
+
+A message seen at the head of a queue at time t was published before t, so `now - t` is a lower
+bound on its age. The sighting is persisted so that a restart of the control plane does not
+reset every age to zero. One row per (source, key): `key` is the watched list/priority key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from datetime import datetime
+
+from sqlalchemy import and_, delete, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session, sessionmaker
+
+from autoscaler.store.models import QueueHeadSighting
+
+_MAX = 200  # column width of queue and message_id
+
+
+def _fit(value: str, limit: int = _MAX) -> str:
+    if len(value) <= limit:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def observe_heads(
+    session: Session, source: str, heads: Mapping[str, str | None], now: datetime
+) -> dict[str, datetime]:
+    """Record the current head id of each key and return when each head was first seen.
+
+    A key whose head is None (empty) loses its row; a key whose head changed gets `now`.
+    Concurrent ticks are safe: inserts ignore a conflicting row, updates are conditional on
+    the id they replace, and the answer is read back after writing.
+    """
+    source = _fit(source, 300)
+    wanted = {_fit(k): (k, None if v is None else _fit(v)) for k, v in heads.items()}
+    existing = {
+        row.queue: row
+        for row in session.scalars(
+            select(QueueHeadSighting).where(QueueHeadSighting.source == source)
+        )
+    }
+    gone = [q for q, (_, mid) in wanted.items() if mid is None and q in existing]
+    if gone:
+        session.execute(
+            delete(QueueHeadSighting).where(
+                QueueHeadSighting.source == source, QueueHeadSighting.queue.in_(gone)
+            )
+        )
+    new_rows = []
+    for q, (_, mid) in wanted.items():
+        if mid is None:
+            continue
+        row = existing.get(q)
+        if row is None:
+            new_rows.append({"source": source, "queue": q, "message_id": mid, "first_seen_at": now})
+        elif row.message_id != mid:
+            session.execute(
+                update(QueueHeadSighting)
+                .where(
+                    and_(
+                        QueueHeadSighting.source == source,
+                        QueueHeadSighting.queue == q,
+                        QueueHeadSighting.message_id == row.message_id,
+                    )
+                )
+                .values(message_id=mid, first_seen_at=now)
+                .execution_options(synchronize_session=False)
+            )
+    if new_rows:
+        dialect = session.get_bind().dialect.name
+        ins = pg_insert if dialect == "postgresql" else sqlite_insert
+        session.execute(ins(QueueHeadSighting).values(new_rows).on_conflict_do_nothing())
+    session.expire_all()
+    out: dict[str, datetime] = {}
+    if any(mid is not None for _, mid in wanted.values()):
+        rows = session.execute(
+            select(
+                QueueHeadSighting.queue,
+                QueueHeadSighting.message_id,
+                QueueHeadSighting.first_seen_at,
+            ).where(QueueHeadSighting.source == source)
+        ).all()
+        by_key = {q: (mid, at) for q, mid, at in rows}
+        for q, (orig, mid) in wanted.items():
+            got = by_key.get(q)
+            # a concurrent tick saw a different head: the bound is still `now` for ours
+            if mid is not None:
+                out[orig] = got[1] if got is not None and got[0] == mid else now
+    return out
+
+
+def forget_source(session: Session, source: str) -> int:
+    """Drop every sighting of a source (its queues were removed from the config)."""
+    result = session.execute(
+        delete(QueueHeadSighting).where(QueueHeadSighting.source == _fit(source, 300))
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+class StoredSightings:
+    """`metrics.base.Sightings` backed by the state store: survives restarts."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self._factory = factory
+
+    def observe(
+        self, source: str, heads: dict[str, str | None], now: datetime
+    ) -> dict[str, datetime]:
+        with self._factory() as session, session.begin():
+            return observe_heads(session, source, heads, now)
