@@ -8,7 +8,8 @@ Per queue, in this order:
    floor may launch, and nothing is scaled down (missing data never scales to zero).
 3. A (queue, provider) in backoff launches nothing and the plan says until when.
 4. Spend caps (config.limits) grant the remaining launches across queues by priority.
-5. Scale-down only when no scale-up trigger fired and nothing is launched for the queue:
+5. Scale-down only when no scale-up trigger fired, nothing is launched for the queue and every
+   `metric` trigger has a current value (a failing Prometheus blocks scale-down, not scale-up):
    idle machines (most idle first), then a due scale-down schedule (idle now, busy when idle),
    never below the floor, never a machine with a running task (busy ones only get
    `when_idle=True`, and only from the schedule). Machines already asked to drain that are now
@@ -58,6 +59,7 @@ class _Up:
     reason: str
     up_fired: bool
     fresh: bool
+    degraded: tuple[str, ...]
     backoff: BackoffState | None
     notes: tuple[str, ...]
     waits: tuple[Wait, ...]
@@ -107,8 +109,7 @@ def _vote(trig: object, view: t.QueueView) -> t.UpVote | None:
     return None  # schedule: a floor, handled by _floor
 
 
-def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now: datetime
-              ) -> _Up:
+def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now: datetime) -> _Up:
     machines = qs.machines
     serving = sum(1 for m in machines if m.serving)
     booting = sum(1 for m in machines if m.booting)
@@ -119,6 +120,15 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
     waits: list[Wait] = []
 
     fresh = qs.metrics is not None and not qs.metrics.stale
+    degraded: tuple[str, ...] = ()
+    if qs.metrics is not None:
+        have = {query for query, _ in qs.metrics.external}
+        degraded = tuple(
+            trig.query
+            for trig in auto.scale_up
+            if isinstance(trig, MetricTrigger)
+            and (trig.query in qs.metrics.external_degraded or trig.query not in have)
+        )
     votes: list[t.UpVote] = []
     if qs.metrics is None:
         notes.append("no metrics read yet: load triggers not evaluated, no scale-down")
@@ -146,16 +156,31 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
         trigger = "schedule" if floor > auto.min_workers else "min_workers"
         reason = f"floor: {floor_why}, {capacity} serving or booting"
     if raw > ceiling and raw > capacity:
-        waits.append(Wait(
-            queue=name, kind="max_workers", machines=raw - max(capacity, ceiling),
-            reason=f"{trigger} asks for {raw} but max_workers is {ceiling} (booting included)",
-        ))
+        waits.append(
+            Wait(
+                queue=name,
+                kind="max_workers",
+                machines=raw - max(capacity, ceiling),
+                reason=f"{trigger} asks for {raw} but max_workers is {ceiling} (booting included)",
+            )
+        )
     if not fired and floor <= capacity:
         desired = capacity  # nothing asks for more; scale-down may lower it below
     return _Up(
-        name=name, auto=auto, qs=qs, capacity=capacity, floor=floor, desired=desired,
-        wanted=wanted, trigger=trigger, reason=reason, up_fired=bool(fired), fresh=fresh,
-        backoff=active_backoff(qs.backoff_for(auto.provider), now), notes=tuple(notes),
+        name=name,
+        auto=auto,
+        qs=qs,
+        capacity=capacity,
+        floor=floor,
+        desired=desired,
+        wanted=wanted,
+        trigger=trigger,
+        reason=reason,
+        up_fired=bool(fired),
+        fresh=fresh,
+        degraded=degraded,
+        backoff=active_backoff(qs.backoff_for(auto.provider), now),
+        notes=tuple(notes),
         waits=tuple(waits),
     )
 
@@ -183,24 +208,33 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
     if count > 0 and u.backoff is not None:
         left = (u.backoff.until - now).total_seconds()
         err = f" (last error: {u.backoff.last_error})" if u.backoff.last_error else ""
-        waits.append(Wait(
-            queue=u.name, kind="backoff", machines=count, until=u.backoff.until,
-            reason=(
-                f"backoff: renting from {u.auto.provider} failed {u.backoff.failures} time(s)"
-                f"{err}; no launch before {u.backoff.until.isoformat()} ({left:.0f}s left); "
-                f"{count} machine(s) wait"
-            ),
-        ))
+        waits.append(
+            Wait(
+                queue=u.name,
+                kind="backoff",
+                machines=count,
+                until=u.backoff.until,
+                reason=(
+                    f"backoff: renting from {u.auto.provider} failed {u.backoff.failures} time(s)"
+                    f"{err}; no launch before {u.backoff.until.isoformat()} ({left:.0f}s left); "
+                    f"{count} machine(s) wait"
+                ),
+            )
+        )
         count = 0
     if count > 0 and grant is not None:
         if grant.reason is not None:
-            waits.append(Wait(queue=u.name, kind="spend_cap", machines=grant.waiting,
-                              reason=grant.reason))
+            waits.append(
+                Wait(queue=u.name, kind="spend_cap", machines=grant.waiting, reason=grant.reason)
+            )
         count = grant.granted
 
     launches = tuple(
         Launch(
-            queue=u.name, provider=u.auto.provider, trigger=u.trigger, index=i + 1,
+            queue=u.name,
+            provider=u.auto.provider,
+            trigger=u.trigger,
+            index=i + 1,
             reason=u.reason if count == 1 else f"{u.reason} (machine {i + 1} of {count})",
         )
         for i in range(count)
@@ -214,15 +248,27 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
         notes.append("a scale-up trigger fired: no scale-down in this evaluation")
     elif not u.fresh:
         pass  # already noted: stale or missing metrics never scale down
+    elif u.degraded:
+        notes.append(
+            f"no scale-down: metric value(s) {', '.join(map(repr, u.degraded))} missing or only "
+            "last-known"
+        )
     else:
         drains = _scale_down(u, config, now)
         desired = u.capacity - len(drains)
     drains.extend(_complete_requested(u, {d.launch_id for d in drains}))
 
     return QueuePlan(
-        queue=u.name, capacity=u.capacity, floor=u.floor, ceiling=u.auto.max_workers,
-        desired=desired, up_fired=u.up_fired, launches=launches, drains=tuple(drains),
-        waits=tuple(waits), notes=tuple(notes),
+        queue=u.name,
+        capacity=u.capacity,
+        floor=u.floor,
+        ceiling=u.auto.max_workers,
+        desired=desired,
+        up_fired=u.up_fired,
+        launches=launches,
+        drains=tuple(drains),
+        waits=tuple(waits),
+        notes=tuple(notes),
     )
 
 
@@ -247,13 +293,17 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
     for m, secs, timeout in sorted(idle.values(), key=lambda x: (-x[1], x[0].launch_id)):
         if len(drains) >= budget:
             break
-        drains.append(Drain(
-            queue=u.name, launch_id=m.launch_id, trigger="idle",
-            reason=(
-                f"idle: no task for {secs:.0f}s ≥ timeout {timeout:.0f}s; capacity "
-                f"{u.capacity - len(drains)} > floor {u.floor}"
-            ),
-        ))
+        drains.append(
+            Drain(
+                queue=u.name,
+                launch_id=m.launch_id,
+                trigger="idle",
+                reason=(
+                    f"idle: no task for {secs:.0f}s ≥ timeout {timeout:.0f}s; capacity "
+                    f"{u.capacity - len(drains)} > floor {u.floor}"
+                ),
+            )
+        )
         chosen.add(m.launch_id)
 
     # schedule: back to the floor; idle machines now, busy ones once they finish.
@@ -265,22 +315,29 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
         if fired is None:
             continue
         eligible = [
-            m for m in machines
-            if m.serving and m.launch_id not in chosen and m.created_at <= fired
+            m for m in machines if m.serving and m.launch_id not in chosen and m.created_at <= fired
         ]
         eligible.sort(key=lambda m: (m.busy, m.running_tasks, m.idle_since(), m.launch_id))
         for m in eligible:
             if len(drains) >= budget:
                 break
-            drains.append(Drain(
-                queue=u.name, launch_id=m.launch_id, trigger="schedule", when_idle=m.busy,
-                reason=(
-                    f"schedule {trig.cron!r} ({trig.timezone}) fired {fired.isoformat()}: "
-                    f"back to floor {u.floor} from capacity {u.capacity}; "
-                    + (f"busy with {m.running_tasks} task(s): drain once idle" if m.busy
-                       else "idle: drain now")
-                ),
-            ))
+            drains.append(
+                Drain(
+                    queue=u.name,
+                    launch_id=m.launch_id,
+                    trigger="schedule",
+                    when_idle=m.busy,
+                    reason=(
+                        f"schedule {trig.cron!r} ({trig.timezone}) fired {fired.isoformat()}: "
+                        f"back to floor {u.floor} from capacity {u.capacity}; "
+                        + (
+                            f"busy with {m.running_tasks} task(s): drain once idle"
+                            if m.busy
+                            else "idle: drain now"
+                        )
+                    ),
+                )
+            )
             chosen.add(m.launch_id)
     return drains
 
@@ -288,10 +345,14 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
 def _complete_requested(u: _Up, already: set[str]) -> list[Drain]:
     return [
         Drain(
-            queue=u.name, launch_id=m.launch_id, trigger="drain_requested",
+            queue=u.name,
+            launch_id=m.launch_id,
+            trigger="drain_requested",
             reason="drain was requested while busy; the worker is idle now",
         )
         for m in u.qs.machines
-        if m.state == InstanceState.READY and m.drain_requested and not m.busy
+        if m.state == InstanceState.READY
+        and m.drain_requested
+        and not m.busy
         and m.launch_id not in already
     ]

@@ -16,7 +16,9 @@ class QueueMetrics:
     `broker_workers` are worker names seen serving the queue through the broker (heartbeats or
     ping) — this is how hand-made machines count as capacity. `stale` is True when the source
     failed and these are the last known numbers; `error` says why (redacted, no secrets).
-    `external` holds values of `metric` triggers, keyed by their query string.
+    `external` holds values of `metric` triggers, keyed by their query string;
+    `external_degraded` names the queries whose value is missing or only last-known: the queue's
+    own numbers still drive scale-up, but nothing is scaled down while any is degraded.
     """
 
     queue: str
@@ -26,6 +28,7 @@ class QueueMetrics:
     read_at: datetime
     broker_workers: tuple[str, ...] = ()
     external: tuple[tuple[str, float], ...] = ()
+    external_degraded: tuple[str, ...] = ()
     stale: bool = False
     error: str | None = None
 

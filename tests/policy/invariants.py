@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from autoscaler.config.models import Config, QueueDepthTrigger
+from autoscaler.config.models import Config, MetricTrigger, QueueDepthTrigger
 from autoscaler.lifecycle import LIVE_STATES, InstanceState
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.decide import decide
@@ -95,6 +95,12 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
             # no up and down together; never on stale data; never below the floor
             assert n == 0 and not qp.up_fired
             assert fresh
+            assert qs.metrics is not None
+            have = {q for q, _ in qs.metrics.external}
+            for trig in auto.scale_up:  # never on a missing or last-known metric value
+                if isinstance(trig, MetricTrigger):
+                    assert trig.query in have
+                    assert trig.query not in qs.metrics.external_degraded
             assert cap - len(down) >= qp.floor
             assert all(d.trigger in ("idle", "schedule") for d in down)
         for a in qp.launches:

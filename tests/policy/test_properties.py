@@ -128,6 +128,7 @@ def worlds(draw):
                 draw(st.none() | st.floats(0, 3600)) if pending else None,
                 draw(st.integers(0, 10)), now,
                 external=(("w", float(draw(st.integers(0, 30)))),) if draw(st.booleans()) else (),
+                external_degraded=("w",) if draw(st.booleans()) else (),
                 stale=kind == "stale",
             )
         backoffs = ()
@@ -180,3 +181,30 @@ def test_no_stacking_while_booting(trigs, min_workers, n_booting, n_ready, pendi
     assert len(qp.launches) <= max(0, min_workers - (n_booting + n_ready))
     if pending:
         assert qp.drains == ()  # a fired (held) trigger blocks scale-down too
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 3), st.integers(1, 5), st.integers(0, 3), st.booleans(), st.booleans(),
+       st.integers(0, 20), st.sampled_from(BASES))
+def test_no_scale_down_on_a_missing_or_last_known_metric(
+    min_workers, n_idle, n_busy, has_value, flagged, value, now
+):
+    """Idle machines galore, but a metric trigger's value is missing or only last-known."""
+    if has_value and not flagged:
+        flagged = True  # a current value would allow scale-down: not this property
+    cfg = config(
+        [{"trigger": "metric", "query": "w", "url": "http://p", "threshold": 50}],
+        [{"trigger": "idle", "timeout": 60}, {"trigger": "schedule", "cron": "* * * * *"}],
+        min_workers=min_workers, max_workers=12,
+    )
+    ms = tuple(
+        Machine(f"r{i}", InstanceState.READY, now - timedelta(hours=2), "gpu",
+                ready_at=now - timedelta(hours=1), running_tasks=1 if i < n_busy else 0,
+                last_task_at=now - timedelta(hours=1))
+        for i in range(n_idle + n_busy)
+    )
+    m = QueueMetrics("q", 0, None, n_busy, now,
+                     external=(("w", float(value)),) if has_value else (),
+                     external_degraded=("w",) if flagged else ())
+    qp = checked_decide(Snapshot((QueueSnapshot("q", m, ms),)), cfg, now).for_queue("q")
+    assert qp.scale_down_drains == ()

@@ -101,3 +101,26 @@ def test_disabled_queue_decides_nothing():
 def test_naive_now_is_refused():
     with pytest.raises(ValueError):
         decide(snap(metrics()), config(), NOW.replace(tzinfo=None))
+
+
+PROM = {"trigger": "metric", "url": "http://prom:9090", "query": "waiting", "threshold": 10}
+
+
+@pytest.mark.parametrize("degraded", ["missing", "last-known"])
+def test_a_failing_prometheus_blocks_scale_down_but_not_queue_scale_up(degraded):
+    external = () if degraded == "missing" else (("waiting", 3.0),)
+    flagged = ("waiting",)
+    m = replace(metrics(pending=0), external=external, external_degraded=flagged)
+    cfg = config([PROM, {"trigger": "no_workers"}], IDLE)
+    p = decide(snap(m, (ready("a", idle_for=9999),)), cfg, NOW).for_queue("q")
+    assert p.drains == ()
+    assert any("no scale-down" in n and "'waiting'" in n for n in p.notes)
+    # the queue's own numbers still scale from zero while Prometheus is down
+    busy_queue = replace(metrics(pending=5), external=external, external_degraded=flagged)
+    assert len(decide(snap(busy_queue), cfg, NOW).for_queue("q").launches) == 1
+
+
+def test_a_current_metric_value_allows_scale_down():
+    m = replace(metrics(pending=0), external=(("waiting", 3.0),))
+    cfg = config([PROM], IDLE)
+    assert [d.launch_id for d in drains(cfg, snap(m, (ready("a", idle_for=9999),)))] == ["a"]
