@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-
 ${imports if imports else ""}
 
 revision: str = ${repr(up_revision)}

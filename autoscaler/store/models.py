@@ -155,6 +155,7 @@ class Instance(Base):
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     last_task_at: Mapped[datetime | None] = mapped_column(default=None)
     running_tasks: Mapped[int] = mapped_column(Integer, default=0)
+    worker_name: Mapped[str | None] = mapped_column(String(200), default=None)
     worker_token_hash: Mapped[str | None] = mapped_column(String(128), default=None, unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

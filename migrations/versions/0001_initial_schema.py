@@ -1,8 +1,8 @@
 """initial schema
 
 Revision ID: 0001
-Revises: 
-Create Date: 2026-11-29 18:19:33.365840
+Revises:
+Create Date: 2026-11-29 18:48:24.989198
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ def upgrade() -> None:
     sa.Column('last_heartbeat_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('last_task_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('running_tasks', sa.Integer(), nullable=False),
+    sa.Column('worker_name', sa.String(length=200), nullable=True),
     sa.Column('worker_token_hash', sa.String(length=128), nullable=True),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
