@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on embedded defaults (SQLite under ./.autoscaler, no Redis, no cloud account):
 # migrate the state store, register the seed's provider, and print the dry run of the seed's
-# config and of the full example.
+# config and of the full example, then replay a day of jobs through the same decision code and
+# compare its cost with two baselines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -16,3 +17,6 @@ echo
 autoscaler validate examples/seed.yaml
 echo
 autoscaler validate examples/full.yaml
+echo
+autoscaler simulate --trace autoscaler/sim/traces/diurnal.csv \
+  --config autoscaler/sim/traces/sim-config.yaml

@@ -13,6 +13,7 @@ from autoscaler.config.models import (
     Config,
     IdleTrigger,
     LatencyTrigger,
+    MetricsSource,
     MetricTrigger,
     NoWorkersTrigger,
     ProviderConfig,
@@ -22,6 +23,7 @@ from autoscaler.config.models import (
     ScheduleUpTrigger,
     VastProvider,
 )
+from autoscaler.settings import redact_url
 
 
 def _next_firing(cron: str, tz: str, now: datetime) -> str:
@@ -66,6 +68,12 @@ def _scale_down(t: object, now: datetime) -> str:
             f"once they finish); next {_next_firing(t.cron, t.timezone, now)}"
         )
     raise TypeError(t)
+
+
+def _metrics_where(m: MetricsSource) -> str:
+    if m.url:
+        return f"on {redact_url(m.url)}"
+    return f"on the broker in ${m.url_env or 'AUTOSCALER_WATCH_BROKER_URL'}"
 
 
 def _provider_terms(p: ProviderConfig) -> str:
@@ -124,7 +132,8 @@ def describe(config: Config, providers: Mapping[str, ProviderConfig], now: datet
             f"${spec.max_price_per_hour:.2f}/h each; image {spec.image}",
             f"  bounds: {auto.min_workers}..{auto.max_workers} machines (booting ones count), "
             f"priority {auto.priority}; worst case ${worst:.2f}/h",
-            f"  metrics: {queue.metrics.source} queue {queue.metrics.queue or name}",
+            f"  metrics: {queue.metrics.source} queue {queue.metrics.queue or name} "
+            f"{_metrics_where(queue.metrics)}",
         ]
         lines += ["  scale up when:"] + [f"    - {_scale_up(t, now)}" for t in auto.scale_up]
         if not auto.scale_up:
@@ -132,5 +141,9 @@ def describe(config: Config, providers: Mapping[str, ProviderConfig], now: datet
         lines += ["  scale down when:"] + [f"    - {_scale_down(t, now)}" for t in auto.scale_down]
         if not auto.scale_down:
             lines.append("  scale down: no trigger (machines are kept until changed by hand)")
-    lines += ["", f"worst case for all queues: ${total:.2f}/h"]
+    capped = config.limits.max_price_per_hour
+    all_queues = f"worst case for all queues: ${total:.2f}/h"
+    if capped is not None and capped < total:
+        all_queues += f", held to ${capped:.2f}/h by limits.max_price_per_hour"
+    lines += ["", all_queues]
     return "\n".join(lines)
