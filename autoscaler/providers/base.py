@@ -21,8 +21,9 @@ return or touch machines whose label parses to this installation's id (`labels.i
 from __future__ import annotations
 
 import enum
+import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -284,3 +285,36 @@ def create_on_first_offer(provider: Provider, offers: Iterable[Offer], launch: L
         f"{provider.name}: none of {tried} offer(s) could be rented; last: {last}",
         provider=provider.name,
     ) from last
+
+
+def find_after_ambiguous_create(
+    provider: Provider,
+    label: str,
+    why: str,
+    *,
+    attempts: int,
+    delay: float,
+    sleep: Callable[[float], None],
+) -> Machine:
+    """The create may have happened and be billing: find the machine by its unique label.
+
+    Tried `attempts` times, `delay` apart (providers list new machines with a lag); if it is
+    still not found, AmbiguousCreateError tells the caller to look again before any new create.
+    """
+    log = logging.getLogger(f"autoscaler.providers.{provider.kind}")
+    log.warning("%s: create of %s is ambiguous (%s); looking it up", provider.name, label, why)
+    for attempt in range(max(1, attempts)):
+        if attempt:
+            sleep(delay)
+        found = provider.find_by_label(label)
+        if found is not None:
+            log.info(
+                "%s: the ambiguous create did happen: %s", provider.name, found.provider_instance_id
+            )
+            return found
+    raise AmbiguousCreateError(
+        f"{provider.name}: create of {label} failed ambiguously ({why}) and no machine with that "
+        "label was found yet; look it up by label before creating again",
+        provider=provider.name,
+        label=label,
+    )

@@ -35,6 +35,7 @@ from autoscaler.providers.base import (
     Provider,
     ProviderError,
     ProviderRequestError,
+    find_after_ambiguous_create,
 )
 from autoscaler.providers.http import HttpClient, RetryPolicy, json_body
 
@@ -214,22 +215,13 @@ class RunPodProvider(Provider):
         )
 
     def _recover(self, label: str, why: str) -> Machine:
-        """The create may have happened: find the pod by its unique name before anything else."""
-        log.warning("%s: create of %s is ambiguous (%s); looking it up", self.name, label, why)
-        for attempt in range(self.lookup_attempts):
-            if attempt:
-                self._sleep(self.lookup_delay)
-            found = self.find_by_label(label)
-            if found is not None:
-                log.info(
-                    "%s: the ambiguous create did happen: %s", self.name, found.provider_instance_id
-                )
-                return found
-        raise AmbiguousCreateError(
-            f"{self.name}: create of {label} failed ambiguously ({why}) and no pod with that "
-            "name was found yet; look it up by label before creating again",
-            provider=self.name,
-            label=label,
+        return find_after_ambiguous_create(
+            self,
+            label,
+            why,
+            attempts=self.lookup_attempts,
+            delay=self.lookup_delay,
+            sleep=self._sleep,
         )
 
     # ------------------------------------------------------------------ read

@@ -42,6 +42,7 @@ from autoscaler.providers.base import (
     Provider,
     ProviderError,
     ProviderRequestError,
+    find_after_ambiguous_create,
 )
 from autoscaler.providers.http import HttpClient, RetryPolicy, json_body
 from autoscaler.store import avoided_hosts
@@ -280,21 +281,13 @@ class VastProvider(Provider):
         )
 
     def _recover(self, label: str, why: str) -> Machine:
-        log.warning("%s: create of %s is ambiguous (%s); looking it up", self.name, label, why)
-        for attempt in range(self.lookup_attempts):
-            if attempt:
-                self._sleep(self.lookup_delay)
-            found = self.find_by_label(label)
-            if found is not None:
-                log.info(
-                    "%s: the ambiguous create did happen: %s", self.name, found.provider_instance_id
-                )
-                return found
-        raise AmbiguousCreateError(
-            f"{self.name}: create of {label} failed ambiguously ({why}) and no instance with "
-            "that label was found yet; look it up by label before creating again",
-            provider=self.name,
-            label=label,
+        return find_after_ambiguous_create(
+            self,
+            label,
+            why,
+            attempts=self.lookup_attempts,
+            delay=self.lookup_delay,
+            sleep=self._sleep,
         )
 
     # ------------------------------------------------------------------ read
