@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from sqlalchemy.exc import IntegrityError
@@ -14,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from autoscaler.config import ConfigError, load_config
 from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.loader import known_providers
+from autoscaler.config.models import Config, ProviderConfig
 from autoscaler.config.summary import describe
 from autoscaler.credentials import (
     CredentialError,
@@ -40,7 +42,7 @@ def _sessions(settings: Settings) -> Any:
     return session_factory(make_engine(settings.database_url))
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     click.echo(message, err=True)
     sys.exit(2)
 
@@ -73,6 +75,20 @@ def db_upgrade(revision: str) -> None:
 # ------------------------------------------------------------------------------- validate
 
 
+def _load_checked(
+    file: str, registered: Mapping[str, ProviderConfig], settings: Settings
+) -> Config:
+    """The config in FILE with every check `validate` and `apply` share; exits 2 on a refusal."""
+    try:
+        config = load_config(file, registered)
+        refusals = check_broker_isolation(config, settings.broker_url, CONTROL_KEYPREFIX)
+        if refusals:
+            raise ConfigError(refusals, file)
+    except ConfigError as exc:
+        _fail(exc.render())
+    return config
+
+
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 def validate(file: str) -> None:
@@ -83,21 +99,13 @@ def validate(file: str) -> None:
             registered = registered_provider_configs(session)
     except ConfigError as exc:
         _fail(exc.render())
-        return
     except Exception as exc:  # the store is unreachable or not migrated
         _fail(
             f"the state store {redact_url(settings.database_url)} cannot be read "
             f"({type(exc).__name__}); run 'autoscaler db upgrade' first"
         )
         return
-    try:
-        config = load_config(file, registered)
-        refusals = check_broker_isolation(config, settings.broker_url, CONTROL_KEYPREFIX)
-        if refusals:
-            raise ConfigError(refusals, file)
-    except ConfigError as exc:
-        _fail(exc.render())
-        return
+    config = _load_checked(file, registered, settings)
     click.echo(f"{file}: OK. Dry run (nothing is rented):")
     click.echo(describe(config, known_providers(config, registered), datetime.now(UTC)))
 
@@ -118,15 +126,7 @@ def apply(file: str, changed_by: str, comment: str | None) -> None:
     """
     settings = _settings()
     with transaction(_sessions(settings)) as session:
-        registered = registered_provider_configs(session)
-        try:
-            config = load_config(file, registered)
-            refusals = check_broker_isolation(config, settings.broker_url, CONTROL_KEYPREFIX)
-            if refusals:
-                raise ConfigError(refusals, file)
-        except ConfigError as exc:
-            _fail(exc.render())
-            return
+        config = _load_checked(file, registered_provider_configs(session), settings)
         now = datetime.now(UTC)
         for name, queue in config.queues.items():
             row = queue_configs.record(
@@ -266,7 +266,6 @@ def providers_remove(name: str) -> None:
         if row is None:
             known = ", ".join(p.name for p in provider_store.list_providers(session)) or "none"
             _fail(f"no provider named {name!r} (registered: {known})")
-            return
         live = provider_store.live_instance_count(session, name)
         if live:
             _fail(
@@ -312,7 +311,6 @@ def vault_rotate() -> None:
                 count += 1
     except VaultError as exc:
         _fail(str(exc))
-        return
     click.echo(f"{count} credential(s) re-encrypted under the first key")
 
 

@@ -37,30 +37,26 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+def _run_on(connection: Any) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=True,
+        compare_type=True,
+        render_item=_render_item,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
-        context.configure(
-            connection=connection,
-            target_metadata=target_metadata,
-            render_as_batch=True,
-            compare_type=True,
-            render_item=_render_item,
-        )
-        with context.begin_transaction():
-            context.run_migrations()
+        _run_on(connection)
         return
     engine = make_engine(_url())
     with engine.connect() as conn:
-        context.configure(
-            connection=conn,
-            target_metadata=target_metadata,
-            render_as_batch=True,
-            compare_type=True,
-            render_item=_render_item,
-        )
-        with context.begin_transaction():
-            context.run_migrations()
+        _run_on(conn)
     engine.dispose()
 
 
