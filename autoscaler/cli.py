@@ -81,7 +81,9 @@ def _load_checked(
     """The config in FILE with every check `validate` and `apply` share; exits 2 on a refusal."""
     try:
         config = load_config(file, registered)
-        refusals = check_broker_isolation(config, settings.broker_url, CONTROL_KEYPREFIX)
+        refusals = check_broker_isolation(
+            config, settings.broker_url, CONTROL_KEYPREFIX, os.environ
+        )
         if refusals:
             raise ConfigError(refusals, file)
     except ConfigError as exc:

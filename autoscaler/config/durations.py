@@ -5,6 +5,7 @@ A duration is parsed into seconds (float) at load time so the policy never sees 
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any
 
@@ -12,19 +13,26 @@ from pydantic import BeforeValidator
 
 ACCEPTED_FORMS = 'a number of seconds (90), or a string like "30s", "5m", "2h", "1d" or "1h30m"'
 
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"^(?:([0-9]+(?:\.[0-9]+)?)([smhd]))+$")
-_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
+_NUM = r"[0-9]+(?:\.[0-9]+)?"
+# Units largest first, each at most once: "1h30m" yes, "30m1h" and "1h1h" no.
+_DURATION = re.compile(rf"^(?:({_NUM})d)?(?:({_NUM})h)?(?:({_NUM})m)?(?:({_NUM})s)?$")
 
 
 def parse_duration(value: Any) -> float:
     """Seconds for a user-written duration; ValueError naming the accepted forms otherwise."""
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration; use {ACCEPTED_FORMS}")
+    match = _DURATION.match(value.strip().lower()) if isinstance(value, str) else None
     if isinstance(value, int | float):
         seconds = float(value)
-    elif isinstance(value, str) and _DURATION.match(value.strip().lower()):
-        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value.strip().lower()))
+        if not math.isfinite(seconds):
+            raise ValueError(f"{value!r} is not a finite duration; use {ACCEPTED_FORMS}")
+    elif match and any(match.groups()):
+        seconds = sum(
+            float(n) * size
+            for n, size in zip(match.groups(), (86400, 3600, 60, 1), strict=True)
+            if n is not None
+        )
     elif isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
         seconds = float(value.strip())
     else:

@@ -6,10 +6,14 @@ requeue its in-flight messages under *our* visibility timeout: jobs run twice, o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from autoscaler.config.errors import Refusal
 from autoscaler.config.models import Config
+
+WATCH_BROKER_ENV = "AUTOSCALER_WATCH_BROKER_URL"
+"""Where a queue's metrics are read when its config names no URL."""
 
 _REDIS = ("redis", "rediss")
 
@@ -23,14 +27,19 @@ def _redis_target(url: str) -> tuple[str, int, int] | None:
 
 
 def check_broker_isolation(
-    config: Config, control_broker_url: str, control_prefix: str
+    config: Config, control_broker_url: str, control_prefix: str, env: Mapping[str, str]
 ) -> list[Refusal]:
+    """Refusals for watched queues on our broker's Redis database and prefix.
+
+    A queue's URL is its `url`, else the variable named by `url_env`, else the watched-broker
+    default (WATCH_BROKER_ENV) — the same resolution the metrics sources use.
+    """
     ours = _redis_target(control_broker_url)
     if ours is None:
         return []
     refusals = []
     for name, queue in config.queues.items():
-        url = queue.metrics.url
+        url = queue.metrics.url or env.get(queue.metrics.url_env or WATCH_BROKER_ENV)
         if url is None or _redis_target(url) != ours:
             continue
         if queue.metrics.global_keyprefix == control_prefix:

@@ -18,14 +18,18 @@ DEFAULT_WORKER_IMAGE = "ghcr.io/gpu-queue-autoscaler/worker:latest"
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys are refused (typos), and so are NaN and infinity (an infinite price cap)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- triggers
 
 
 def _check_cron(expr: str) -> str:
-    if not croniter.is_valid(expr):
+    # croniter also takes a sixth (seconds) field; a Quartz-style "0 0 8 * * *" would then fire
+    # at a different time than its author meant, so exactly five fields are accepted.
+    if len(expr.split()) != 5 or not croniter.is_valid(expr):
         raise ValueError(
             f"{expr!r} is not a cron expression croniter accepts; "
             'write five fields "minute hour day-of-month month day-of-week", e.g. "0 8 * * 1-5"'
@@ -288,7 +292,7 @@ class Backoff(Strict):
     """Exponential backoff of a failed rental per (queue, provider)."""
 
     base: Duration = Field(default=30.0, gt=0)
-    cap: Duration = Field(default=600.0, gt=0)
+    cap: Duration = Field(default=600.0, gt=0, le=86400)
     jitter: float = Field(default=0.2, ge=0, le=1)
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ from zoneinfo import ZoneInfo
 from croniter import croniter
 
 from autoscaler.config.durations import format_duration
+from autoscaler.config.isolation import WATCH_BROKER_ENV
 from autoscaler.config.models import (
     Config,
     IdleTrigger,
@@ -73,7 +74,7 @@ def _scale_down(t: object, now: datetime) -> str:
 def _metrics_where(m: MetricsSource) -> str:
     if m.url:
         return f"on {redact_url(m.url)}"
-    return f"on the broker in ${m.url_env or 'AUTOSCALER_WATCH_BROKER_URL'}"
+    return f"on the broker in ${m.url_env or WATCH_BROKER_ENV}"
 
 
 def _provider_terms(p: ProviderConfig) -> str:

@@ -18,10 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
-from urllib.parse import unquote, urlsplit
 
 from autoscaler.policy.snapshot import QueueMetrics
-from autoscaler.settings import redact_url
+from autoscaler.settings import redact_url, url_secrets
 
 Clock = Callable[[], datetime]
 
@@ -63,17 +62,8 @@ class Secrets:
     def from_urls(cls, *urls: str | None) -> Secrets:
         found: list[str] = []
         for url in urls:
-            if not url:
-                continue
-            found.append(url)
-            try:
-                parts = urlsplit(url)
-                password = parts.password
-            except ValueError:
-                password = None
-            if password:
-                found.append(password)
-                found.append(unquote(password))
+            if url:
+                found += [url, *url_secrets(url)]
         # longest first, so a URL is replaced whole before its password part
         uniq = sorted({s for s in found if len(s) >= 2}, key=len, reverse=True)
         return cls(tuple(uniq))
@@ -82,8 +72,6 @@ class Secrets:
         for secret in self.values:
             if secret in text:
                 text = text.replace(secret, redact_url(secret) if "://" in secret else "***")
-                # redact_url may still carry the password on odd URLs: blunt second pass
-                text = text.replace(secret, "***")
         return text
 
 

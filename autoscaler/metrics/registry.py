@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from autoscaler.config.isolation import WATCH_BROKER_ENV
 from autoscaler.config.models import MetricsSource, MetricTrigger, Queue
 from autoscaler.metrics.asynq import AsynqReader
 from autoscaler.metrics.base import Clock, MetricsReader, Sightings, utc_now
@@ -21,8 +22,6 @@ from autoscaler.metrics.celery_sqla import CelerySqlaReader
 from autoscaler.metrics.fallback import FallbackReader
 from autoscaler.metrics.prometheus import PrometheusReader
 from autoscaler.metrics.redis_list import RedisListReader, RedisStreamReader
-
-WATCH_BROKER_ENV = "AUTOSCALER_WATCH_BROKER_URL"
 
 
 class MetricsConfigError(ValueError):
@@ -58,19 +57,35 @@ def build_reader(
     if source.source == "asynq":
         return AsynqReader(url, clock=clock, timeout=timeout)
     if source.source == "redis-list":
-        return RedisListReader(url, key_prefix=source.global_keyprefix, pop_side=source.pop_side,
-                               sightings=sightings, clock=clock, timeout=timeout)
+        return RedisListReader(
+            url,
+            key_prefix=source.global_keyprefix,
+            pop_side=source.pop_side,
+            sightings=sightings,
+            clock=clock,
+            timeout=timeout,
+        )
     if source.source == "redis-stream":
-        return RedisStreamReader(url, group=source.group, key_prefix=source.global_keyprefix,
-                                 clock=clock, timeout=timeout)
+        return RedisStreamReader(
+            url,
+            group=source.group,
+            key_prefix=source.global_keyprefix,
+            clock=clock,
+            timeout=timeout,
+        )
     if scheme in ("redis", "rediss", "unix"):
-        layout = CeleryRedisLayout(global_keyprefix=source.global_keyprefix, sep=source.sep,
-                                   priority_steps=source.priority_steps)
-        return CeleryRedisReader(url, layout=layout, sightings=sightings, clock=clock,
-                                 timeout=timeout)
+        layout = CeleryRedisLayout(
+            global_keyprefix=source.global_keyprefix,
+            sep=source.sep,
+            priority_steps=source.priority_steps,
+        )
+        return CeleryRedisReader(
+            url, layout=layout, sightings=sightings, clock=clock, timeout=timeout
+        )
     if scheme in ("amqp", "amqps", "pyamqp", "pyamqps"):
-        return CeleryRabbitMQReader(url, management_url=source.management_url, clock=clock,
-                                    timeout=timeout)
+        return CeleryRabbitMQReader(
+            url, management_url=source.management_url, clock=clock, timeout=timeout
+        )
     if scheme.startswith("sqla+"):
         return CelerySqlaReader(url, sightings=sightings, clock=clock, timeout=timeout)
     raise MetricsConfigError(
@@ -123,6 +138,5 @@ def group_queues(queues: Mapping[str, Queue]) -> list[ReadGroup]:
         src = q.metrics.model_copy(update={"queue": None})
         groups.setdefault(src, {}).setdefault(q.metrics.queue or name, []).append(name)
     return [
-        ReadGroup(src, {bq: tuple(names) for bq, names in qs.items()})
-        for src, qs in groups.items()
+        ReadGroup(src, {bq: tuple(names) for bq, names in qs.items()}) for src, qs in groups.items()
     ]

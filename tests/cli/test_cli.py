@@ -191,6 +191,20 @@ def test_validate_refuses_a_watched_queue_on_the_control_planes_redis(cli, tmp_p
     )
     result = cli("validate", str(cfg))
     assert result.exit_code != 0 and "requeue its unacked jobs" in result.output
+    # the same when the URL comes from the environment, as in the seed's config
+    by_env = tmp_path / "env.yaml"
+    by_env.write_text(
+        "providers: {m: {kind: mock}}\n"
+        "queues:\n  q:\n    metrics: {global_keyprefix: 'autoscaler-control:'}\n"
+        "    autoscale: {provider: m, max_workers: 1, instance: {gpu: x, max_price_per_hour: 1}}\n"
+    )
+    shared = cli(
+        "validate", str(by_env), AUTOSCALER_WATCH_BROKER_URL="redis://:pw-SECRET@127.0.0.1:6379/15"
+    )
+    assert shared.exit_code != 0 and "requeue its unacked jobs" in shared.output
+    assert "pw-SECRET" not in shared.output
+    apart = cli("validate", str(by_env), AUTOSCALER_WATCH_BROKER_URL="redis://127.0.0.1:6379/3")
+    assert apart.exit_code == 0, apart.output
 
 
 def test_db_upgrade_prepares_the_embedded_broker(db_url, tmp_path):
