@@ -4,7 +4,8 @@ When the queues together want more than the caps allow, launches are granted by
 `autoscale.priority` (higher first); queues of equal priority take turns one machine at a time
 (in name order), so one busy queue cannot starve an equal one. Every machine that may be
 billing counts (booting and draining too); a machine without a known price counts at its
-queue's `instance.max_price_per_hour`, the most it can cost. Caps never drain anything: over a
+queue's `instance.max_price_per_hour`, the most it can cost (the dearest configured cap for a
+queue no longer in the config). Caps never drain anything: over a
 cap (e.g. after lowering it) the queues simply get no new machine.
 """
 
@@ -38,10 +39,16 @@ def usage(snapshot: Snapshot, config: Config) -> tuple[int, float]:
     """(machines, $/hour) of every billing machine of the account, across all queues."""
     machines = 0
     dollars = 0.0
+    # A machine of a queue no longer configured, with no known price, may cost as much as the
+    # dearest machine any queue may rent: counting it at $0 would let spend pass the cap.
+    dearest = max(
+        (q.autoscale.instance.max_price_per_hour for q in config.queues.values() if q.autoscale),
+        default=0.0,
+    )
     for q in snapshot.queues:
         queue_cfg = config.queues.get(q.name)
         auto = queue_cfg.autoscale if queue_cfg is not None else None
-        fallback = auto.instance.max_price_per_hour if auto is not None else 0.0
+        fallback = auto.instance.max_price_per_hour if auto is not None else dearest
         for m in q.machines:
             if m.billing:
                 machines += 1

@@ -4,8 +4,10 @@ Per queue, in this order:
 1. capacity = ready machines not asked to leave + machines still booting + hand-made workers;
    floor = max(min_workers, every open schedule window), never above max_workers.
 2. Metrics fresh: every scale-up trigger votes (see triggers.py); desired = max(floor, votes),
-   clamped to max_workers; launches = desired - capacity. Metrics stale or missing: only the
-   floor may launch, and nothing is scaled down (missing data never scales to zero).
+   clamped to max_workers; machines asked to drain once idle are reclaimed first (already paid
+   for), then launches = desired - capacity - reclaims, never more than max_workers minus every
+   machine of the queue that may still bill (draining ones included). Metrics stale or missing:
+   only the floor may launch, and nothing is scaled down (missing data never scales to zero).
 3. A (queue, provider) in backoff launches nothing and the plan says until when.
 4. Spend caps (config.limits) grant the remaining launches across queues by priority.
 5. Scale-down only when no scale-up trigger fired, nothing is launched for the queue and every
@@ -36,7 +38,7 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.policy import triggers as t
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.caps import Grant, Request, allocate, usage
-from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Wait
+from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Wait
 from autoscaler.policy.snapshot import BackoffState, Machine, QueueSnapshot, Snapshot
 
 SCHEDULE_DOWN_GRACE_POLLS = 2
@@ -54,6 +56,7 @@ class _Up:
     capacity: int
     floor: int
     desired: int
+    reclaims: tuple[Machine, ...]
     wanted: int
     trigger: str
     reason: str
@@ -164,6 +167,31 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
                 reason=f"{trigger} asks for {raw} but max_workers is {ceiling} (booting included)",
             )
         )
+    # Machines asked to drain once idle are taken back before anything new is rented: they are
+    # booted and paid for already. Idle ones first: they can take a job at once.
+    leaving = sorted(
+        (m for m in machines if m.state == InstanceState.READY and m.drain_requested),
+        key=lambda m: (m.busy, m.launch_id),
+    )
+    reclaims = tuple(leaving[:wanted])
+    wanted -= len(reclaims)
+    # Every machine of the queue that may bill counts against max_workers, leaving ones too.
+    billing = sum(1 for m in machines if m.billing)
+    headroom = max(0, ceiling - billing)
+    if wanted > headroom:
+        waits.append(
+            Wait(
+                queue=name,
+                kind="max_workers",
+                machines=wanted - headroom,
+                reason=(
+                    f"{trigger} wants {wanted} more but {billing} machine(s) of this queue may "
+                    f"still be billing (draining and terminating ones included); max_workers is "
+                    f"{ceiling}"
+                ),
+            )
+        )
+        wanted = headroom
     if not fired and floor <= capacity:
         desired = capacity  # nothing asks for more; scale-down may lower it below
     return _Up(
@@ -173,6 +201,7 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
         capacity=capacity,
         floor=floor,
         desired=desired,
+        reclaims=reclaims,
         wanted=wanted,
         trigger=trigger,
         reason=reason,
@@ -240,9 +269,19 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
         for i in range(count)
     )
 
+    reclaims = tuple(
+        Reclaim(
+            queue=u.name,
+            launch_id=m.launch_id,
+            reason=f"{u.reason}: take back {m.launch_id} (asked to drain once idle, "
+            + ("busy" if m.busy else "idle")
+            + ") instead of renting a new machine",
+        )
+        for m in u.reclaims
+    )
     drains: list[Drain] = []
     desired = u.desired
-    if launches:
+    if launches or reclaims:
         notes.append("scaled up: no scale-down in the same evaluation")
     elif u.up_fired:
         notes.append("a scale-up trigger fired: no scale-down in this evaluation")
@@ -256,7 +295,9 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
     else:
         drains = _scale_down(u, config, now)
         desired = u.capacity - len(drains)
-    drains.extend(_complete_requested(u, {d.launch_id for d in drains}))
+    # While the queue asks for more, keep machines asked to leave: it may take them back.
+    if not (u.up_fired or launches or reclaims):
+        drains.extend(_complete_requested(u, {d.launch_id for d in drains}))
 
     return QueuePlan(
         queue=u.name,
@@ -266,6 +307,7 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
         desired=desired,
         up_fired=u.up_fired,
         launches=launches,
+        reclaims=reclaims,
         drains=tuple(drains),
         waits=tuple(waits),
         notes=tuple(notes),

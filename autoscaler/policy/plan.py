@@ -35,6 +35,16 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class Reclaim:
+    """Take machine `launch_id` back: it was asked to drain once idle, but the queue needs it
+    again. Cheaper than renting: it is already booted and already paid for."""
+
+    queue: str
+    launch_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Wait:
     """Machines a queue wants but does not get this evaluation, and why."""
 
@@ -63,6 +73,7 @@ class QueuePlan:
     desired: int
     up_fired: bool = False
     launches: tuple[Launch, ...] = ()
+    reclaims: tuple[Reclaim, ...] = ()
     drains: tuple[Drain, ...] = ()
     waits: tuple[Wait, ...] = ()
     notes: tuple[str, ...] = ()
@@ -82,6 +93,10 @@ class Plan:
     @property
     def launches(self) -> tuple[Launch, ...]:
         return tuple(a for q in self.queues for a in q.launches)
+
+    @property
+    def reclaims(self) -> tuple[Reclaim, ...]:
+        return tuple(a for q in self.queues for a in q.reclaims)
 
     @property
     def drains(self) -> tuple[Drain, ...]:
@@ -106,6 +121,7 @@ class Plan:
                 f"desired {q.desired}"
             )
             lines.extend(f"  launch #{a.index}: {a.reason}" for a in q.launches)
+            lines.extend(f"  reclaim {r.launch_id}: {r.reason}" for r in q.reclaims)
             lines.extend(
                 f"  drain {d.launch_id}{' when idle' if d.when_idle else ''}: {d.reason}"
                 for d in q.drains

@@ -4,8 +4,9 @@ Cron times are wall-clock times in `timezone`; durations are real elapsed second
 - a wall time skipped by spring-forward fires at the first instant after the gap (croniter's
   behaviour, e.g. 02:30 Europe/Paris on the last Sunday of March fires at 03:00 CEST), as
   Vixie cron runs jobs of the skipped hour right after the change;
-- a wall time repeated by fall-back fires once, at its first occurrence (the second one is
-  skipped), so a 02:30 pre-warm window does not restart an hour later.
+- a fixed-hour wall time repeated by fall-back fires once, at its first occurrence (the second
+  is skipped), so a 02:30 pre-warm window does not restart an hour later; a wildcard-hour
+  expression ("0 * * * *") fires in the repeated hour too, as in Vixie cron.
 
 Pure: `now` is always passed in. Results are memoised per (expression, zone, minute) since a
 five-field cron cannot fire between minutes.
@@ -30,16 +31,32 @@ def _is_repeat(local: datetime, tz: ZoneInfo) -> bool:
     return first != second and local.utcoffset() == second
 
 
+def _fixed_hour(expr: str) -> bool:
+    """Vixie cron's rule: only jobs at fixed hours skip the repeated hour; wildcard-hour jobs
+    ("0 * * * *", "*/15 */2 * * *") run through it as on any other hour."""
+    return not expr.split()[1].startswith("*")
+
+
 @lru_cache(maxsize=4096)
 def _latest_firing_at_minute(expr: str, timezone: str, minute_utc: datetime) -> datetime:
     tz = ZoneInfo(timezone)
+    local_now = minute_utc.astimezone(tz)
+    if not _fixed_hour(expr) and _is_repeat(local_now, tz):
+        # croniter skips the repeated hour; a wildcard-hour cron fires in it on wall time.
+        wall: datetime = croniter(
+            expr, local_now.replace(tzinfo=None) + timedelta(seconds=1)
+        ).get_prev(datetime)
+        candidate = wall.replace(tzinfo=tz, fold=1)
+        if _is_repeat(candidate, tz):
+            return candidate.astimezone(UTC)
     # +1 s so that a firing exactly at this minute counts as "at or before now".
     it = croniter(expr, minute_utc.astimezone(tz) + timedelta(seconds=1))
     fired: datetime = it.get_prev(datetime)
-    for _ in range(_MAX_REPEATS_SKIPPED):
-        if not _is_repeat(fired, tz):
-            break
-        fired = it.get_prev(datetime)
+    if _fixed_hour(expr):
+        for _ in range(_MAX_REPEATS_SKIPPED):
+            if not _is_repeat(fired, tz):
+                break
+            fired = it.get_prev(datetime)
     return fired.astimezone(UTC)
 
 

@@ -93,8 +93,9 @@ def _plus_one(trigger: str, view: QueueView, why: str) -> UpVote:
             "adding nothing more for the same load (no stacking)",
             held=True,
         )
-    return UpVote(trigger, True, view.capacity + 1, f"{trigger}: {why} → one more machine, "
-                  f"{view.have()}")
+    return UpVote(
+        trigger, True, view.capacity + 1, f"{trigger}: {why} → one more machine, {view.have()}"
+    )
 
 
 def _quiet(trigger: str, why: str) -> UpVote:
@@ -105,9 +106,10 @@ def no_workers(_: NoWorkersTrigger, view: QueueView) -> UpVote:
     pending = view.metrics.pending
     if pending > 0 and view.capacity == 0:
         return UpVote(
-            "no_workers", True, 1,
-            f"no_workers: {pending} pending and no live, booting or hand-made worker → "
-            "one machine",
+            "no_workers",
+            True,
+            1,
+            f"no_workers: {pending} pending and no live, booting or hand-made worker → one machine",
         )
     return _quiet("no_workers", f"{pending} pending, capacity {view.capacity}")
 
@@ -142,7 +144,7 @@ def latency(trig: LatencyTrigger, view: QueueView) -> UpVote:
 def metric(trig: MetricTrigger, view: QueueView) -> UpVote:
     values = dict(view.metrics.external)
     value = values.get(trig.query)
-    if value is None or math.isnan(value):
+    if value is None or not math.isfinite(value):
         return _quiet("metric", f"no value for {trig.query!r}: no opinion")
     if trig.target_per_worker is not None:
         wants = math.ceil(value / trig.target_per_worker) if value > 0 else 0
@@ -169,8 +171,9 @@ def schedule_floor(trig: ScheduleUpTrigger, now: datetime) -> tuple[int, str | N
     )
 
 
-def idle_candidates(trig: IdleTrigger, machines: tuple[Machine, ...], now: datetime
-                    ) -> list[tuple[Machine, float]]:
+def idle_candidates(
+    trig: IdleTrigger, machines: tuple[Machine, ...], now: datetime
+) -> list[tuple[Machine, float]]:
     """Ready, not busy, not already leaving, idle for at least `timeout`: (machine, idle s)."""
     out = []
     for m in machines:

@@ -69,11 +69,17 @@ class RunqyOriginal:
         for trig in auto.scale_up:
             if isinstance(trig, NoWorkersTrigger) and m.pending > 0 and not ready:
                 why = f"no ready worker, {m.pending} pending"
-            elif isinstance(trig, QueueDepthTrigger) and threshold is not None \
-                    and m.pending > threshold:
+            elif (
+                isinstance(trig, QueueDepthTrigger)
+                and threshold is not None
+                and m.pending > threshold
+            ):
                 why = f"{m.pending} pending > {threshold}"
-            elif isinstance(trig, LatencyTrigger) and m.oldest_pending_age is not None \
-                    and m.oldest_pending_age > trig.max_latency:
+            elif (
+                isinstance(trig, LatencyTrigger)
+                and m.oldest_pending_age is not None
+                and m.oldest_pending_age > trig.max_latency
+            ):
                 why = f"oldest job {m.oldest_pending_age:.0f}s > {trig.max_latency:.0f}s"
             if why:
                 break
@@ -89,10 +95,20 @@ class RunqyOriginal:
                 idle = [x for x in ready if not x.busy]
                 for x in idle[: max(0, len(ready) - auto.min_workers)]:
                     drains.append(Drain(name, x.launch_id, "baseline", "queue idle"))
-        return Plan(at=now, queues=(QueuePlan(
-            name, len(ready), auto.min_workers, auto.max_workers, len(ready) + len(launches),
-            launches=launches, drains=tuple(drains),
-        ),))
+        return Plan(
+            at=now,
+            queues=(
+                QueuePlan(
+                    name,
+                    len(ready),
+                    auto.min_workers,
+                    auto.max_workers,
+                    len(ready) + len(launches),
+                    launches=launches,
+                    drains=tuple(drains),
+                ),
+            ),
+        )
 
 
 class KedaLike:
@@ -122,22 +138,33 @@ class KedaLike:
             (t, d) for t, d in self.history if (now - t).total_seconds() < self.window_s
         ]
         self.history.append((now, desired))
-        replicas = [x for x in qs.machines
-                    if x.booting or (x.state == InstanceState.READY and not x.drain_requested)]
+        replicas = [
+            x
+            for x in qs.machines
+            if x.booting or (x.state == InstanceState.READY and not x.drain_requested)
+        ]
         current = len(replicas)
         launches: list[Launch] = []
         drains: list[Drain] = []
         if desired > current:
             if active_backoff(qs.backoff_for(auto.provider), now) is None:
                 launches = [
-                    Launch(name, auto.provider, "keda-like",
-                           f"ceil({pending}/{target}) = {raw} > {current}", i + 1)
+                    Launch(
+                        name,
+                        auto.provider,
+                        "keda-like",
+                        f"ceil({pending}/{target}) = {raw} > {current}",
+                        i + 1,
+                    )
                     for i in range(desired - current)
                 ]
         else:
             stable = max(d for _, d in self.history)
-            if stable == 0 and self.last_active is not None and \
-                    (now - self.last_active).total_seconds() < self.cooldown_s:
+            if (
+                stable == 0
+                and self.last_active is not None
+                and (now - self.last_active).total_seconds() < self.cooldown_s
+            ):
                 stable = 1
             if stable < current:
                 # not-ready first, then the newest ready replica; busy or not.
@@ -146,9 +173,22 @@ class KedaLike:
                     key=lambda x: (not x.booting, -(x.ready_at or x.created_at).timestamp()),
                 )
                 for x in order[: current - stable]:
-                    drains.append(Drain(name, x.launch_id, "baseline",
-                                        f"scale in to {stable} (busy: {x.busy})"))
-        return Plan(at=now, queues=(QueuePlan(
-            name, current, auto.min_workers, auto.max_workers, desired,
-            launches=tuple(launches), drains=tuple(drains),
-        ),))
+                    drains.append(
+                        Drain(
+                            name, x.launch_id, "baseline", f"scale in to {stable} (busy: {x.busy})"
+                        )
+                    )
+        return Plan(
+            at=now,
+            queues=(
+                QueuePlan(
+                    name,
+                    current,
+                    auto.min_workers,
+                    auto.max_workers,
+                    desired,
+                    launches=tuple(launches),
+                    drains=tuple(drains),
+                ),
+            ),
+        )

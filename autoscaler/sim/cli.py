@@ -13,14 +13,32 @@ from autoscaler.sim.trace import TraceError
 
 
 @click.command("simulate")
-@click.option("--trace", "trace", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Job trace: CSV with arrival_s,runtime_s[,queue], or JSON Lines.")
-@click.option("--config", "config_path", required=True,
-              type=click.Path(exists=True, dir_okay=False), help="The autoscaler YAML config.")
-@click.option("--queue", default=None, help="Queue of the config the trace feeds "
-              "(default: the first autoscaled queue).")
-@click.option("--seed", default=0, show_default=True, type=int,
-              help="Seed of boot times, failures and worker races.")
+@click.option(
+    "--trace",
+    "trace",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Job trace: CSV with arrival_s,runtime_s[,queue], or JSON Lines.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The autoscaler YAML config.",
+)
+@click.option(
+    "--queue",
+    default=None,
+    help="Queue of the config the trace feeds (default: the first autoscaled queue).",
+)
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Seed of boot times, failures and worker races.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def simulate(trace: str, config_path: str, queue: str | None, seed: int, as_json: bool) -> None:
     """Replay TRACE on a virtual clock through decide() and two baselines; print the cost."""
@@ -29,11 +47,17 @@ def simulate(trace: str, config_path: str, queue: str | None, seed: int, as_json
     except (ConfigError, TraceError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
-        click.echo(json.dumps({
-            "queue": name, "price_per_hour": price,
-            "lower_bound_dollars": reports[0].lower_bound_dollars,
-            "policies": [r.as_dict() for r in reports],
-        }, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "queue": name,
+                    "price_per_hour": price,
+                    "lower_bound_dollars": reports[0].lower_bound_dollars,
+                    "policies": [r.as_dict() for r in reports],
+                },
+                indent=2,
+            )
+        )
         return
     click.echo(f"queue {name}: {reports[0].jobs} jobs, ${price:.2f}/h per machine")
     click.echo(HEADER)

@@ -169,7 +169,8 @@ class Simulation:
 
     def _capacity(self) -> int:
         return sum(
-            1 for m in self._live()
+            1
+            for m in self._live()
             if m.state == InstanceState.BOOTING
             or (m.state == InstanceState.READY and not m.drain_requested)
         )
@@ -177,7 +178,8 @@ class Simulation:
     def _dispatch(self) -> None:
         while self.pending:
             idle = [
-                m for m in self._live()
+                m
+                for m in self._live()
                 if m.state == InstanceState.READY and m.job is None and not m.drain_requested
             ]
             if not idle:
@@ -208,8 +210,12 @@ class Simulation:
     def _rental_failed(self, error: str) -> None:
         self.result.failed_rentals += 1
         self.backoff = after_failure(
-            self.backoff, self.queue, self.auto.provider, self._at(self.now),
-            self.config.backoff, error,
+            self.backoff,
+            self.queue,
+            self.auto.provider,
+            self._at(self.now),
+            self.config.backoff,
+            error,
         )
 
     def _finish(self, launch_id: str) -> None:
@@ -272,9 +278,13 @@ class Simulation:
         qp = plan.for_queue(self.queue)
         if qp is None:
             return
-        if self.keep_log and (qp.launches or qp.drains):
+        if self.keep_log and (qp.launches or qp.reclaims or qp.drains):
             self.result.log.append(f"t={self.now:.0f}s\n{plan.describe()}")
         self.result.waits_by_cap += sum(1 for w in qp.waits if w.kind == "spend_cap")
+        for r in qp.reclaims:
+            m = self.machines.get(r.launch_id)
+            if m is not None and m.ended_s is None:
+                m.drain_requested = False
         for d in qp.drains:
             m = self.machines.get(d.launch_id)
             if m is None or m.ended_s is not None:
@@ -287,8 +297,9 @@ class Simulation:
             self._launch(launch.reason)
         live = len(self._live())
         self.result.peak_machines = max(self.result.peak_machines, live)
-        self.result.max_over_limit = max(self.result.max_over_limit,
-                                         self._capacity() - self.auto.max_workers)
+        self.result.max_over_limit = max(
+            self.result.max_over_limit, self._capacity() - self.auto.max_workers
+        )
         self._dispatch()
 
     def _launch(self, reason: str) -> None:

@@ -23,8 +23,12 @@ class ProviderParams:
         """A declared mock provider's numbers; otherwise ~3 min boots at the queue's price cap."""
         prov = config.providers.get(auto.provider)
         if isinstance(prov, MockProvider):
-            return cls(prov.boot_delay, prov.boot_failure_rate, prov.capacity_error_rate,
-                       prov.price_per_hour)
+            return cls(
+                prov.boot_delay,
+                prov.boot_failure_rate,
+                prov.capacity_error_rate,
+                prov.price_per_hour,
+            )
         return cls(DEFAULT_BOOT_S, 0.0, 0.0, auto.instance.max_price_per_hour)
 
 

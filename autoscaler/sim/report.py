@@ -76,7 +76,8 @@ def lower_bound_row(report: Report) -> dict[str, Any]:
     return {
         "policy": "lower bound",
         "machine_hours": report.lower_bound_dollars / (report.dollars / report.machine_hours)
-        if report.machine_hours and report.dollars else 0.0,
+        if report.machine_hours and report.dollars
+        else 0.0,
         "dollars": report.lower_bound_dollars,
         "ratio": 1.0,
     }

@@ -52,12 +52,17 @@ def jobs_for(jobs: list[Job], queue: str, default_queue: str) -> list[Job]:
 
 
 def run_one(
-    config: Config, queue: str, jobs: list[Job], policy: str, seed: int = 0,
+    config: Config,
+    queue: str,
+    jobs: list[Job],
+    policy: str,
+    seed: int = 0,
     keep_log: bool = False,
 ) -> Result:
     factory, fast = POLICIES[policy]
-    sim = Simulation(config, queue, jobs, factory(), name=policy, seed=seed, fast_path=fast,
-                     keep_log=keep_log)
+    sim = Simulation(
+        config, queue, jobs, factory(), name=policy, seed=seed, fast_path=fast, keep_log=keep_log
+    )
     return sim.run()
 
 

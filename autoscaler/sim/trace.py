@@ -49,8 +49,9 @@ def load_trace(path: str | Path) -> list[Job]:
                 raise TraceError(f"{p}:{n}: not JSON ({exc.msg})") from None
             if not isinstance(row, dict):
                 raise TraceError(f"{p}:{n}: each line must be an object with arrival_s, runtime_s")
-            jobs.append(_job(row.get("arrival_s"), row.get("runtime_s"), row.get("queue"),
-                             f"{p}:{n}"))
+            jobs.append(
+                _job(row.get("arrival_s"), row.get("runtime_s"), row.get("queue"), f"{p}:{n}")
+            )
     else:
         reader = csv.DictReader(text.splitlines())
         fields = reader.fieldnames or []

@@ -95,10 +95,20 @@ def ready(
     )
 
 
-def booting(lid: str, *, ago: float = 30.0, state: InstanceState = InstanceState.BOOTING,
-            now: datetime = NOW) -> Machine:
-    return Machine(launch_id=lid, state=state, created_at=now - timedelta(seconds=ago),
-                   provider="gpu", price_per_hour=0.60)
+def booting(
+    lid: str,
+    *,
+    ago: float = 30.0,
+    state: InstanceState = InstanceState.BOOTING,
+    now: datetime = NOW,
+) -> Machine:
+    return Machine(
+        launch_id=lid,
+        state=state,
+        created_at=now - timedelta(seconds=ago),
+        provider="gpu",
+        price_per_hour=0.60,
+    )
 
 
 def snap(

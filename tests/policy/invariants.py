@@ -27,8 +27,10 @@ def target_wants(qs: QueueSnapshot, cfg_triggers) -> int:
     if qs.metrics is None or qs.metrics.stale:
         return 0
     leaving = sum(
-        m.running_tasks for m in qs.machines
-        if m.state in LIVE_STATES and m.state not in BOOTING
+        m.running_tasks
+        for m in qs.machines
+        if m.state in LIVE_STATES
+        and m.state not in BOOTING
         and not (m.state == InstanceState.READY and not m.drain_requested)
     )
     load = qs.metrics.pending + max(0, qs.metrics.in_flight - leaving)
@@ -57,28 +59,41 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
         assert qp.capacity == cap
         assert auto.min_workers <= qp.floor <= auto.max_workers
 
-        # never above max (booting included)
+        by_id = {m.launch_id: m for m in qs.machines}
+        reclaimed = {r.launch_id for r in qp.reclaims}
+        r = len(reclaimed)
+        assert r == len(qp.reclaims)
+        for lid in reclaimed:  # only machines asked to leave, and before any launch
+            assert by_id[lid].state == InstanceState.READY and by_id[lid].drain_requested
+        assert not reclaimed & {d.launch_id for d in qp.drains}
         if n:
-            assert cap + n <= auto.max_workers, (cap, n, auto.max_workers)
-        # never below the floor unless in backoff or held by a spend cap
-        if not kinds & {"backoff", "spend_cap"}:
-            assert cap + n >= qp.floor
+            assert r == sum(
+                1 for m in qs.machines if m.state == InstanceState.READY and m.drain_requested
+            )
+        # never above max: booting included, and every machine that may bill counts
+        billing = sum(1 for m in qs.machines if m.state in LIVE_STATES)
+        if n:
+            assert cap + r + n <= auto.max_workers, (cap, r, n, auto.max_workers)
+            assert billing + n <= auto.max_workers, (billing, n, auto.max_workers)
+        # never below the floor unless in backoff, held by a spend cap or by billing machines
+        if not kinds & {"backoff", "spend_cap", "max_workers"}:
+            assert cap + r + n >= qp.floor
         # backoff: nothing launched
         if active_backoff(qs.backoff_for(auto.provider), now) is not None:
             assert n == 0
         # no stacking: while a machine boots, only the floor or a grown target load launches
         booting = sum(1 for m in qs.machines if m.state in BOOTING)
         bound = max(qp.floor, target_wants(qs, auto.scale_up))
+        grown = cap + r + n
         if booting:
-            assert n == 0 or cap + n <= bound, (cap, n, bound)
+            assert n + r == 0 or grown <= bound, (cap, r, n, bound)
         else:
-            assert n == 0 or cap + n <= max(bound, cap + 1, 1)
+            assert n + r == 0 or grown <= max(bound, cap + 1, 1)
         fresh = qs.metrics is not None and not qs.metrics.stale
         if not fresh:
-            assert n == 0 or cap + n <= qp.floor
+            assert n + r == 0 or grown <= qp.floor
 
         # drains: only our machines, each once; busy ones only "when idle"
-        by_id = {m.launch_id: m for m in qs.machines}
         ids = [d.launch_id for d in qp.drains]
         assert len(ids) == len(set(ids))
         for d in qp.drains:
@@ -88,12 +103,13 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
                 assert d.when_idle, f"busy worker {d.launch_id} drained now"
             if d.trigger == "drain_requested":
                 assert m.drain_requested and m.running_tasks == 0
+                assert not qp.up_fired and n == 0 and r == 0  # it may be wanted back
             else:
                 assert not m.drain_requested
         down = qp.scale_down_drains
         if down:
             # no up and down together; never on stale data; never below the floor
-            assert n == 0 and not qp.up_fired
+            assert n == 0 and r == 0 and not qp.up_fired
             assert fresh
             assert qs.metrics is not None
             have = {q for q, _ in qs.metrics.external}
@@ -117,8 +133,9 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
         dollars = 0.0
         for qs in snapshot.queues:
             q_cfg = config.queues.get(qs.name)
-            fallback = q_cfg.autoscale.instance.max_price_per_hour if (
-                q_cfg and q_cfg.autoscale) else 0.0
+            fallback = (
+                q_cfg.autoscale.instance.max_price_per_hour if (q_cfg and q_cfg.autoscale) else 0.0
+            )
             for m in qs.machines:
                 if m.state in LIVE_STATES:
                     used += 1

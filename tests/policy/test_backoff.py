@@ -16,8 +16,7 @@ from .helpers import NOW, config, metrics, snap
 
 
 def test_doubles_from_base_without_jitter():
-    assert [next_backoff(n, 30, 600, 0.0, "k") for n in range(1, 7)] == [
-        30, 60, 120, 240, 480, 600]
+    assert [next_backoff(n, 30, 600, 0.0, "k") for n in range(1, 7)] == [30, 60, 120, 240, 480, 600]
 
 
 def test_cap_reached_and_held_for_huge_failure_counts():
@@ -57,8 +56,11 @@ def test_after_failure_counts_up_and_default_cap_is_ten_minutes():
 
 def test_plan_says_backoff_and_launches_nothing():
     b = BackoffState("gpu", 3, NOW + timedelta(seconds=90), "capacity error")
-    p = decide(snap(metrics(pending=4), backoffs=(b,)),
-               config([{"trigger": "no_workers"}], min_workers=1), NOW).for_queue("q")
+    p = decide(
+        snap(metrics(pending=4), backoffs=(b,)),
+        config([{"trigger": "no_workers"}], min_workers=1),
+        NOW,
+    ).for_queue("q")
     assert p.launches == ()
     (w,) = p.waits
     assert w.kind == "backoff" and w.until == b.until and w.machines == 1

@@ -11,15 +11,22 @@ TARGET = [{"trigger": "queue_depth", "target_per_worker": 1}]
 
 
 def two_queues(limits, a_prio=10, b_prio=0, price=0.60):
-    return config(TARGET, max_workers=10, price=price, limits=limits,
-                  queues={"a": {"priority": a_prio}, "b": {"priority": b_prio}})
+    return config(
+        TARGET,
+        max_workers=10,
+        price=price,
+        limits=limits,
+        queues={"a": {"priority": a_prio}, "b": {"priority": b_prio}},
+    )
 
 
 def both(pa, pb, machines_a=(), machines_b=()):
-    return Snapshot((
-        QueueSnapshot("a", metrics(pending=pa, queue="a"), machines_a),
-        QueueSnapshot("b", metrics(pending=pb, queue="b"), machines_b),
-    ))
+    return Snapshot(
+        (
+            QueueSnapshot("a", metrics(pending=pa, queue="a"), machines_a),
+            QueueSnapshot("b", metrics(pending=pb, queue="b"), machines_b),
+        )
+    )
 
 
 def test_machine_cap_serves_higher_priority_first_and_names_the_waiters():
@@ -56,6 +63,7 @@ def test_over_cap_already_launches_nothing_and_drains_nothing():
 
 def test_unknown_price_counts_at_the_queue_cap():
     m = ready("a1", running=1, price=None)
-    plan = decide(both(0, 5, machines_a=(m,)),
-                  two_queues({"max_price_per_hour": 1.0}, price=0.5), NOW)
+    plan = decide(
+        both(0, 5, machines_a=(m,)), two_queues({"max_price_per_hour": 1.0}, price=0.5), NOW
+    )
     assert len(plan.launches) == 1  # 0.5 (unknown → cap) + 0.5 ≤ 1.0

@@ -21,9 +21,9 @@ from .invariants import checked_decide
 
 # instants around DST changes and ordinary days
 BASES = [
-    datetime(2025, 3, 30, 0, 0, tzinfo=UTC),   # Europe spring forward
+    datetime(2025, 3, 30, 0, 0, tzinfo=UTC),  # Europe spring forward
     datetime(2025, 10, 26, 0, 0, tzinfo=UTC),  # Europe fall back
-    datetime(2025, 3, 9, 6, 0, tzinfo=UTC),    # US spring forward
+    datetime(2025, 3, 9, 6, 0, tzinfo=UTC),  # US spring forward
     datetime(2025, 6, 2, 8, 0, tzinfo=UTC),
 ]
 CRONS = ["0 9 * * *", "30 2 * * *", "*/15 * * * *", "0 1 * * 1-5", "0 22 * * *"]
@@ -44,13 +44,19 @@ def up_triggers(draw, max_workers):
         out.append({"trigger": "latency", "max_latency": draw(st.integers(1, 900))})
     if draw(st.booleans()):
         mode = draw(st.sampled_from(["threshold", "target_per_worker"]))
-        out.append({"trigger": "metric", "query": "w", "url": "http://p",
-                    mode: draw(st.integers(1, 10))})
+        out.append(
+            {"trigger": "metric", "query": "w", "url": "http://p", mode: draw(st.integers(1, 10))}
+        )
     if max_workers >= 1 and draw(st.booleans()):
-        out.append({"trigger": "schedule", "cron": draw(st.sampled_from(CRONS)),
-                    "timezone": draw(st.sampled_from(ZONES)),
-                    "workers": draw(st.integers(1, max_workers)),
-                    "duration": draw(st.integers(60, 6 * 3600))})
+        out.append(
+            {
+                "trigger": "schedule",
+                "cron": draw(st.sampled_from(CRONS)),
+                "timezone": draw(st.sampled_from(ZONES)),
+                "workers": draw(st.integers(1, max_workers)),
+                "duration": draw(st.integers(60, 6 * 3600)),
+            }
+        )
     return out
 
 
@@ -60,8 +66,13 @@ def down_triggers(draw):
     if draw(st.booleans()):
         out.append({"trigger": "idle", "timeout": draw(st.integers(1, 1800))})
     if draw(st.booleans()):
-        out.append({"trigger": "schedule", "cron": draw(st.sampled_from(CRONS)),
-                    "timezone": draw(st.sampled_from(ZONES))})
+        out.append(
+            {
+                "trigger": "schedule",
+                "cron": draw(st.sampled_from(CRONS)),
+                "timezone": draw(st.sampled_from(ZONES)),
+            }
+        )
     return out
 
 
@@ -93,23 +104,27 @@ def machines(draw, now, name):
     for i in range(draw(st.integers(0, 8))):
         state = draw(st.sampled_from(list(InstanceState)))
         created = now - timedelta(seconds=draw(st.integers(0, 7200)))
-        ready_at = created + timedelta(seconds=draw(st.integers(0, 600))) \
-            if state not in (InstanceState.PENDING, InstanceState.CREATING,
-                             InstanceState.BOOTING) else None
+        ready_at = (
+            created + timedelta(seconds=draw(st.integers(0, 600)))
+            if state not in (InstanceState.PENDING, InstanceState.CREATING, InstanceState.BOOTING)
+            else None
+        )
         if ready_at is not None and ready_at > now:
             ready_at = now
         last = draw(st.none() | st.integers(0, 7200))
-        out.append(Machine(
-            launch_id=f"{name}-{i}",
-            state=state,
-            created_at=created,
-            provider="gpu",
-            ready_at=ready_at,
-            running_tasks=draw(st.sampled_from([0, 0, 1, 2])),
-            last_task_at=None if last is None else now - timedelta(seconds=last),
-            drain_requested=draw(st.booleans()),
-            price_per_hour=draw(st.sampled_from([None, 0.3, 0.6])),
-        ))
+        out.append(
+            Machine(
+                launch_id=f"{name}-{i}",
+                state=state,
+                created_at=created,
+                provider="gpu",
+                ready_at=ready_at,
+                running_tasks=draw(st.sampled_from([0, 0, 1, 2])),
+                last_task_at=None if last is None else now - timedelta(seconds=last),
+                drain_requested=draw(st.booleans()),
+                price_per_hour=draw(st.sampled_from([None, 0.3, 0.6])),
+            )
+        )
     return tuple(out)
 
 
@@ -124,19 +139,29 @@ def worlds(draw):
         if kind != "none":
             pending = draw(st.integers(0, 40))
             metrics = QueueMetrics(
-                name, pending,
+                name,
+                pending,
                 draw(st.none() | st.floats(0, 3600)) if pending else None,
-                draw(st.integers(0, 10)), now,
+                draw(st.integers(0, 10)),
+                now,
                 external=(("w", float(draw(st.integers(0, 30)))),) if draw(st.booleans()) else (),
                 external_degraded=("w",) if draw(st.booleans()) else (),
                 stale=kind == "stale",
             )
         backoffs = ()
         if draw(st.booleans()):
-            backoffs = (BackoffState("gpu", draw(st.integers(1, 9)),
-                                     now + timedelta(seconds=draw(st.integers(-600, 600)))),)
-        queues.append(QueueSnapshot(name, metrics, draw(machines(now, name)),
-                                    draw(st.integers(0, 2)), backoffs))
+            backoffs = (
+                BackoffState(
+                    "gpu",
+                    draw(st.integers(1, 9)),
+                    now + timedelta(seconds=draw(st.integers(-600, 600))),
+                ),
+            )
+        queues.append(
+            QueueSnapshot(
+                name, metrics, draw(machines(now, name)), draw(st.integers(0, 2)), backoffs
+            )
+        )
     # a queue the config does not know still bills and counts toward caps
     if draw(st.booleans()):
         queues.append(QueueSnapshot("orphan", None, draw(machines(now, "orphan"))))
@@ -150,18 +175,31 @@ def test_every_plan_keeps_the_invariants(world):
     checked_decide(snapshot, cfg, now)
 
 
-PLUS_ONE = st.lists(st.sampled_from([
-    {"trigger": "no_workers"},
-    {"trigger": "queue_depth", "threshold": 0},
-    {"trigger": "queue_depth", "threshold": 3},
-    {"trigger": "latency", "max_latency": 1},
-    {"trigger": "metric", "query": "w", "url": "http://p", "threshold": 1},
-]), min_size=1, max_size=4)
+PLUS_ONE = st.lists(
+    st.sampled_from(
+        [
+            {"trigger": "no_workers"},
+            {"trigger": "queue_depth", "threshold": 0},
+            {"trigger": "queue_depth", "threshold": 3},
+            {"trigger": "latency", "max_latency": 1},
+            {"trigger": "metric", "query": "w", "url": "http://p", "threshold": 1},
+        ]
+    ),
+    min_size=1,
+    max_size=4,
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(PLUS_ONE, st.integers(0, 3), st.integers(1, 4), st.integers(0, 4), st.integers(0, 50),
-       st.integers(0, 5), st.sampled_from(BASES))
+@given(
+    PLUS_ONE,
+    st.integers(0, 3),
+    st.integers(1, 4),
+    st.integers(0, 4),
+    st.integers(0, 50),
+    st.integers(0, 5),
+    st.sampled_from(BASES),
+)
 def test_no_stacking_while_booting(trigs, min_workers, n_booting, n_ready, pending, busy, now):
     """Whatever the load, +1 triggers add nothing while a machine boots (only the floor may)."""
     cfg = config(trigs, min_workers=min_workers, max_workers=12)
@@ -169,13 +207,20 @@ def test_no_stacking_while_booting(trigs, min_workers, n_booting, n_ready, pendi
         Machine(f"b{i}", InstanceState.BOOTING, now - timedelta(seconds=10 * i), "gpu")
         for i in range(n_booting)
     ) + tuple(
-        Machine(f"r{i}", InstanceState.READY, now - timedelta(hours=1), "gpu",
-                ready_at=now - timedelta(minutes=50), running_tasks=1 if i < busy else 0,
-                last_task_at=now)
+        Machine(
+            f"r{i}",
+            InstanceState.READY,
+            now - timedelta(hours=1),
+            "gpu",
+            ready_at=now - timedelta(minutes=50),
+            running_tasks=1 if i < busy else 0,
+            last_task_at=now,
+        )
         for i in range(n_ready)
     )
-    m = QueueMetrics("q", pending, 600.0 if pending else None, min(busy, n_ready), now,
-                     external=(("w", 99.0),))
+    m = QueueMetrics(
+        "q", pending, 600.0 if pending else None, min(busy, n_ready), now, external=(("w", 99.0),)
+    )
     plan = checked_decide(Snapshot((QueueSnapshot("q", m, ms),)), cfg, now)
     qp = plan.for_queue("q")
     assert len(qp.launches) <= max(0, min_workers - (n_booting + n_ready))
@@ -184,8 +229,15 @@ def test_no_stacking_while_booting(trigs, min_workers, n_booting, n_ready, pendi
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 3), st.integers(1, 5), st.integers(0, 3), st.booleans(), st.booleans(),
-       st.integers(0, 20), st.sampled_from(BASES))
+@given(
+    st.integers(0, 3),
+    st.integers(1, 5),
+    st.integers(0, 3),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 20),
+    st.sampled_from(BASES),
+)
 def test_no_scale_down_on_a_missing_or_last_known_metric(
     min_workers, n_idle, n_busy, has_value, flagged, value, now
 ):
@@ -195,16 +247,29 @@ def test_no_scale_down_on_a_missing_or_last_known_metric(
     cfg = config(
         [{"trigger": "metric", "query": "w", "url": "http://p", "threshold": 50}],
         [{"trigger": "idle", "timeout": 60}, {"trigger": "schedule", "cron": "* * * * *"}],
-        min_workers=min_workers, max_workers=12,
+        min_workers=min_workers,
+        max_workers=12,
     )
     ms = tuple(
-        Machine(f"r{i}", InstanceState.READY, now - timedelta(hours=2), "gpu",
-                ready_at=now - timedelta(hours=1), running_tasks=1 if i < n_busy else 0,
-                last_task_at=now - timedelta(hours=1))
+        Machine(
+            f"r{i}",
+            InstanceState.READY,
+            now - timedelta(hours=2),
+            "gpu",
+            ready_at=now - timedelta(hours=1),
+            running_tasks=1 if i < n_busy else 0,
+            last_task_at=now - timedelta(hours=1),
+        )
         for i in range(n_idle + n_busy)
     )
-    m = QueueMetrics("q", 0, None, n_busy, now,
-                     external=(("w", float(value)),) if has_value else (),
-                     external_degraded=("w",) if flagged else ())
+    m = QueueMetrics(
+        "q",
+        0,
+        None,
+        n_busy,
+        now,
+        external=(("w", float(value)),) if has_value else (),
+        external_degraded=("w",) if flagged else (),
+    )
     qp = checked_decide(Snapshot((QueueSnapshot("q", m, ms),)), cfg, now).for_queue("q")
     assert qp.scale_down_drains == ()

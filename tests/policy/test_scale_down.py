@@ -46,16 +46,19 @@ def test_worker_that_never_ran_a_task_is_idle_since_ready():
     assert drains(config([], IDLE), snap(metrics(), (m,))) == ()
 
 
-@pytest.mark.parametrize("state", [InstanceState.BOOTING, InstanceState.DRAINING,
-                                   InstanceState.DRAINED, InstanceState.FAILED])
+@pytest.mark.parametrize(
+    "state",
+    [InstanceState.BOOTING, InstanceState.DRAINING, InstanceState.DRAINED, InstanceState.FAILED],
+)
 def test_only_ready_machines_are_drained(state):
     m = replace(ready("a", idle_for=9999), state=state)
     assert drains(config([], IDLE), snap(metrics(), (m,))) == ()
 
 
 def test_hand_made_workers_count_towards_floor():
-    got = drains(config([], IDLE, min_workers=1), snap(metrics(), (ready("a", idle_for=900),),
-                                                        manual=1))
+    got = drains(
+        config([], IDLE, min_workers=1), snap(metrics(), (ready("a", idle_for=900),), manual=1)
+    )
     assert [d.launch_id for d in got] == ["a"]
 
 

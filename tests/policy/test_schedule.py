@@ -77,8 +77,18 @@ def test_firing_due_grace():
 
 def prewarm(**kw):
     return config(
-        [{"trigger": "schedule", "cron": "0 9 * * 1-5", "timezone": "Europe/Paris",
-          "workers": 3, "duration": "2h"}], max_workers=5, **kw)
+        [
+            {
+                "trigger": "schedule",
+                "cron": "0 9 * * 1-5",
+                "timezone": "Europe/Paris",
+                "workers": 3,
+                "duration": "2h",
+            }
+        ],
+        max_workers=5,
+        **kw,
+    )
 
 
 def test_schedule_up_launches_to_its_floor_inside_the_window():
@@ -109,7 +119,8 @@ def test_floor_is_max_of_min_workers_and_windows():
 def test_idle_never_drains_below_schedule_floor():
     cfg = config(
         [{"trigger": "schedule", "cron": "0 9 * * *", "workers": 2, "duration": "1h"}],
-        [{"trigger": "idle", "timeout": "1m"}])
+        [{"trigger": "idle", "timeout": "1m"}],
+    )
     now = utc(2025, 6, 2, 9, 30)
     machines = tuple(ready(f"m{i}", idle_for=900 + i, now=now) for i in range(3))
     p = decide(snap(metrics(), machines), cfg, now).for_queue("q")
@@ -120,8 +131,9 @@ def test_idle_never_drains_below_schedule_floor():
 
 
 def nightly(**kw):
-    return config([], [{"trigger": "schedule", "cron": "0 22 * * *", "timezone": "UTC"}],
-                  max_workers=6, **kw)
+    return config(
+        [], [{"trigger": "schedule", "cron": "0 22 * * *", "timezone": "UTC"}], max_workers=6, **kw
+    )
 
 
 def test_schedule_down_drains_idle_now_and_busy_when_idle():
@@ -155,8 +167,10 @@ def test_schedule_down_only_within_grace_of_the_firing():
 
 
 def test_schedule_down_waits_while_scaling_up():
-    cfg = config([{"trigger": "queue_depth", "threshold": 0}],
-                 [{"trigger": "schedule", "cron": "0 22 * * *"}])
+    cfg = config(
+        [{"trigger": "queue_depth", "threshold": 0}],
+        [{"trigger": "schedule", "cron": "0 22 * * *"}],
+    )
     now = utc(2025, 6, 2, 22, 0, 5)
     p = decide(snap(metrics(pending=4), (ready("a", idle_for=5, now=now),)), cfg, now)
     q = p.for_queue("q")
@@ -171,8 +185,9 @@ def test_drain_requested_worker_is_drained_once_idle():
 
 
 def test_dst_schedule_down_in_zone():
-    cfg = config([], [{"trigger": "schedule", "cron": "0 22 * * *",
-                       "timezone": "America/New_York"}])
+    cfg = config(
+        [], [{"trigger": "schedule", "cron": "0 22 * * *", "timezone": "America/New_York"}]
+    )
     # 22:00 EST on 2025-11-03 is 03:00 UTC on 2025-11-04 (after the fall-back on Nov 2)
     now = utc(2025, 11, 4, 3, 0, 10)
     p = decide(snap(metrics(), (ready("a", idle_for=5, now=now),)), cfg, now)

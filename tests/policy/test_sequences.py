@@ -22,32 +22,62 @@ def sim_config(min_workers, max_workers, up, idle, fail, cap_err, sched_down):
     if sched_down:
         down.append({"trigger": "schedule", "cron": "*/20 * * * *"})
     doc = {
-        "providers": {"sim": {"kind": "mock", "boot_delay": 120, "boot_failure_rate": fail,
-                              "capacity_error_rate": cap_err, "price_per_hour": 0.6}},
+        "providers": {
+            "sim": {
+                "kind": "mock",
+                "boot_delay": 120,
+                "boot_failure_rate": fail,
+                "capacity_error_rate": cap_err,
+                "price_per_hour": 0.6,
+            }
+        },
         "backoff": {"base": 20, "cap": 120},
-        "queues": {"q": {"autoscale": {
-            "provider": "sim", "min_workers": min_workers, "max_workers": max_workers,
-            "scale_up": up, "scale_down": down,
-            "instance": {"gpu": "x", "max_price_per_hour": 0.6}}}},
+        "queues": {
+            "q": {
+                "autoscale": {
+                    "provider": "sim",
+                    "min_workers": min_workers,
+                    "max_workers": max_workers,
+                    "scale_up": up,
+                    "scale_down": down,
+                    "instance": {"gpu": "x", "max_price_per_hour": 0.6},
+                }
+            }
+        },
     }
     return load_config_text(yaml.safe_dump(doc), registered_providers=PROVIDERS)
 
 
-UPS = st.lists(st.sampled_from([
-    {"trigger": "no_workers"},
-    {"trigger": "queue_depth", "threshold": 2},
-    {"trigger": "queue_depth", "target_per_worker": 2},
-    {"trigger": "latency", "max_latency": 60},
-    {"trigger": "schedule", "cron": "*/30 * * * *", "workers": 1, "duration": 600},
-]), min_size=1, max_size=3, unique_by=lambda d: str(d))
+UPS = st.lists(
+    st.sampled_from(
+        [
+            {"trigger": "no_workers"},
+            {"trigger": "queue_depth", "threshold": 2},
+            {"trigger": "queue_depth", "target_per_worker": 2},
+            {"trigger": "latency", "max_latency": 60},
+            {"trigger": "schedule", "cron": "*/30 * * * *", "workers": 1, "duration": 600},
+        ]
+    ),
+    min_size=1,
+    max_size=3,
+    unique_by=lambda d: str(d),
+)
 
 JOBS = st.lists(st.tuples(st.floats(0, 5400), st.floats(1, 900)), max_size=40)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(JOBS, UPS, st.integers(0, 1), st.integers(1, 5), st.integers(30, 600),
-       st.sampled_from([0.0, 0.3]), st.sampled_from([0.0, 0.3]), st.booleans(),
-       st.integers(0, 2**16))
+@given(
+    JOBS,
+    UPS,
+    st.integers(0, 1),
+    st.integers(1, 5),
+    st.integers(30, 600),
+    st.sampled_from([0.0, 0.3]),
+    st.sampled_from([0.0, 0.3]),
+    st.booleans(),
+    st.integers(0, 2**16),
+)
 def test_replayed_sequences_keep_invariants(jobs, up, mn, mx, idle, fail, cap_err, sched, seed):
     cfg = sim_config(mn, max(mn, mx), up, idle, fail, cap_err, sched)
     trace = [Job(a, r) for a, r in sorted(jobs)]

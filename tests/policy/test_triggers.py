@@ -43,7 +43,10 @@ def test_no_workers_counts_hand_made_workers():
 def test_no_workers_ignores_machines_leaving():
     leaving = ready("r", drain_requested=True, running=1)
     p = qplan(config([NO_WORKERS]), snap(metrics(pending=3, in_flight=1), (leaving,)))
-    assert len(p.launches) == 1
+    # it fires (the leaving machine is not capacity), and takes that machine back rather than
+    # renting a new one: it is booted and paid for already
+    assert p.up_fired and p.launches == ()
+    assert [r.launch_id for r in p.reclaims] == ["r"]
 
 
 # ------------------------------------------------------------------ queue_depth threshold
@@ -139,8 +142,9 @@ def test_latency_ignores_unknown_age():
 
 
 def metric_cfg(**mode):
-    return config([{"trigger": "metric", "query": "waiting", "url": "http://p:9090", **mode}],
-                  max_workers=8)
+    return config(
+        [{"trigger": "metric", "query": "waiting", "url": "http://p:9090", **mode}], max_workers=8
+    )
 
 
 def test_metric_threshold_edges():
