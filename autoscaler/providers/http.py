@@ -189,6 +189,14 @@ class HttpClient:
                 self._sleep(self.retry.delay(attempt, self._rng))
                 continue
             except requests.RequestException as exc:
+                # e.g. a broken or undecodable answer: the request was sent, so a create may
+                # have happened and only a lookup by label can tell.
+                if not idempotent:
+                    raise AmbiguousCreateError(
+                        f"{what}: the answer was lost ({type(exc).__name__}); the machine may "
+                        "exist",
+                        provider=self.provider,
+                    ) from None
                 raise TransientError(
                     f"{what}: request failed ({type(exc).__name__})", provider=self.provider
                 ) from None

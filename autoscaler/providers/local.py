@@ -44,6 +44,9 @@ from autoscaler.providers.base import (
 )
 from autoscaler.providers.labels import parse_label
 
+BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH")
+"""Variables a local machine inherits from the autoscaler; everything else comes from the launch."""
+
 log = logging.getLogger("autoscaler.providers.local")
 
 DEFAULT_COMMAND = f"exec {shlex.quote(sys.executable)} -c " + shlex.quote(
@@ -140,7 +143,9 @@ class LocalProvider(Provider):
         if existing is not None:
             return existing
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        env = dict(os.environ)
+        # Only what a process needs to start, never the autoscaler's own environment (provider
+        # keys, the vault key, database URLs): a local machine gets what a rented one gets.
+        env = {k: os.environ[k] for k in BASE_ENV if k in os.environ}
         env.update(launch.env)
         log_path = self.state_dir / f"{launch.label}.log"
         with open(log_path, "ab") as out:

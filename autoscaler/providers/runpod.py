@@ -198,7 +198,7 @@ class RunPodProvider(Provider):
                 log.info("%s: created pod %s (%s)", self.name, pod["id"], launch.label)
                 return self._machine(pod)
             return self._recover(launch.label, f"HTTP {status} without a pod in the body")
-        problem = _problem(resp) or self._http.excerpt(resp)
+        problem = self._http.redact(_problem(resp)) or self._http.excerpt(resp)
         if _CAPACITY_RE.search(problem):
             raise CapacityError(
                 f"{self.name}: no {offer.offer_id} available (HTTP {status}): {problem}",
@@ -294,7 +294,7 @@ class RunPodProvider(Provider):
     def _raise_unexpected(self, resp: requests.Response, what: str) -> None:
         if 200 <= resp.status_code < 300:
             return
-        problem = _problem(resp) or self._http.excerpt(resp)
+        problem = self._http.redact(_problem(resp)) or self._http.excerpt(resp)
         raise ProviderRequestError(
             f"{self.name}: {what} answered HTTP {resp.status_code}: {problem}", provider=self.name
         )

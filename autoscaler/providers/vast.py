@@ -250,7 +250,11 @@ class VastProvider(Provider):
                 host_id=offer.host_id,
                 gpu=offer.gpu,
             )
-        text = _error_text(data) or self._http.excerpt(resp)
+        text = self._http.redact(_error_text(data)) or self._http.excerpt(resp)
+        if status == 200 and success:
+            # "Rented" without a contract id: the instance may well exist. Trying the next offer
+            # could rent a second one for this launch; look it up by label instead.
+            return self._recover(launch.label, f"HTTP 200 success without new_contract: {text}")
         if contract is not None:
             # Failed, yet an instance exists and bills: destroy it before moving on.
             log.warning(
@@ -337,7 +341,14 @@ class VastProvider(Provider):
         if resp.status_code == 404:
             return None
         body = self._ok_json(resp, "show instance")
-        inst = body.get("instances")
+        if "instances" not in body:
+            # Not the documented answer: reading it as "gone" would let destroy() do nothing.
+            raise ProviderError(
+                f"{self.name}: show instance {instance_id} answered without 'instances': "
+                f"{self._http.excerpt(resp)}",
+                provider=self.name,
+            )
+        inst = body["instances"]
         return inst if isinstance(inst, dict) and inst else None
 
     def get(self, provider_instance_id: str) -> Machine | None:
@@ -367,7 +378,8 @@ class VastProvider(Provider):
         body = self._ok_json(resp, "destroy instance")
         if body.get("success") is False:
             raise ProviderError(
-                f"{self.name}: destroy of {instance_id} failed: {_error_text(body)}",
+                f"{self.name}: destroy of {instance_id} failed: "
+                f"{self._http.redact(_error_text(body))}",
                 provider=self.name,
             )
         log.info("%s: destroyed instance %s", self.name, instance_id)
@@ -381,11 +393,12 @@ class VastProvider(Provider):
         if 200 <= resp.status_code < 300 and isinstance(body, dict):
             if body.get("success") is False:
                 raise ProviderError(
-                    f"{self.name}: {what} failed: {_error_text(body) or 'success=false'}",
+                    f"{self.name}: {what} failed: "
+                    f"{self._http.redact(_error_text(body)) or 'success=false'}",
                     provider=self.name,
                 )
             return body
-        text = _error_text(body) or self._http.excerpt(resp)
+        text = self._http.redact(_error_text(body)) or self._http.excerpt(resp)
         raise ProviderRequestError(
             f"{self.name}: {what} answered HTTP {resp.status_code}: {text}", provider=self.name
         )

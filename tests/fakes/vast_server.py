@@ -154,6 +154,8 @@ class FakeVast(FakeServer):
         self.vanish_after_search = 0
         self.fail_after_create = 0
         self.fail_with_contract = 0
+        self.omit_contract = 0  # rent, then answer {"success": true} without new_contract
+        self.truncate_after_create = 0  # rent, then send a body shorter than its Content-Length
         self.delay_after_create = 0.0
         self.boot_seconds = 0.0
         self.v0_list_mode = "deprecated"
@@ -324,6 +326,15 @@ class FakeVast(FakeServer):
                     "error 400/3467: container failed to start",
                     new_contract=iid,
                 )
+            if self.omit_contract > 0:
+                self.omit_contract -= 1
+                return self.json({"success": True})
+            if self.truncate_after_create > 0:
+                self.truncate_after_create -= 1
+                broken = Response(b'{"success": true, "new_con', content_type="application/json")
+                broken.headers["Content-Length"] = "200"
+                broken.headers["Connection"] = "close"
+                return broken
             fail = self.fail_after_create > 0
             if fail:
                 self.fail_after_create -= 1

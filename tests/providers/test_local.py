@@ -141,3 +141,19 @@ def test_foreign_machines_and_recycled_pids_are_left_alone(tmp_path: Path) -> No
     finally:
         signal.signal(signal.SIGTERM, old)
     assert mine.get(lx.label) is None
+
+
+def test_the_autoscalers_own_secrets_never_reach_a_local_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTOSCALER_VAULT_KEY", "vault-SECRET-must-not-leak")
+    monkeypatch.setenv("RUNPOD_API_KEY", "rpa-SECRET-must-not-leak")
+    out = tmp_path / "env"
+    cmd = f"{PY} -c \"import os, json; open('{out}', 'w').write(json.dumps(dict(os.environ)))\""
+    p = local(tmp_path / "state", cmd)
+    lx = launch()
+    m = p.create(p.find_offers(spec())[0], lx)
+    seen = wait_for(out)
+    p.destroy(m.provider_instance_id)
+    assert "SECRET-must-not-leak" not in seen
+    assert lx.label in seen and '"PATH"' in seen  # the launch's env and a usable PATH arrive

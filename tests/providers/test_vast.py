@@ -194,6 +194,23 @@ def test_5xx_after_create_is_found_by_label(fake_vast: FakeVast, sqlite_sessions
     assert any('"label":{"eq"' in q.query["select_filters"][0] for q in lookups)
 
 
+@pytest.mark.parametrize("switch", ["omit_contract", "truncate_after_create"])
+def test_a_create_answer_without_a_readable_contract_is_looked_up_not_retried_elsewhere(
+    fake_vast: FakeVast, sqlite_sessions, switch: str
+) -> None:
+    """A 200 "success" without new_contract, or an answer cut off mid-body: the instance may
+    exist, so the next offer must not be rented; it is found by its label."""
+    vast = make_vast(fake_vast, sqlite_sessions, **FILTERS)
+    offers = vast.find_offers(spec())
+    assert len(offers) >= 2
+    setattr(fake_vast, switch, 1)
+    lx = launch()
+    m = create_on_first_offer(vast, offers, lx)
+    assert len(fake_vast.calls("PUT", "/api/v0/asks/")) == 1
+    assert labels_at(fake_vast) == [lx.label] and m.label == lx.label
+    fake_vast.spec_violations.clear()  # the broken answers are the point of this test
+
+
 def test_timed_out_create_that_happened_is_found_and_not_duplicated(
     fake_vast: FakeVast, sqlite_sessions
 ) -> None:
