@@ -28,7 +28,8 @@ class ConfigError(Exception):
 
     def render(self) -> str:
         lines = [f"{self.source} is refused ({len(self.refusals)} problem(s)):"]
-        lines += [f"  - {r}" for r in self.refusals]
+        # A fix may carry an example block on its following lines: indent it under its refusal.
+        lines += ["  - " + str(r).replace("\n", "\n      ") for r in self.refusals]
         return "\n".join(lines)
 
 

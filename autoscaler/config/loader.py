@@ -12,6 +12,29 @@ from pydantic import ValidationError
 from autoscaler.config.errors import ConfigError, Refusal, refusals_from_validation
 from autoscaler.config.models import Config, ProviderConfig
 
+MINIMAL_EXAMPLE = """\
+providers:
+  my-gpu: {kind: mock}           # or a provider registered with 'autoscaler providers add'
+queues:
+  jobs:                          # the name of the queue your workers take jobs from
+    autoscale:
+      provider: my-gpu
+      max_workers: 2
+      scale_up: [{trigger: no_workers}]
+      scale_down: [{trigger: idle, timeout: 10m}]
+      instance: {gpu: "RTX 4090", max_price_per_hour: 0.60}
+"""
+
+
+def _no_queues(empty: bool) -> Refusal:
+    why = "the file is empty or only comments" if empty else "there is no 'queues:' block"
+    return Refusal(
+        "queues",
+        f"no queue is configured ({why}), so nothing would ever be scaled",
+        "add a 'queues:' block naming at least one queue; a minimal config:\n"
+        + MINIMAL_EXAMPLE.rstrip("\n"),
+    )
+
 
 def load_config_text(
     text: str,
@@ -47,10 +70,18 @@ def load_config_text(
             ],
             source,
         )
+    refusals: list[Refusal] = []
+    if data.get("queues") is None:  # absent, or "queues:" with nothing under it
+        data = {k: v for k, v in data.items() if k != "queues"}
+        missing = [_no_queues(empty=not data)]
+    else:
+        missing = []  # an explicit "queues: {}" is deliberate: nothing to scale yet
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(refusals_from_validation(exc), source) from None
+        refusals = refusals_from_validation(exc)
+    if refusals or missing:
+        raise ConfigError(refusals + missing, source)
     refusals = check_references(config, registered_providers or {})
     if refusals:
         raise ConfigError(refusals, source)
