@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
+import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,62 @@ def _strip_union_member(loc: tuple[Any, ...]) -> tuple[int | str, ...]:
     return tuple(out)
 
 
+def _members(tp: Any) -> list[Any]:
+    """The types a field annotation may hold: Annotated and unions unwrapped."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _members(get_args(tp)[0])
+    if origin is Union or origin is types.UnionType:
+        return [m for arg in get_args(tp) for m in _members(arg)]
+    return [tp]
+
+
+def _tag(model: type[BaseModel]) -> str | None:
+    """The discriminator value of a union member (its `trigger` or `kind` literal)."""
+    for name in ("trigger", "kind"):
+        field = model.model_fields.get(name)
+        if field is not None and get_origin(field.annotation) is Literal:
+            return str(get_args(field.annotation)[0])
+    return None
+
+
+def _step(tp: Any, part: int | str) -> Any:
+    members = _members(tp)
+    models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+    if len(models) > 1 and isinstance(part, str):  # a discriminated union: the tag picks one
+        for model in models:
+            if _tag(model) == part:
+                return model
+    for m in members:
+        if isinstance(m, type) and issubclass(m, BaseModel):
+            field = m.model_fields.get(str(part))
+            if field is not None:
+                return field.annotation
+        elif get_origin(m) is dict and isinstance(part, str):
+            return get_args(m)[1]
+        elif get_origin(m) in (tuple, list) and isinstance(part, int):
+            return get_args(m)[0]
+    return None
+
+
+def fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the block holding `loc` (pydantic's raw path, tags included)."""
+    from autoscaler.config.models import Config
+
+    tp: Any = Config
+    for part in loc[:-1]:
+        tp = _step(tp, part)
+        if tp is None:
+            return []
+    models = [m for m in _members(tp) if isinstance(m, type) and issubclass(m, BaseModel)]
+    return list(models[0].model_fields) if len(models) == 1 else []
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str | None:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def _split(message: str) -> tuple[str, str]:
     if "; " in message:
         cause, fix = message.split("; ", 1)
@@ -70,9 +128,13 @@ def _split(message: str) -> tuple[str, str]:
 
 
 def refusals_from_validation(err: ValidationError) -> list[Refusal]:
+    """Every problem pydantic found; unknown keys first, since a misspelled key usually explains
+    the 'required' refusal of the field it was meant to be."""
+    unknown: list[Refusal] = []
     refusals: list[Refusal] = []
     for e in err.errors():
-        loc = _strip_union_member(tuple(e["loc"]))
+        raw_loc = tuple(e["loc"])
+        loc = _strip_union_member(raw_loc)
         path = format_path(loc)
         kind = e["type"]
         ctx = e.get("ctx") or {}
@@ -81,18 +143,26 @@ def refusals_from_validation(err: ValidationError) -> list[Refusal]:
         if kind == "missing":
             refusals.append(Refusal(path, f"'{field}' is required", f"add '{field}'"))
         elif kind == "extra_forbidden":
-            refusals.append(
-                Refusal(path, f"unknown field '{field}'", "remove it or correct its spelling")
-            )
+            known = fields_at(raw_loc)
+            guess = _did_you_mean(field, known)
+            if guess is not None:
+                fix = f"did you mean '{guess}'? correct its spelling, or remove it"
+            elif known:
+                fix = f"remove it or correct its spelling (fields here: {', '.join(known)})"
+            else:
+                fix = "remove it or correct its spelling"
+            unknown.append(Refusal(path, f"unknown field '{field}'", fix))
         elif kind == "union_tag_invalid":
             disc = ctx.get("discriminator", "").strip("'")
-            expected = ctx.get("expected_tags", "")
+            expected = str(ctx.get("expected_tags", "")).replace("'", "")
             noun = "provider kind" if disc == "kind" else "trigger"
+            guess = _did_you_mean(str(ctx.get("tag")), [t.strip() for t in expected.split(",")])
+            hint = f"did you mean '{guess}'? " if guess else ""
             refusals.append(
                 Refusal(
                     format_path((*loc, disc)),
                     f"unknown {noun} {ctx.get('tag')!r}",
-                    f"use one of: {expected.replace(chr(39), '')}",
+                    f"{hint}use one of: {expected}",
                 )
             )
         elif kind == "union_tag_not_found":
@@ -118,4 +188,4 @@ def refusals_from_validation(err: ValidationError) -> list[Refusal]:
             )
         else:
             refusals.append(Refusal(path, f"{value!r}: {e['msg'].lower()}", "correct the value"))
-    return refusals
+    return unknown + refusals

@@ -6,6 +6,7 @@ number that spends money or bounds capacity is range-checked here, once, for eve
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -26,14 +27,50 @@ class Strict(BaseModel):
 # --------------------------------------------------------------------------- triggers
 
 
+CRON_FIELDS = (
+    ("minute", 0, 59, ""),
+    ("hour", 0, 23, ""),
+    ("day-of-month", 1, 31, ""),
+    ("month", 1, 12, " or jan-dec"),
+    ("day-of-week", 0, 7, " or sun-sat, 0 and 7 both Sunday"),
+)
+CRON_FIX = (
+    'write five fields "minute hour day-of-month month day-of-week", e.g. "0 8 * * 1-5" '
+    "(8:00 on weekdays); each takes a number, '*', a list 1,5, a range 1-5 or a step */15"
+)
+
+
+def _cron_field_problem(fields: list[str]) -> str | None:
+    """Which of five cron fields is wrong and why, judged one field at a time."""
+    for i, (field, (name, low, high, names)) in enumerate(zip(fields, CRON_FIELDS, strict=True)):
+        alone = ["*"] * 5
+        alone[i] = field
+        if croniter.is_valid(" ".join(alone)):
+            continue
+        # numbers of values and ranges (not of steps: */90 is a step, not a minute)
+        values = [
+            int(n) for part in field.split(",") for n in re.findall(r"\d+", part.split("/")[0])
+        ]
+        bad = [n for n in values if not low <= n <= high]
+        where = f"field {i + 1} ({name}) {field!r}"
+        if bad and str(bad[0]) == field:
+            return f"{where} is out of range {low}-{high}{names}"
+        if bad:
+            return f"{where}: {bad[0]} is out of range {low}-{high}{names}"
+        return f"{where} is not valid (it takes {low}-{high}{names})"
+    return None
+
+
 def _check_cron(expr: str) -> str:
     # croniter also takes a sixth (seconds) field; a Quartz-style "0 0 8 * * *" would then fire
     # at a different time than its author meant, so exactly five fields are accepted.
-    if len(expr.split()) != 5 or not croniter.is_valid(expr):
-        raise ValueError(
-            f"{expr!r} is not a cron expression croniter accepts; "
-            'write five fields "minute hour day-of-month month day-of-week", e.g. "0 8 * * 1-5"'
-        )
+    fields = expr.split()
+    if len(fields) != 5:
+        extra = " (a sixth, seconds field is not accepted)" if len(fields) == 6 else ""
+        raise ValueError(f"{expr!r} has {len(fields)} fields, not 5{extra}; {CRON_FIX}")
+    if not croniter.is_valid(expr):
+        problem = _cron_field_problem(fields) or "croniter does not accept it"
+        raise ValueError(f"{expr!r} is not a valid cron expression: {problem}; {CRON_FIX}")
     return expr
 
 

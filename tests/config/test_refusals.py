@@ -60,7 +60,7 @@ CASES = [
         "cron croniter rejects",
         lambda d: auto(d)["scale_down"].append({"trigger": "schedule", "cron": "61 * * * *"}),
         "queues.inference.autoscale.scale_down[1].cron",
-        "'61 * * * *' is not a cron expression",
+        "'61 * * * *' is not a valid cron expression: field 1 (minute)",
         "five fields",
     ),
     (
