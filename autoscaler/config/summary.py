@@ -13,9 +13,12 @@ from autoscaler.config.isolation import WATCH_BROKER_ENV
 from autoscaler.config.models import (
     Config,
     IdleTrigger,
+    InstanceSpec,
     LatencyTrigger,
+    LocalProvider,
     MetricsSource,
     MetricTrigger,
+    MockProvider,
     NoWorkersTrigger,
     ProviderConfig,
     QueueDepthTrigger,
@@ -97,7 +100,61 @@ def _provider_terms(p: ProviderConfig) -> str:
     return "local processes on this machine (nothing is rented)"
 
 
-def describe(config: Config, providers: Mapping[str, ProviderConfig], now: datetime) -> str:
+def _money(x: float) -> str:
+    return f"${x:.2f}" if round(x, 2) == x else f"${x:g}"
+
+
+def known_price(provider: ProviderConfig, spec: InstanceSpec) -> tuple[float, str] | None:
+    """What every machine of `spec` costs on `provider` when that is known before renting (mock
+    and local providers charge a fixed price; RunPod and Vast.ai are live markets), and how."""
+    if isinstance(provider, MockProvider):
+        price = round(provider.price_per_hour * spec.gpu_count, 6)  # as the mock provider does
+        return price, f"{_money(provider.price_per_hour)}/h × {spec.gpu_count} GPU"
+    if isinstance(provider, LocalProvider):
+        return provider.price_per_hour, f"{_money(provider.price_per_hour)}/h per machine"
+    return None
+
+
+def _never_rents(name: str, provider: ProviderConfig, spec: InstanceSpec) -> str | None:
+    known = known_price(provider, spec)
+    if known is None or known[0] <= spec.max_price_per_hour:
+        return None
+    price, how = known
+    return (
+        f"  warning: {name} charges {_money(price)}/h for this machine ({how}), above the cap of "
+        f"{_money(spec.max_price_per_hour)}/h, so this queue can never rent a machine; raise "
+        f"instance.max_price_per_hour to at least {_money(price)} or lower {name}'s price_per_hour"
+    )
+
+
+def _origins(config: Config, registered: Mapping[str, ProviderConfig] | None) -> list[str]:
+    """Where each provider comes from; the file's declaration wins over a registered one."""
+    used = {q.autoscale.provider for q in config.queues.values() if q.autoscale is not None}
+    lines = []
+    for name in sorted(set(config.providers) | used):
+        if name in config.providers:
+            origin = "declared in this file"
+            if registered is not None and name in registered:
+                origin += " (overrides the registered one of the same name)"
+            if name not in used:
+                origin += " (no queue uses it)"
+        elif registered is not None and name in registered:
+            origin = "registered in the state store"
+        else:
+            continue
+        lines.append(f"provider {name}: {origin}")
+    return lines
+
+
+def describe(
+    config: Config,
+    providers: Mapping[str, ProviderConfig],
+    now: datetime,
+    registered: Mapping[str, ProviderConfig] | None = None,
+) -> str:
+    """The dry run. `providers`: every provider a queue may name (the file's over the store's);
+    `registered`: the store's own, to say which one is used when both have a name (None: the
+    store could not be read)."""
     lines = [
         f"poll every {format_duration(config.poll_interval)}, boot timeout "
         f"{format_duration(config.boot_timeout)}, silent worker deadline "
@@ -116,6 +173,11 @@ def describe(config: Config, providers: Mapping[str, ProviderConfig], now: datet
             + " and ".join(caps)
             + " (queues served by priority, highest first)"
         )
+    origins = _origins(config, registered)
+    if origins:
+        lines += ["", *origins]
+    if not config.queues:
+        lines += ["", "no queue is configured: nothing is ever rented"]
     total = 0.0
     for name, queue in config.queues.items():
         auto = queue.autoscale
@@ -133,14 +195,18 @@ def describe(config: Config, providers: Mapping[str, ProviderConfig], now: datet
             f"${spec.max_price_per_hour:.2f}/h each; image {spec.image}",
             f"  bounds: {auto.min_workers}..{auto.max_workers} machines (booting ones count), "
             f"priority {auto.priority}; worst case ${worst:.2f}/h",
+            *filter(None, [_never_rents(auto.provider, provider, spec)]),
             f"  metrics: {queue.metrics.source} queue {queue.metrics.queue or name} "
             f"{_metrics_where(queue.metrics)}",
         ]
-        lines += ["  scale up when:"] + [f"    - {_scale_up(t, now)}" for t in auto.scale_up]
-        if not auto.scale_up:
+        if auto.scale_up:
+            lines += ["  scale up when:"] + [f"    - {_scale_up(t, now)}" for t in auto.scale_up]
+        else:
             lines.append("  scale up: no trigger (only min_workers is kept)")
-        lines += ["  scale down when:"] + [f"    - {_scale_down(t, now)}" for t in auto.scale_down]
-        if not auto.scale_down:
+        if auto.scale_down:
+            lines += ["  scale down when:"]
+            lines += [f"    - {_scale_down(t, now)}" for t in auto.scale_down]
+        else:
             lines.append("  scale down: no trigger (machines are kept until changed by hand)")
     capped = config.limits.max_price_per_hour
     all_queues = f"worst case for all queues: ${total:.2f}/h"
