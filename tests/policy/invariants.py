@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from autoscaler.config.models import Config, MetricTrigger, QueueDepthTrigger
+from autoscaler.config.models import Config, Limits, MetricTrigger, QueueDepthTrigger
 from autoscaler.lifecycle import LIVE_STATES, InstanceState
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.decide import decide
@@ -129,17 +129,7 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
     # spend caps across queues
     limits = config.limits
     if total_launches:
-        used = 0
-        dollars = 0.0
-        for qs in snapshot.queues:
-            q_cfg = config.queues.get(qs.name)
-            fallback = (
-                q_cfg.autoscale.instance.max_price_per_hour if (q_cfg and q_cfg.autoscale) else 0.0
-            )
-            for m in qs.machines:
-                if m.state in LIVE_STATES:
-                    used += 1
-                    dollars += m.price_per_hour if m.price_per_hour is not None else fallback
+        used, dollars = billing_usage(snapshot, config)
         if limits.max_machines is not None:
             assert used + total_launches <= limits.max_machines
         if limits.max_price_per_hour is not None:
@@ -149,8 +139,61 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
             assert dollars <= limits.max_price_per_hour + 1e-6
 
 
+def billing_usage(snapshot: Snapshot, config: Config) -> tuple[int, float]:
+    """(machines, $/hour) billing account-wide, computed independently of the policy.
+
+    A machine of unknown price costs at most its queue's cap; for a queue that is not configured
+    (or has no autoscale block), at most the dearest cap any queue may rent at. Never $0: that
+    would let spend pass limits.max_price_per_hour.
+    """
+    dearest = max(
+        (q.autoscale.instance.max_price_per_hour for q in config.queues.values() if q.autoscale),
+        default=0.0,
+    )
+    used = 0
+    dollars = 0.0
+    for qs in snapshot.queues:
+        q_cfg = config.queues.get(qs.name)
+        fallback = (
+            q_cfg.autoscale.instance.max_price_per_hour if (q_cfg and q_cfg.autoscale) else dearest
+        )
+        for m in qs.machines:
+            if m.state in LIVE_STATES:
+                used += 1
+                dollars += m.price_per_hour if m.price_per_hour is not None else fallback
+    return used, dollars
+
+
 def checked_decide(snapshot: Snapshot, config: Config, now) -> Plan:
     plan = decide(snapshot, config, now)
     check_plan(snapshot, config, plan)
     assert decide(snapshot, config, now) == plan  # pure: same inputs, same plan
+    check_unknown_prices_at_a_full_dollar_cap(snapshot, config, now)
     return plan
+
+
+def check_unknown_prices_at_a_full_dollar_cap(snapshot: Snapshot, config: Config, now) -> None:
+    """With machines of unknown price billing, the same world under a dollar cap that those
+    machines fill exactly (each counted at the most it may cost) must launch nothing.
+
+    A policy that counted them at less (say $0, for a queue no longer configured) would see room
+    for at least one more machine and launch it whenever a queue wants one: the random worlds of
+    the property tests rarely sit right at a dollar cap, this puts every such world there.
+    """
+    unknown = any(
+        m.state in LIVE_STATES and m.price_per_hour is None
+        for qs in snapshot.queues
+        for m in qs.machines
+    )
+    if not unknown:
+        return
+    _, dollars = billing_usage(snapshot, config)
+    full = config.model_copy(
+        update={"limits": Limits(max_machines=None, max_price_per_hour=dollars)}
+    )
+    plan = decide(snapshot, full, now)
+    assert not plan.launches, (
+        f"launched {[(a.queue, a.provider) for a in plan.launches]} with "
+        f"limits.max_price_per_hour = {dollars} already billing (unknown prices at their cap)"
+    )
+    check_plan(snapshot, full, plan)
