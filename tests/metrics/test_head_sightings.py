@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from autoscaler.store.db import transaction
 from autoscaler.store.head_sightings import StoredSightings, forget_source, observe_heads
@@ -39,9 +40,54 @@ def test_sources_are_separate_and_long_keys_fit(sessions):
         assert s.scalar(select(func.count()).select_from(QueueHeadSighting)) == 1
 
 
-def test_a_concurrent_writer_of_the_same_row_does_not_fail_the_tick(sessions):
-    # another tick inserted the row between our read and our insert: on conflict do nothing
+def test_a_row_another_tick_wrote_earlier_is_kept(sessions):
     with transaction(sessions) as s:
         s.add(QueueHeadSighting(source="src", queue="a", message_id="m1", first_seen_at=T0))
     with transaction(sessions) as s:
         assert observe_heads(s, "src", {"a": "m1"}, T0 + timedelta(seconds=3)) == {"a": T0}
+
+
+def test_two_ticks_racing_for_the_same_first_sighting_agree_and_neither_fails(engine, sessions):
+    """Two ticks (own threads, own connections) both read "no row" for (source, queue), then
+    both insert: the loser's insert meets the winner's row (on PostgreSQL it waits for the
+    winner's commit, on SQLite for its write lock) and must do nothing, then read the winner's
+    first_seen_at back. The barrier holds each insert until both ticks have read."""
+    both_read = threading.Barrier(2, timeout=20)
+    inserts: list[str] = []
+
+    def hold_insert(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("INSERT INTO QUEUE_HEAD_SIGHTINGS"):
+            inserts.append(statement)
+            both_read.wait()  # BrokenBarrierError (reported below) if the other never got here
+
+    event.listen(engine, "before_cursor_execute", hold_insert)
+    store = StoredSightings(sessions)
+    at = {"one": T0, "two": T0 + timedelta(seconds=3)}
+    got: dict[str, dict[str, datetime]] = {}
+    errors: list[BaseException] = []
+
+    def tick(name: str) -> None:
+        try:
+            got[name] = store.observe("src", {"a": "m1"}, at[name])
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=tick, args=(n,)) for n in at]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        event.remove(engine, "before_cursor_execute", hold_insert)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == [], errors
+    assert len(inserts) == 2  # both really raced: each read "no row" and inserted
+    first = got["one"]["a"]
+    assert first in at.values()
+    assert got == {"one": {"a": first}, "two": {"a": first}}
+    with transaction(sessions) as s:
+        rows = s.execute(
+            select(QueueHeadSighting.message_id, QueueHeadSighting.first_seen_at)
+        ).all()
+    assert [tuple(r) for r in rows] == [("m1", first)]
