@@ -42,3 +42,13 @@ if broker_url.startswith("sqla+sqlite"):
     broker_transport_options = {"connect_args": {"timeout": 30}}
 elif broker_url.startswith(("redis://", "rediss://")):
     broker_transport_options = {"global_keyprefix": CONTROL_KEYPREFIX, "visibility_timeout": 3600}
+
+# The loop: our scheduler builds beat's entries from the stored config (tick, fast path,
+# reconcile, one per cron trigger) and keeps them in memory: no schedule file is written.
+beat_scheduler = "autoscaler.control.beat:ConfigScheduler"
+beat_schedule_filename = str(_settings.home / "celerybeat-schedule")
+beat_max_loop_interval = 1
+
+if broker_url.startswith("sqla+"):
+    # kombu's SQL transport polls; poll often so a launch is sent within the fast path's second.
+    broker_transport_options["polling_interval"] = 0.1

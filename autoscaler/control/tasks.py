@@ -1,13 +1,76 @@
-"""Control-plane tasks. Arguments are names and ids only: Flower shows task arguments."""
+"""Control-plane tasks: thin glue, one per lifecycle stage. Arguments are names and ids only
+(Flower shows task arguments): no URL, key or token ever travels in a task message.
+
+    autoscaler.tick        evaluate the queues whose poll slot is due (beat, every poll)
+    autoscaler.fast_path   scale from zero within seconds (beat, every second)
+    autoscaler.launch      rent the machine of one launch intent
+    autoscaler.drain       drain one machine (also the operator's drain)
+    autoscaler.terminate   destroy one machine, until the provider confirms
+    autoscaler.reconcile   observe workers, compare with the providers, mend (beat)
+    autoscaler.scale       an operator's target: ["queue", workers] or ["queue", workers, "2h"]
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from autoscaler.celery import app
+from autoscaler.control import drain as drain_step
+from autoscaler.control import launch as launch_step
+from autoscaler.control import loop, manual, reconciler
+from autoscaler.control import terminate as terminate_step
+from autoscaler.control.runtime import runtime
 from autoscaler.settings import Settings, redact_url
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.inspect import store_summary
+
+STEP_EXPIRES = 600.0
+
+
+def enqueue(step: str, launch_id: str) -> None:
+    """Send the lifecycle task `step` for one machine (the loop's `Enqueue` port)."""
+    task = {"launch": launch, "drain": drain, "terminate": terminate}[step]
+    task.apply_async((launch_id,), expires=STEP_EXPIRES)
+
+
+@app.task(name="autoscaler.tick")
+def tick(trigger: str = "poll", queue: str | None = None) -> dict[str, Any]:
+    queues = [queue] if queue else None
+    return loop.evaluate(runtime(), enqueue, trigger=trigger, queues=queues).as_dict()
+
+
+@app.task(name="autoscaler.fast_path")
+def fast_path() -> dict[str, Any]:
+    return loop.fast_path(runtime(), enqueue).as_dict()
+
+
+@app.task(name="autoscaler.launch", acks_late=True)
+def launch(launch_id: str) -> str:
+    return launch_step.run_launch(runtime(), launch_id)
+
+
+@app.task(name="autoscaler.drain", acks_late=True)
+def drain(launch_id: str) -> str:
+    return drain_step.run_drain(runtime(), launch_id, enqueue=enqueue)
+
+
+@app.task(name="autoscaler.terminate", acks_late=True)
+def terminate(launch_id: str) -> str:
+    return terminate_step.run_terminate(runtime(), launch_id)
+
+
+@app.task(name="autoscaler.reconcile")
+def reconcile() -> dict[str, Any]:
+    return reconciler.run_reconcile(runtime(), enqueue)
+
+
+@app.task(name="autoscaler.scale")
+def scale(queue: str, workers: int | None, for_: str | None = None) -> str:
+    """Pin QUEUE at WORKERS machines (within max_workers) for FOR_ (default 1h); null clears."""
+    rt = runtime()
+    reason = manual.set_target(rt, queue, workers, for_, by="celery call")
+    loop.evaluate(rt, enqueue, trigger="manual", queues=[queue])
+    return reason
 
 
 @app.task(name="autoscaler.check_store")

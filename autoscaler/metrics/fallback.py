@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
-from typing import Generic, TypeVar
+from datetime import datetime, timedelta
+from typing import Generic, Protocol, TypeVar
 
 from autoscaler.metrics.base import Clock, MetricsReader, SourceError, utc_now
 from autoscaler.policy.snapshot import QueueMetrics
@@ -54,6 +54,39 @@ class LastKnown(Generic[K, V]):
             return item
 
 
+class LastReadings(Protocol):
+    """Where a source's last good readings are kept: in this process, or in the state store
+    (`store.metric_readings.StoredReadings`) so that every worker process falls back alike."""
+
+    def save(self, source: str, readings: Mapping[str, QueueMetrics]) -> None: ...
+
+    def load(
+        self, source: str, queues: Sequence[str], since: datetime
+    ) -> dict[str, QueueMetrics]:
+        """The last good reading of each queue read at or after `since` (others left out)."""
+        ...
+
+
+class MemoryReadings:
+    """Last good readings in this process (tests, the simulator, a single-process run)."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[str, str], QueueMetrics] = {}
+        self._lock = threading.Lock()
+
+    def save(self, source: str, readings: Mapping[str, QueueMetrics]) -> None:
+        with self._lock:
+            for q, m in readings.items():
+                self._items[(source, q)] = m
+
+    def load(
+        self, source: str, queues: Sequence[str], since: datetime
+    ) -> dict[str, QueueMetrics]:
+        with self._lock:
+            found = {q: self._items.get((source, q)) for q in queues}
+        return {q: m for q, m in found.items() if m is not None and m.read_at >= since}
+
+
 def missing(queue: str, now: datetime, reason: str) -> QueueMetrics:
     """The reading for a queue with no usable numbers: nothing to act on, in either direction."""
     return QueueMetrics(queue=queue, pending=0, oldest_pending_age=None, in_flight=0,
@@ -63,10 +96,19 @@ def missing(queue: str, now: datetime, reason: str) -> QueueMetrics:
 class FallbackReader:
     """Wraps any `MetricsReader`; `read` always returns one reading per queue, never raises."""
 
-    def __init__(self, reader: MetricsReader, max_age: float, clock: Clock = utc_now) -> None:
+    def __init__(
+        self,
+        reader: MetricsReader,
+        max_age: float,
+        clock: Clock = utc_now,
+        last: LastReadings | None = None,
+    ) -> None:
+        if max_age <= 0:
+            raise ValueError("max_age must be positive")
         self.reader = reader
+        self.max_age = max_age
         self._clock = clock
-        self._last: LastKnown[str, QueueMetrics] = LastKnown(max_age)
+        self._last = last if last is not None else MemoryReadings()
 
     @property
     def source_id(self) -> str:
@@ -85,17 +127,25 @@ class FallbackReader:
         if failure:
             log.warning("metrics source failed, using last known numbers: %s", failure)
         now = self._clock()
+        good = {q: m for q, m in fresh.items() if q in queues and not m.stale}
+        if good:
+            self._last.save(self.source_id, good)
+        failed = [q for q in queues if q not in good]
+        last = (
+            self._last.load(self.source_id, failed, now - timedelta(seconds=self.max_age))
+            if failed
+            else {}
+        )
         out: dict[str, QueueMetrics] = {}
         for q in queues:
-            got = fresh.get(q)
-            if got is not None and not got.stale:
-                self._last.put(q, got, got.read_at)
-                out[q] = got
+            if q in good:
+                out[q] = good[q]
                 continue
+            got = fresh.get(q)
             reason = (got.error if got is not None else None) or failure or "no reading"
-            last = self._last.get(q, now)
-            if last is not None:
-                out[q] = replace(last[0], stale=True, error=reason)
+            known = last.get(q)
+            if known is not None:
+                out[q] = replace(known, stale=True, error=reason)
             else:
                 out[q] = missing(q, now, reason)
         return out

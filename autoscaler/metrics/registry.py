@@ -19,7 +19,7 @@ from autoscaler.metrics.base import Clock, MetricsReader, Sightings, utc_now
 from autoscaler.metrics.celery_rabbitmq import CeleryRabbitMQReader
 from autoscaler.metrics.celery_redis import CeleryRedisLayout, CeleryRedisReader
 from autoscaler.metrics.celery_sqla import CelerySqlaReader
-from autoscaler.metrics.fallback import FallbackReader
+from autoscaler.metrics.fallback import FallbackReader, LastReadings
 from autoscaler.metrics.prometheus import PrometheusReader
 from autoscaler.metrics.redis_list import RedisListReader, RedisStreamReader
 
@@ -101,10 +101,12 @@ def build_source(
     sightings: Sightings | None = None,
     clock: Clock = utc_now,
     timeout: float | None = None,
+    last: LastReadings | None = None,
 ) -> FallbackReader:
-    """The reader the tick uses: never raises on read, stale numbers for `stale_after` s."""
+    """The reader the tick uses: never raises on read, stale numbers for `stale_after` s
+    (kept in `last`: the store, so that every worker process falls back alike)."""
     reader = build_reader(source, env=env, sightings=sightings, clock=clock, timeout=timeout)
-    return FallbackReader(reader, max_age=source.stale_after, clock=clock)
+    return FallbackReader(reader, max_age=source.stale_after, clock=clock, last=last)
 
 
 def build_prometheus(

@@ -104,6 +104,57 @@ class CeleryWorkerProbe:
                 )
         return out
 
+    def status(self) -> dict[str, tuple[tuple[str, ...], int]]:
+        """Worker name -> (queues it consumes, tasks running), for every worker that answered.
+
+        Two broadcasts: `active_queues` proves a worker alive, `active` says if it is busy (a
+        worker that answered the first but not the second counts as busy: never idle by doubt).
+        """
+        queues = self.poll()
+        try:
+            active = self._app.control.inspect(timeout=self._timeout).active() or {}
+        except Exception as exc:
+            raise SourceError(safe_error(exc, self._secrets, "celery worker probe")) from None
+        out: dict[str, tuple[tuple[str, ...], int]] = {}
+        for name, qs in queues.items():
+            running = active.get(name)
+            out[name] = (qs, len(running) if isinstance(running, list) else 1)
+        return out
+
+    def worker_state(self, worker: str) -> tuple[tuple[str, ...], int] | None:
+        """(queues consumed, tasks running or reserved) of one worker; None if it did not answer.
+
+        Reserved (prefetched) tasks count: they would start once the running one ends."""
+        try:
+            insp = self._app.control.inspect(destination=[worker], timeout=self._timeout, limit=1)
+            queues = (insp.active_queues() or {}).get(worker)
+            if queues is None:
+                return None
+            active = (insp.active() or {}).get(worker)
+            reserved = (insp.reserved() or {}).get(worker)
+        except Exception as exc:
+            raise SourceError(safe_error(exc, self._secrets, "celery worker probe")) from None
+        names = tuple(str(q["name"]) for q in queues if isinstance(q, dict) and "name" in q)
+        if not isinstance(active, list) or not isinstance(reserved, list):
+            return names, 1  # could not tell: count it busy
+        return names, len(active) + len(reserved)
+
+    def cancel_consumer(self, worker: str, queue: str) -> None:
+        """Ask one worker to stop taking jobs from `queue` (confirm with `worker_state`)."""
+        try:
+            self._app.control.cancel_consumer(
+                queue, destination=[worker], reply=True, timeout=self._timeout
+            )
+        except Exception as exc:
+            raise SourceError(safe_error(exc, self._secrets, "celery cancel_consumer")) from None
+
+    def shutdown(self, worker: str) -> None:
+        """Warm shutdown of one worker: it finishes what runs, then exits."""
+        try:
+            self._app.control.shutdown(destination=[worker])
+        except Exception as exc:
+            raise SourceError(safe_error(exc, self._secrets, "celery shutdown")) from None
+
     def close(self) -> None:
         self._app.close()
 

@@ -39,7 +39,13 @@ from autoscaler.policy import triggers as t
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.caps import Grant, Request, allocate, usage
 from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Wait
-from autoscaler.policy.snapshot import BackoffState, Machine, QueueSnapshot, Snapshot
+from autoscaler.policy.snapshot import (
+    BackoffState,
+    Machine,
+    ManualTarget,
+    QueueSnapshot,
+    Snapshot,
+)
 
 SCHEDULE_DOWN_GRACE_POLLS = 2
 """A scale-down schedule is acted on during this many poll intervals after it fires, so one
@@ -66,6 +72,7 @@ class _Up:
     backoff: BackoffState | None
     notes: tuple[str, ...]
     waits: tuple[Wait, ...]
+    manual: ManualTarget | None = None
 
 
 def decide(snapshot: Snapshot, config: Config, now: datetime) -> Plan:
@@ -119,6 +126,13 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
     capacity = serving + booting + max(0, qs.manual_workers)
     ceiling = auto.max_workers
     floor, floor_why = _floor(auto, now)
+    manual = qs.manual_target if qs.manual_target and qs.manual_target.active(now) else None
+    if manual is not None:
+        floor = min(max(0, manual.workers), ceiling)
+        floor_why = (
+            f"manual target {manual.workers} set by {manual.set_by or 'an operator'} until "
+            f"{manual.until.isoformat()}"
+        )
     notes: list[str] = [f"floor {floor} ({floor_why})"]
     waits: list[Wait] = []
 
@@ -133,7 +147,9 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
             and (trig.query in qs.metrics.external_degraded or trig.query not in have)
         )
     votes: list[t.UpVote] = []
-    if qs.metrics is None:
+    if manual is not None:
+        notes.append("manual target: load triggers and idle timeouts are not evaluated")
+    elif qs.metrics is None:
         notes.append("no metrics read yet: load triggers not evaluated, no scale-down")
     elif qs.metrics.stale:
         notes.append(
@@ -155,6 +171,9 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
     wanted = max(0, desired - capacity)
     if best is not None and best.wants >= floor:
         trigger, reason = best.trigger, best.reason
+    elif manual is not None:
+        trigger = "manual"
+        reason = f"{floor_why}, {capacity} serving or booting"
     else:
         trigger = "schedule" if floor > auto.min_workers else "min_workers"
         reason = f"floor: {floor_why}, {capacity} serving or booting"
@@ -211,6 +230,7 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
         backoff=active_backoff(qs.backoff_for(auto.provider), now),
         notes=tuple(notes),
         waits=tuple(waits),
+        manual=manual,
     )
 
 
@@ -281,7 +301,11 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
     )
     drains: list[Drain] = []
     desired = u.desired
-    if launches or reclaims:
+    if u.manual is not None:
+        if not (launches or reclaims):
+            drains = _manual_down(u)
+            desired = u.capacity - len(drains)
+    elif launches or reclaims:
         notes.append("scaled up: no scale-down in the same evaluation")
     elif u.up_fired:
         notes.append("a scale-up trigger fired: no scale-down in this evaluation")
@@ -382,6 +406,34 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
             )
             chosen.add(m.launch_id)
     return drains
+
+
+def _manual_down(u: _Up) -> list[Drain]:
+    """Down to the operator's target: idle machines now (most idle first), busy ones once idle.
+
+    Metrics are not needed: the operator asked. Busy machines are still never drained now."""
+    budget = u.capacity - u.floor
+    serving = sorted(
+        (m for m in u.qs.machines if m.serving),
+        key=lambda m: (m.busy, m.running_tasks, m.idle_since(), m.launch_id),
+    )
+    return [
+        Drain(
+            queue=u.name,
+            launch_id=m.launch_id,
+            trigger="manual",
+            when_idle=m.busy,
+            reason=(
+                f"manual target {u.floor}: capacity {u.capacity}; "
+                + (
+                    f"busy with {m.running_tasks} task(s): drain once idle"
+                    if m.busy
+                    else "idle: drain now"
+                )
+            ),
+        )
+        for m in serving[: max(0, budget)]
+    ]
 
 
 def _complete_requested(u: _Up, already: set[str]) -> list[Drain]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Literal
 
 WaitKind = Literal["backoff", "spend_cap", "max_workers", "stale"]
-DrainTrigger = Literal["idle", "schedule", "drain_requested", "baseline"]
+DrainTrigger = Literal["idle", "schedule", "manual", "drain_requested", "baseline"]
 
 
 @dataclass(frozen=True)
@@ -106,11 +107,12 @@ class Plan:
     def waits(self) -> tuple[Wait, ...]:
         return tuple(a for q in self.queues for a in q.waits)
 
+    @cached_property
+    def _by_queue(self) -> dict[str, QueuePlan]:
+        return {q.queue: q for q in self.queues}
+
     def for_queue(self, name: str) -> QueuePlan | None:
-        for q in self.queues:
-            if q.queue == name:
-                return q
-        return None
+        return self._by_queue.get(name)
 
     def describe(self) -> str:
         """Every action and wait, one line each, for logs and the CLI."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 
 from autoscaler.lifecycle import LIVE_STATES, InstanceState
 
@@ -100,6 +101,18 @@ class BackoffState:
 
 
 @dataclass(frozen=True)
+class ManualTarget:
+    """An operator pinned the queue at `workers` machines until `until` (`autoscaler scale`)."""
+
+    workers: int
+    until: datetime
+    set_by: str = ""
+
+    def active(self, now: datetime) -> bool:
+        return now < self.until
+
+
+@dataclass(frozen=True)
 class QueueSnapshot:
     """One queue: its numbers (None when never read), our machines, hand-made workers, backoffs.
 
@@ -112,6 +125,7 @@ class QueueSnapshot:
     machines: tuple[Machine, ...] = ()
     manual_workers: int = 0
     backoffs: tuple[BackoffState, ...] = ()
+    manual_target: ManualTarget | None = None
 
     def backoff_for(self, provider: str) -> BackoffState | None:
         for b in self.backoffs:
@@ -126,8 +140,10 @@ class Snapshot:
 
     queues: tuple[QueueSnapshot, ...] = ()
 
+    @cached_property
+    def _by_name(self) -> dict[str, QueueSnapshot]:
+        return {q.name: q for q in self.queues}
+
     def queue(self, name: str) -> QueueSnapshot | None:
-        for q in self.queues:
-            if q.name == name:
-                return q
-        return None
+        """O(1): decide() asks once per queue, so a scan would make it O(queues²)."""
+        return self._by_name.get(name)

@@ -20,7 +20,6 @@ return or touch machines whose label parses to this installation's id (`labels.i
 
 from __future__ import annotations
 
-import enum
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
@@ -29,18 +28,10 @@ from types import MappingProxyType
 from typing import Any
 
 from autoscaler.config.models import InstanceSpec
+from autoscaler.lifecycle import MachineStatus as MachineStatus
 from autoscaler.providers import labels
 
 # --------------------------------------------------------------------------- values
-
-
-class MachineStatus(enum.StrEnum):
-    """A machine's state at the provider, normalised across providers."""
-
-    STARTING = "starting"  # being allocated, pulling the image, booting
-    RUNNING = "running"  # up (the worker on it may still be starting)
-    DEAD = "dead"  # exited, errored, offline: will not become running by itself
-    GONE = "gone"  # terminated / destroyed at the provider
 
 
 def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:

@@ -64,6 +64,23 @@ def claim_tick(session: Session, queue: str, slot: int, claimant: str, now: date
     return session.execute(stmt).first() is not None
 
 
+def claim_ticks(
+    session: Session, slots: list[tuple[str, int]], claimant: str, now: datetime
+) -> set[str]:
+    """Claim many (queue, slot) pairs in one statement; returns the queues this call claimed."""
+    if not slots:
+        return set()
+    stmt = (
+        _insert(session, TickSlot.__table__)
+        .values(
+            [{"queue": q, "slot": n, "claimed_by": claimant, "claimed_at": now} for q, n in slots]
+        )
+        .on_conflict_do_nothing(index_elements=[TickSlot.queue, TickSlot.slot])
+        .returning(TickSlot.__table__.c.queue)
+    )
+    return {row[0] for row in session.execute(stmt).all()}
+
+
 def prune_ticks(session: Session, before: datetime) -> int:
     """Old slots only guard against duplicates of *recent* ticks; drop the rest."""
     old = delete(TickSlot).where(TickSlot.claimed_at < before).returning(TickSlot.slot)

@@ -23,7 +23,6 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
-    UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -95,16 +94,17 @@ class Provider(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
-class QueueConfigVersion(Base):
-    """The effective config of a queue, every version kept: who changed what, and when."""
+class ConfigVersion(Base):
+    """The whole effective config (providers, limits, every queue) as one versioned document.
 
-    __tablename__ = "queue_configs"
-    __table_args__ = (UniqueConstraint("queue", "version"),)
+    The control loop always runs the newest version; every version is kept with who changed it,
+    when and why, so any change can be traced and rolled back.
+    """
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    queue: Mapped[str] = mapped_column(String(200), index=True)
-    version: Mapped[int] = mapped_column(Integer)
-    config: Mapped[dict[str, Any]] = mapped_column()
+    __tablename__ = "config_versions"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    document: Mapped[dict[str, Any]] = mapped_column()
     changed_by: Mapped[str] = mapped_column(String(200))
     changed_at: Mapped[datetime] = mapped_column(default=utcnow)
     comment: Mapped[str | None] = mapped_column(Text, default=None)
@@ -250,4 +250,63 @@ class QueueHeadSighting(Base):
     source: Mapped[str] = mapped_column(String(300), primary_key=True)
     queue: Mapped[str] = mapped_column(String(200), primary_key=True)
     message_id: Mapped[str] = mapped_column(String(200))
+    first_seen_at: Mapped[datetime] = mapped_column()
+
+
+class ManualTarget(Base):
+    """An operator's fixed worker count for a queue (`autoscaler scale`), until it expires."""
+
+    __tablename__ = "manual_targets"
+
+    queue: Mapped[str] = mapped_column(String(200), primary_key=True)
+    workers: Mapped[int] = mapped_column(Integer)
+    until: Mapped[datetime] = mapped_column()
+    set_by: Mapped[str] = mapped_column(String(200))
+    set_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class QueueStatus(Base):
+    """The latest evaluation of each queue: its numbers, what it wants and why (status, API)."""
+
+    __tablename__ = "queue_status"
+
+    queue: Mapped[str] = mapped_column(String(200), primary_key=True)
+    evaluated_at: Mapped[datetime] = mapped_column()
+    config_version: Mapped[int] = mapped_column(Integer)
+    status: Mapped[dict[str, Any]] = mapped_column()
+
+
+class MetricReading(Base):
+    """The last good reading of a queue from one source: what a failing source falls back to.
+
+    Kept in the store, not in a process, so every worker process falls back to the same numbers.
+    """
+
+    __tablename__ = "metric_readings"
+
+    source: Mapped[str] = mapped_column(String(300), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(200), primary_key=True)
+    reading: Mapped[dict[str, Any]] = mapped_column()
+    read_at: Mapped[datetime] = mapped_column()
+
+
+class WorkerSighting(Base):
+    """A Celery worker seen through a watched broker's remote control, hand-made or ours."""
+
+    __tablename__ = "worker_sightings"
+
+    worker: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queues: Mapped[dict[str, Any]] = mapped_column()  # {"queues": [...]} (JSON object)
+    running: Mapped[int] = mapped_column(Integer, default=0)
+    seen_at: Mapped[datetime] = mapped_column()
+
+
+class OrphanSighting(Base):
+    """A machine with our label that no live row owns, and when reconcile first saw it."""
+
+    __tablename__ = "orphan_sightings"
+
+    provider: Mapped[str] = mapped_column(String(100), primary_key=True)
+    provider_instance_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    label: Mapped[str] = mapped_column(String(200))
     first_seen_at: Mapped[datetime] = mapped_column()

@@ -11,7 +11,7 @@ IO_MODULES = ("sqlalchemy", "requests", "redis", "celery", "kombu", "psycopg", "
 def test_policy_imports_no_io_library():
     code = (
         "import sys, autoscaler.policy.decide, autoscaler.policy.backoff, "
-        "autoscaler.policy.schedule, autoscaler.policy.caps; "
+        "autoscaler.policy.schedule, autoscaler.policy.caps, autoscaler.policy.reconcile; "
         f"print(','.join(m for m in {IO_MODULES!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,0 +1,172 @@
+"""Launch: claim one intent, rent its machine, record what the provider said.
+
+pending -> creating (a conditional write: one claimant) -> booting with the provider's id, real
+price and host. What failed decides what comes next:
+- capacity, auth, a refused request, a transient error: the launch failed, the (queue,
+  provider) backs off (persisted), the row is closed as failed;
+- a 429: the same, waiting at least the provider's reset hint;
+- an ambiguous create (5xx or timeout after the request left) or any unexpected error once the
+  provider may have been called: the row stays `creating`; reconcile looks the label up and
+  adopts the machine, or fails the launch after a grace time. A create is never tried twice
+  for one launch.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from autoscaler.control.runtime import Runtime, log, utc_now
+from autoscaler.credentials import CredentialError
+from autoscaler.lifecycle import InstanceState
+from autoscaler.providers.base import (
+    AmbiguousCreateError,
+    Launch,
+    ProviderError,
+    RateLimitedError,
+    create_on_first_offer,
+)
+from autoscaler.providers.labels import ENV_LABEL
+from autoscaler.store import fleet
+from autoscaler.store.models import Instance
+
+S = InstanceState
+
+
+def machine_env(queue: str, loaded_queue: Any) -> dict[str, str]:
+    """What a rented machine is told (no secret of ours): its queue and its deployment."""
+    env = {"AUTOSCALER_QUEUE": queue}
+    deployment = getattr(loaded_queue, "deployment", None)
+    if deployment is not None:
+        env["AUTOSCALER_GIT_URL"] = deployment.git_url
+        env["AUTOSCALER_STARTUP_CMD"] = deployment.startup_cmd
+        if deployment.git_ref:
+            env["AUTOSCALER_GIT_REF"] = deployment.git_ref
+    return env
+
+
+def run_launch(rt: Runtime, launch_id: str) -> str:
+    """Carry out one launch intent; returns what happened (for the task's result)."""
+    now = utc_now()
+    with rt.transaction() as session:
+        loaded = rt.load(session)
+        claimed = fleet.move(
+            session,
+            launch_id,
+            S.PENDING,
+            S.CREATING,
+            now,
+            "creating",
+            attempts=Instance.attempts + 1,
+        )
+        if not claimed:
+            return "not pending (claimed already, or closed)"
+        row = fleet.get(session, launch_id)
+        assert row is not None
+        queue, provider_name = row.queue, row.provider
+        install = rt.installation_id(session)
+    queue_cfg = loaded.config.queues.get(queue) if loaded else None
+    auto = queue_cfg.autoscale if queue_cfg else None
+    if loaded is None or auto is None or not auto.enabled:
+        return _fail(rt, launch_id, queue, provider_name, "the queue is no longer autoscaled", None)
+    try:
+        provider = rt.provider(provider_name)
+    except (CredentialError, ProviderError, KeyError, ValueError) as exc:
+        return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff)
+    launch = Launch.new(install, launch_id, machine_env(queue, queue_cfg))
+    try:
+        offers = provider.find_offers(auto.instance)
+        machine = create_on_first_offer(provider, offers, launch)
+    except AmbiguousCreateError as exc:
+        _note(rt, launch_id, queue, "create_ambiguous", f"{exc}; reconcile looks it up by label")
+        return "ambiguous: left to reconcile"
+    except RateLimitedError as exc:
+        wait = exc.retry_after
+        return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff, wait)
+    except ProviderError as exc:
+        return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff)
+    except Exception as exc:  # the create may have left: treat as ambiguous, never re-create
+        log.exception("launch %s: unexpected error; left to reconcile", launch_id)
+        _note(rt, launch_id, queue, "create_ambiguous", f"unexpected {type(exc).__name__}")
+        return "unexpected error: left to reconcile"
+    offer = next((o for o in offers if o.gpu == machine.gpu), offers[0] if offers else None)
+    with rt.transaction() as session:
+        fleet.move(
+            session,
+            launch_id,
+            S.CREATING,
+            S.BOOTING,
+            utc_now(),
+            f"rented {machine.provider_instance_id} ({machine.gpu or auto.instance.gpu})",
+            provider_instance_id=machine.provider_instance_id,
+            host_id=machine.host_id,
+            gpu=machine.gpu,
+            price_per_hour=machine.price_per_hour
+            if machine.price_per_hour is not None
+            else (offer.price_per_hour if offer else None),
+            offer={"offer_id": offer.offer_id, "price_per_hour": offer.price_per_hour}
+            if offer
+            else None,
+        )
+        fleet.record_events(
+            session,
+            [
+                fleet.event(
+                    "launch",
+                    "created",
+                    f"{provider_name} rented {machine.provider_instance_id} "
+                    f"({launch.env.get(ENV_LABEL)})",
+                    queue=queue,
+                    launch_id=launch_id,
+                    details={"price_per_hour": machine.price_per_hour, "host": machine.host_id},
+                )
+            ],
+            utc_now(),
+        )
+    return f"booting: {machine.provider_instance_id}"
+
+
+def _text(exc: BaseException) -> str:
+    return str(exc)[:500] or type(exc).__name__
+
+
+def _fail(
+    rt: Runtime,
+    launch_id: str,
+    queue: str,
+    provider: str,
+    reason: str,
+    backoff: Any,
+    retry_after: float | None = None,
+) -> str:
+    now = utc_now()
+    with rt.transaction() as session:
+        fleet.move(session, launch_id, S.CREATING, S.FAILED, now, reason)
+        details: dict[str, Any] = {"provider": provider}
+        if backoff is not None:
+            state = fleet.record_rental_failure(session, queue, provider, now, backoff, reason)
+            if retry_after:
+                fleet.extend_backoff(
+                    session, queue, provider, now + timedelta(seconds=retry_after), reason
+                )
+            details.update(failures=state.failures, backoff_until=state.until.isoformat())
+        fleet.record_events(
+            session,
+            [
+                fleet.event(
+                    "launch", "failed", reason, queue=queue, launch_id=launch_id, details=details
+                )
+            ],
+            now,
+        )
+    log.warning("launch %s for %s failed: %s", launch_id, queue, reason)
+    return f"failed: {reason}"
+
+
+def _note(rt: Runtime, launch_id: str, queue: str, action: str, reason: str) -> None:
+    with rt.transaction() as session:
+        fleet.record_events(
+            session,
+            [fleet.event("launch", action, reason, queue=queue, launch_id=launch_id)],
+            utc_now(),
+        )

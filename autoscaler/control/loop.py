@@ -1,0 +1,428 @@
+"""The evaluation tick, top to bottom (arq's worker loop is the model):
+
+    claim the queues' slots -> take the evaluation lease -> read every source once ->
+    build the snapshot from the store -> decide() -> record intents, drain marks, waits and
+    events in one transaction -> enqueue the launches and drains.
+
+A crash anywhere leaves the store consistent: intents are rows before any provider call, a
+lost enqueue is redone by reconcile (an intent nobody claimed), and an unreleased lease expires.
+Two beats, a redelivered tick or the fast path racing the poll tick cannot launch twice: the
+lease lets one evaluation run at a time and every later one sees the earlier intents as
+machines on their way (no stacking).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from autoscaler.config.models import MetricTrigger
+from autoscaler.control.executor import execute
+from autoscaler.control.observe import hand_made_workers
+from autoscaler.control.runtime import Loaded, Runtime, utc_now
+from autoscaler.lifecycle import InstanceState
+from autoscaler.metrics.prometheus import MetricReading as PromReading
+from autoscaler.metrics.prometheus import PrometheusReader, with_external
+from autoscaler.metrics.registry import MetricsConfigError, build_prometheus
+from autoscaler.policy.decide import decide
+from autoscaler.policy.plan import Drain, Launch, QueuePlan, Reclaim
+from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
+from autoscaler.store import fleet, leases
+from autoscaler.store.models import Instance, QueueStatus
+
+log = logging.getLogger("autoscaler.control.tick")
+
+EVALUATION_LEASE = "evaluate"
+LEASE_TTL = 120.0
+"""An evaluation holds the lease at most this long; a crashed one frees it by expiry."""
+
+HAND_MADE_WINDOW_POLLS = 3
+"""A hand-made worker counts as capacity until it has not answered for this many polls."""
+
+Enqueue = Callable[[str, str], None]
+"""enqueue(step, launch_id): send the lifecycle task `step` ("launch", "drain") for a machine."""
+
+
+def holder_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class TickResult:
+    trigger: str
+    config_version: int | None = None
+    evaluated: list[str] = field(default_factory=list)
+    launched: list[str] = field(default_factory=list)
+    drains: list[str] = field(default_factory=list)
+    skipped: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trigger": self.trigger,
+            "config_version": self.config_version,
+            "evaluated": len(self.evaluated),
+            "launched": self.launched,
+            "drains": self.drains,
+            "skipped": self.skipped,
+        }
+
+
+def evaluate(
+    rt: Runtime,
+    enqueue: Enqueue,
+    *,
+    trigger: str = "poll",
+    queues: Collection[str] | None = None,
+    readings: Mapping[str, QueueMetrics] | None = None,
+    now: datetime | None = None,
+) -> TickResult:
+    """One evaluation. `trigger="poll"` evaluates the queues whose poll slot is unclaimed;
+    other triggers (fast path, cron, manual) evaluate `queues` (all when None) at once."""
+    now = now or utc_now()
+    result = TickResult(trigger)
+    with rt.transaction() as session:
+        loaded = rt.load(session)
+        if loaded is None:
+            if not rt.no_config_logged:
+                log.info("no config applied yet: nothing to evaluate (run 'autoscaler apply')")
+                rt.no_config_logged = True
+            result.skipped = "no config"
+            return result
+        result.config_version = loaded.version
+        wanted = [q for q in loaded.autoscaled if queues is None or q in queues]
+        due = _claim_slots(session, loaded, wanted, now) if trigger == "poll" else wanted
+    if not due:
+        result.skipped = "nothing due"
+        return result
+    holder = holder_id()
+    with rt.transaction() as session:
+        if not leases.acquire(session, EVALUATION_LEASE, holder, LEASE_TTL, now):
+            result.skipped = "another evaluation is running"
+            return result
+    try:
+        metrics = dict(readings or {})
+        missing = [q for q in due if q not in metrics]
+        metrics.update(read_metrics(rt, loaded, missing))
+        with rt.transaction() as session:
+            snapshot = build_snapshot(session, rt, loaded, metrics, now)
+            plan = decide(snapshot, loaded.config, now)
+            actions = StoreActions(session, loaded, now)
+            launched = execute(plan, actions, lambda: uuid.uuid4().hex, due)
+            actions.flush()
+        result.evaluated = list(due)
+        result.launched = launched
+        result.drains = actions.drained_now
+    finally:
+        with rt.transaction() as session:
+            leases.release(session, EVALUATION_LEASE, holder)
+    for launch_id in result.launched:
+        enqueue("launch", launch_id)
+    for launch_id in result.drains:
+        enqueue("drain", launch_id)
+    return result
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _claim_slots(session: Session, loaded: Loaded, queues: list[str], now: datetime) -> list[str]:
+    """Queues whose poll slot this tick is the first to claim (a second beat claims nothing)."""
+    slots = [(q, int(now.timestamp() // loaded.poll_interval(q))) for q in queues]
+    return sorted(leases.claim_ticks(session, slots, "tick", now))
+
+
+def read_metrics(rt: Runtime, loaded: Loaded, queues: Collection[str]) -> dict[str, QueueMetrics]:
+    """Every source read once for the queues it serves; Prometheus values joined in."""
+    if not queues:
+        return {}
+    subset = {q: loaded.config.queues[q] for q in queues}
+    out: dict[str, QueueMetrics] = {}
+    for group in rt.read_groups(subset):
+        try:
+            source = rt.source(group)
+        except MetricsConfigError as exc:
+            for names in group.queues.values():
+                for name in names:
+                    out[name] = QueueMetrics(
+                        name, 0, None, 0, utc_now(), stale=True, error=str(exc)
+                    )
+            continue
+        readings = source.read(list(group.queues))
+        for broker_queue, names in group.queues.items():
+            for name in names:
+                out[name] = replace(readings[broker_queue], queue=name)
+    for name in queues:
+        auto = loaded.config.queues[name].autoscale
+        triggers = [t for t in (auto.scale_up if auto else ()) if isinstance(t, MetricTrigger)]
+        if triggers and name in out:
+            found: list[PromReading] = []
+            for trig in triggers:
+                reader = _prometheus(rt, trig)
+                if reader is not None:
+                    found.extend(reader.read([trig.query]).values())
+            out[name] = with_external(out[name], found)
+    return out
+
+
+_PROMETHEUS: dict[tuple[str | None, str | None], PrometheusReader] = {}
+
+
+def _prometheus(rt: Runtime, trig: MetricTrigger) -> PrometheusReader | None:
+    key = (trig.url, trig.url_env)
+    if key not in _PROMETHEUS:
+        try:
+            _PROMETHEUS[key] = build_prometheus(trig, env=rt.env)
+        except MetricsConfigError as exc:
+            log.warning("%s", exc)
+            return None
+    return _PROMETHEUS[key]
+
+
+def build_snapshot(
+    session: Session,
+    rt: Runtime,
+    loaded: Loaded,
+    metrics: Mapping[str, QueueMetrics],
+    now: datetime,
+) -> Snapshot:
+    """Every queue's numbers, our machines, hand-made workers, backoffs and manual targets:
+    one query per table whatever the number of queues and machines."""
+    rows = fleet.live_rows(session)
+    machines = fleet.machines_by_queue(rows)
+    backoffs = fleet.backoffs(session)
+    targets = fleet.manual_targets(session, now)
+    ours = {r.host_id or "" for r in rows} | {
+        (r.worker_name or "").rsplit("@", 1)[-1].lower() for r in rows
+    }
+    window = HAND_MADE_WINDOW_POLLS * loaded.config.poll_interval
+    hand_made = hand_made_workers(session, rt.installation_id(session), ours, now, window)
+    names = set(loaded.config.queues) | set(machines)
+    queues = []
+    for name in sorted(names):
+        cfg = loaded.config.queues.get(name)
+        broker_queue = (cfg.metrics.queue or name) if cfg is not None else name
+        queues.append(
+            QueueSnapshot(
+                name=name,
+                metrics=metrics.get(name),
+                machines=machines.get(name, ()),
+                manual_workers=len(hand_made.get(broker_queue, ())),
+                backoffs=backoffs.get(name, ()),
+                manual_target=targets.get(name),
+            )
+        )
+    return Snapshot(tuple(queues))
+
+
+# --------------------------------------------------------------------------- the port
+
+
+class StoreActions:
+    """`PlanActions` on the tick's transaction: rows and events now, tasks after commit."""
+
+    def __init__(self, session: Session, loaded: Loaded, now: datetime) -> None:
+        self.session = session
+        self.loaded = loaded
+        self.now = now
+        self.intents: list[tuple[str, str, str, str]] = []
+        self.events: list[dict[str, Any]] = []
+        self.drained_now: list[str] = []
+        self.statuses: list[dict[str, Any]] = []
+        self._marks: dict[bool, list[str]] = {True: [], False: []}
+
+    def reclaim(self, action: Reclaim) -> None:
+        self._marks[False].append(action.launch_id)
+        self.events.append(
+            fleet.event(
+                "scale_up", "reclaim", action.reason, queue=action.queue, launch_id=action.launch_id
+            )
+        )
+
+    def drain_now(self, action: Drain) -> None:
+        moved = fleet.move(
+            self.session,
+            action.launch_id,
+            InstanceState.READY,
+            InstanceState.DRAINING,
+            self.now,
+            action.reason,
+            drain_requested=False,
+        )
+        if moved:
+            self.drained_now.append(action.launch_id)
+            self.events.append(
+                fleet.event(
+                    "scale_down",
+                    "drain",
+                    action.reason,
+                    queue=action.queue,
+                    launch_id=action.launch_id,
+                    details={"trigger": action.trigger},
+                )
+            )
+
+    def drain_when_idle(self, action: Drain) -> None:
+        self._marks[True].append(action.launch_id)
+        self.events.append(
+            fleet.event(
+                "scale_down",
+                "drain_when_idle",
+                action.reason,
+                queue=action.queue,
+                launch_id=action.launch_id,
+                details={"trigger": action.trigger},
+            )
+        )
+
+    def launch(self, action: Launch, launch_id: str) -> None:
+        self.intents.append((launch_id, action.queue, action.provider, action.reason))
+        self.events.append(
+            fleet.event(
+                "scale_up",
+                "launch",
+                action.reason,
+                queue=action.queue,
+                launch_id=launch_id,
+                details={"trigger": action.trigger, "provider": action.provider},
+            )
+        )
+
+    def queue_done(self, plan: QueuePlan) -> None:
+        self.statuses.append(
+            {
+                "queue": plan.queue,
+                "capacity": plan.capacity,
+                "floor": plan.floor,
+                "ceiling": plan.ceiling,
+                "desired": plan.desired,
+                "waits": [
+                    {
+                        "kind": w.kind,
+                        "machines": w.machines,
+                        "reason": w.reason,
+                        "until": w.until.isoformat() if w.until else None,
+                    }
+                    for w in plan.waits
+                ],
+                "notes": list(plan.notes),
+            }
+        )
+
+    def flush(self) -> None:
+        """Write everything in a few statements (not one per queue or machine)."""
+        fleet.set_drain_requested(self.session, self._marks[True], True)
+        fleet.set_drain_requested(self.session, self._marks[False], False)
+        fleet.add_intents(self.session, self.intents, self.now)
+        self._wait_events()
+        fleet.record_events(self.session, self.events, self.now)
+        write_status(self.session, self.statuses, self.loaded.version, self.now)
+
+    def _wait_events(self) -> None:
+        """A wait is recorded when it starts (or its kind changes), not on every tick."""
+        names = [s["queue"] for s in self.statuses if s["waits"]]
+        if not names:
+            return
+        before = {
+            q: {w["kind"] for w in (st or {}).get("waits", [])}
+            for q, st in self.session.execute(
+                select(QueueStatus.queue, QueueStatus.status).where(QueueStatus.queue.in_(names))
+            ).all()
+        }
+        for s in self.statuses:
+            old = before.get(s["queue"], set())
+            for w in s["waits"]:
+                if w["kind"] not in old:
+                    self.events.append(
+                        fleet.event(
+                            "wait",
+                            w["kind"],
+                            w["reason"],
+                            queue=s["queue"],
+                            details={"machines": w["machines"], "until": w["until"]},
+                        )
+                    )
+
+
+def write_status(
+    session: Session, statuses: list[dict[str, Any]], version: int, now: datetime
+) -> None:
+    if not statuses:
+        return
+    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    stmt = ins(QueueStatus).values(
+        [
+            {"queue": s["queue"], "evaluated_at": now, "config_version": version, "status": s}
+            for s in statuses
+        ]
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[QueueStatus.queue],
+        set_={
+            "evaluated_at": stmt.excluded.evaluated_at,
+            "config_version": stmt.excluded.config_version,
+            "status": stmt.excluded.status,
+        },
+    )
+    session.execute(stmt)
+
+
+# --------------------------------------------------------------------------- fast path
+
+
+def fast_path(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) -> TickResult:
+    """Scale from zero without waiting a poll: queues with no capacity at all are read every
+    second, and one with jobs waiting is evaluated at once. Costs one query when every queue
+    has capacity."""
+    now = now or utc_now()
+    with rt.transaction() as session:
+        loaded = rt.load(session)
+        if loaded is None:
+            return TickResult("fast", skipped="no config")
+        empty = _queues_without_capacity(session, loaded)
+    if not empty:
+        return TickResult("fast", loaded.version, skipped="every queue has capacity")
+    readings = read_metrics(rt, loaded, empty)
+    waiting = [q for q in empty if readings[q].pending > 0 and not readings[q].stale]
+    if not waiting:
+        return TickResult("fast", loaded.version, skipped="no job waits at an empty queue")
+    return evaluate(rt, enqueue, trigger="fast", queues=waiting, readings=readings, now=now)
+
+
+def _queues_without_capacity(session: Session, loaded: Loaded) -> list[str]:
+    """Autoscaled queues with no machine serving or on its way (hand-made workers are
+    checked by the evaluation itself)."""
+    busy = {
+        q
+        for (q,) in session.execute(
+            select(Instance.queue)
+            .where(
+                Instance.state.in_(
+                    (
+                        InstanceState.PENDING,
+                        InstanceState.CREATING,
+                        InstanceState.BOOTING,
+                        InstanceState.READY,
+                    )
+                )
+            )
+            .group_by(Instance.queue)
+            .having(func.count() > 0)
+        )
+    }
+    return [q for q in loaded.autoscaled if q not in busy]
+
+
+def slot_horizon(now: datetime) -> datetime:
+    """Tick slots older than this guard against nothing any more."""
+    return now - timedelta(hours=1)

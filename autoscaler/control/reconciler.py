@@ -1,0 +1,156 @@
+"""Reconcile, the shell around the pure `policy.reconcile`: observe, compare, mend.
+
+1. observe the workers (the worker-status port) and list each provider's machines with our label;
+2. `reconcile()` turns rows + lists + orphan sightings into moves, retries and orphan destroys;
+3. apply the moves (conditional writes), backoffs, avoided hosts and events in one transaction;
+4. enqueue the retried steps; destroy orphans past their grace time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, select
+
+from autoscaler.control.observe import observe_celery_workers
+from autoscaler.control.runtime import Loaded, Runtime, log, utc_now
+from autoscaler.credentials import CredentialError
+from autoscaler.lifecycle import InstanceState
+from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile
+from autoscaler.providers.base import ProviderError
+from autoscaler.providers.mock import MockProvider
+from autoscaler.store import fleet
+from autoscaler.store.models import Instance, OrphanSighting
+
+S = InstanceState
+Enqueue = Callable[[str, str], None]
+
+
+def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) -> dict[str, Any]:
+    now = now or utc_now()
+    with rt.transaction() as session:
+        loaded = rt.load(session)
+    if loaded is None:
+        return {"skipped": "no config"}
+    observe_celery_workers(rt, loaded, now)
+    views = list_providers(rt, loaded)
+    with rt.transaction() as session:
+        live = list(fleet.live_rows(session))
+        listed_ids = {m.launch_id for v in views.values() for m in v.machines}
+        closed = (
+            session.scalars(
+                select(Instance).where(
+                    Instance.launch_id.in_(listed_ids - {r.launch_id for r in live}),
+                )
+            ).all()
+            if listed_ids
+            else []
+        )
+        rows = tuple(fleet.as_row(r) for r in [*live, *closed])
+        seen = {
+            (o.provider, o.provider_instance_id): (o.label, o.first_seen_at)
+            for o in session.scalars(select(OrphanSighting))
+        }
+        plan = reconcile(rows, views, seen, loaded.config, now)
+        _apply(rt, session, loaded, plan, now)
+    for r in plan.retries:
+        enqueue(r.step, r.launch_id)
+    for t in plan.transitions:
+        if t.dst == S.TERMINATING:
+            enqueue("terminate", t.launch_id)
+    destroyed = _destroy_orphans(rt, plan, now)
+    return {
+        "transitions": len(plan.transitions),
+        "retries": len(plan.retries),
+        "orphans_destroyed": destroyed,
+        "providers_unreadable": sorted(n for n, v in views.items() if not v.listed),
+    }
+
+
+def list_providers(rt: Runtime, loaded: Loaded) -> dict[str, ProviderView]:
+    """Each provider's machines with our label; a failing list gives `listed=False`."""
+    views: dict[str, ProviderView] = {}
+    for name in loaded.config.providers:
+        try:
+            provider = rt.provider(name)
+            machines = provider.list_owned()
+        except (ProviderError, CredentialError, KeyError, ValueError) as exc:
+            log.warning("reconcile: cannot list %s: %s", name, str(exc)[:300])
+            views[name] = ProviderView(name, listed=False)
+            continue
+        views[name] = ProviderView(
+            name,
+            listed=True,
+            machines=tuple(
+                Listed(m.provider_instance_id, m.launch_id, m.label, m.status, m.host_id)
+                for m in machines
+                if m.launch_id is not None
+            ),
+            ready_when_running=isinstance(provider, MockProvider),
+        )
+    return views
+
+
+def _apply(rt: Runtime, session: Any, loaded: Loaded, plan: ReconcilePlan, now: datetime) -> None:
+    events = []
+    for t in plan.transitions:
+        fields: dict[str, Any] = {}
+        if t.provider_instance_id is not None:
+            fields["provider_instance_id"] = t.provider_instance_id
+        if t.host_id is not None:
+            fields["host_id"] = t.host_id
+        if not fleet.move(session, t.launch_id, t.src, t.dst, now, t.reason, **fields):
+            continue  # someone moved it first
+        events.append(
+            fleet.event(
+                "reconcile",
+                f"{t.src.value}->{t.dst.value}",
+                t.reason,
+                queue=t.queue,
+                launch_id=t.launch_id,
+            )
+        )
+        if t.rental == "failed":
+            fleet.record_rental_failure(
+                session, t.queue, t.provider, now, loaded.config.backoff, t.reason
+            )
+            if t.avoid_host and t.host_id:
+                try:
+                    rt.provider(t.provider).avoid_host(t.host_id, t.reason)
+                except Exception:  # avoiding a host is best effort
+                    log.warning("could not mark host %s avoided", t.host_id, exc_info=True)
+        elif t.rental == "ok":
+            fleet.clear_backoff(session, t.queue, t.provider)
+    session.execute(delete(OrphanSighting))
+    if plan.orphans:
+        session.add_all(
+            OrphanSighting(provider=p, provider_instance_id=pid, label=label, first_seen_at=first)
+            for (p, pid), (label, first) in plan.orphans.items()
+        )
+    fleet.record_events(session, events, now)
+
+
+def _destroy_orphans(rt: Runtime, plan: ReconcilePlan, now: datetime) -> int:
+    done = 0
+    events = []
+    for d in plan.destroys:
+        try:
+            rt.provider(d.provider).destroy(d.provider_instance_id)
+        except (ProviderError, CredentialError, KeyError) as exc:
+            log.warning("orphan %s not destroyed: %s", d.provider_instance_id, exc)
+            continue
+        done += 1
+        events.append(
+            fleet.event(
+                "reconcile",
+                "destroy_orphan",
+                f"{d.label}: {d.reason}",
+                details={"provider": d.provider, "id": d.provider_instance_id},
+            )
+        )
+    if events:
+        with rt.transaction() as session:
+            fleet.record_events(session, events, now)
+    return done

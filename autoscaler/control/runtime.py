@@ -1,0 +1,242 @@
+"""What one control-plane process keeps between tasks: connections and caches, never state.
+
+Everything that must outlive a task (readings, sightings, machines, backoffs) is in the store;
+this only avoids reconnecting and re-parsing on every tick. The config is reloaded when its
+version (or the registered providers) change, which a tick checks with one cheap query.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from autoscaler.config.loader import known_providers
+from autoscaler.config.models import Config, MetricsSource, ProviderConfig, Queue
+from autoscaler.credentials import registered_provider_configs, resolve_api_key
+from autoscaler.metrics.fallback import FallbackReader
+from autoscaler.metrics.registry import ReadGroup, build_source, group_queues, source_url
+from autoscaler.metrics.workers import CeleryWorkerProbe
+from autoscaler.providers.base import Provider
+from autoscaler.providers.registry import build_provider
+from autoscaler.settings import Settings
+from autoscaler.store import config_versions, installation
+from autoscaler.store.db import make_engine, session_factory
+from autoscaler.store.head_sightings import StoredSightings
+from autoscaler.store.metric_readings import StoredReadings
+from autoscaler.store.models import Provider as ProviderRow
+from autoscaler.vault import Vault
+
+log = logging.getLogger("autoscaler.control")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One version of the config as the loop runs it: providers registered in the store and
+    declared in the document merged (the document's declaration wins on a name clash)."""
+
+    version: int
+    config: Config
+
+    @property
+    def autoscaled(self) -> dict[str, Queue]:
+        return {
+            name: q
+            for name, q in self.config.queues.items()
+            if q.autoscale is not None and q.autoscale.enabled
+        }
+
+    def poll_interval(self, queue: str) -> float:
+        auto = self.config.queues[queue].autoscale
+        return (auto.poll_interval if auto else None) or self.config.poll_interval
+
+
+def effective_config(
+    document: Mapping[str, object], registered: Mapping[str, ProviderConfig]
+) -> Config:
+    config = Config.model_validate(document)
+    return config.model_copy(update={"providers": known_providers(config, registered)})
+
+
+class Runtime:
+    """Engine, sessions, the loaded config, built providers, metric sources and worker probes."""
+
+    def __init__(self, settings: Settings | None = None, env: Mapping[str, str] | None = None):
+        self.settings = settings or Settings.from_env()
+        self.env = os.environ if env is None else env
+        self.engine = make_engine(self.settings.database_url)
+        self.sessions = session_factory(self.engine)
+        self._lock = threading.RLock()
+        self._key: tuple[object, ...] | None = None
+        self._loaded: Loaded | None = None
+        self._providers: dict[str, Provider] = {}
+        self._sources: dict[MetricsSource, FallbackReader] = {}
+        self._probes: dict[MetricsSource, CeleryWorkerProbe | None] = {}
+        self._installation: str | None = None
+        self.no_config_logged = False
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        with self.sessions() as session, session.begin():
+            yield session
+
+    # ------------------------------------------------------------------ config
+
+    def load(self, session: Session) -> Loaded | None:
+        """The newest config version (cached until it or the registered providers change)."""
+        version = config_versions.current_version(session)
+        if version is None:
+            return None
+        stamp = session.execute(
+            select(func.count(), func.max(ProviderRow.updated_at)).select_from(ProviderRow)
+        ).one()
+        key = (version, stamp[0], stamp[1])
+        with self._lock:
+            if self._loaded is not None and key == self._key:
+                return self._loaded
+            row = config_versions.get(session, version)
+            assert row is not None
+            loaded = Loaded(
+                version, effective_config(row.document, registered_provider_configs(session))
+            )
+            self._reset()
+            self._key, self._loaded = key, loaded
+            log.info("running config version %d (%d queue(s))", version, len(loaded.config.queues))
+            return loaded
+
+    def installation_id(self, session: Session) -> str:
+        if self._installation is None:
+            self._installation = installation.installation_id(session)
+        return self._installation
+
+    def _reset(self) -> None:
+        for src in self._sources.values():
+            _close(src)
+        for probe in self._probes.values():
+            if probe is not None:
+                _close(probe)
+        self._providers.clear()
+        self._sources.clear()
+        self._probes.clear()
+
+    # ------------------------------------------------------------------ providers
+
+    def provider(self, name: str) -> Provider:
+        """The provider `name` of the loaded config, with its key from the vault or the env.
+        Raises CredentialError / AuthError / KeyError with a message naming the fix."""
+        with self._lock:
+            built = self._providers.get(name)
+            if built is not None:
+                return built
+            loaded = self._loaded
+            if loaded is None or name not in loaded.config.providers:
+                raise KeyError(f"provider {name!r} is neither registered nor in the config")
+            config = loaded.config.providers[name]
+            with self.transaction() as session:
+                row = session.scalar(select(ProviderRow).where(ProviderRow.name == name))
+                encrypted = row.credentials_encrypted if row is not None else None
+                install = self.installation_id(session)
+            key = resolve_api_key(
+                name, config, encrypted, lambda: Vault.from_settings(self.settings), self.env
+            )
+            built = build_provider(
+                name,
+                config,
+                credential=key,
+                installation_id=install,
+                sessions=self.sessions,
+                state_dir=self.settings.home / "local-machines",
+            )
+            self._providers[name] = built
+            return built
+
+    # ------------------------------------------------------------------ metrics
+
+    def read_groups(self, queues: Mapping[str, Queue]) -> list[ReadGroup]:
+        return group_queues(queues)
+
+    def source(self, group: ReadGroup) -> FallbackReader:
+        with self._lock:
+            src = self._sources.get(group.source)
+            if src is None:
+                src = build_source(
+                    group.source,
+                    env=self.env,
+                    sightings=StoredSightings(self.sessions),
+                    last=StoredReadings(self.sessions),
+                )
+                self._sources[group.source] = src
+            return src
+
+    def worker_probe(self, source: MetricsSource) -> CeleryWorkerProbe | None:
+        """Celery's remote control on a watched broker (Redis or RabbitMQ), or None where the
+        source has none (asynq, plain lists, kombu's SQL transport: no broadcast there)."""
+        key = source.model_copy(update={"queue": None})
+        with self._lock:
+            if key in self._probes:
+                return self._probes[key]
+            probe: CeleryWorkerProbe | None = None
+            if source.source == "celery":
+                try:
+                    url = source_url(source, self.env)
+                except ValueError:
+                    url = ""
+                if url.split("://", 1)[0].lower() in (
+                    "redis",
+                    "rediss",
+                    "amqp",
+                    "amqps",
+                    "pyamqp",
+                    "pyamqps",
+                ):
+                    options: dict[str, object] = {}
+                    if source.global_keyprefix:
+                        options["global_keyprefix"] = source.global_keyprefix
+                    probe = CeleryWorkerProbe(url, transport_options=options, timeout=1.0)
+            self._probes[key] = probe
+            return probe
+
+    def close(self) -> None:
+        with self._lock:
+            self._reset()
+        self.engine.dispose()
+
+
+def _close(thing: object) -> None:
+    try:
+        thing.close()  # type: ignore[attr-defined]
+    except Exception:  # closing a broken connection must not break the caller
+        log.debug("closing %r failed", thing, exc_info=True)
+
+
+_RUNTIME: Runtime | None = None
+_RUNTIME_LOCK = threading.Lock()
+
+
+def runtime() -> Runtime:
+    """This process's runtime (created on first use; Celery tasks share it)."""
+    global _RUNTIME
+    with _RUNTIME_LOCK:
+        if _RUNTIME is None:
+            _RUNTIME = Runtime()
+        return _RUNTIME
+
+
+def reset_runtime() -> None:
+    """Forget this process's runtime (after a fork, or in tests)."""
+    global _RUNTIME
+    with _RUNTIME_LOCK:
+        if _RUNTIME is not None:
+            _RUNTIME.close()
+        _RUNTIME = None

@@ -1,0 +1,57 @@
+"""Terminate: destroy a machine and close its row only once the provider confirms it is gone.
+
+Reached only from `terminating`, which a row enters when drained, dead, silent or never ready
+(never straight from serving for a scale-down). A failed or unconfirmed destroy leaves the row
+terminating; reconcile enqueues this step again until the provider no longer lists it.
+"""
+
+from __future__ import annotations
+
+from autoscaler.control.runtime import Runtime, log, utc_now
+from autoscaler.credentials import CredentialError
+from autoscaler.lifecycle import InstanceState, MachineStatus
+from autoscaler.providers.base import ProviderError
+from autoscaler.providers.labels import make_label
+from autoscaler.store import fleet
+
+S = InstanceState
+
+
+def run_terminate(rt: Runtime, launch_id: str) -> str:
+    with rt.transaction() as session:
+        rt.load(session)
+        row = fleet.get(session, launch_id)
+        if row is None or row.state != S.TERMINATING:
+            return f"not terminating ({row.state.value if row else 'no such machine'})"
+        queue, provider_name, pid = row.queue, row.provider, row.provider_instance_id
+        label = make_label(rt.installation_id(session), launch_id)
+    try:
+        provider = rt.provider(provider_name)
+        if pid is None:
+            found = provider.find_by_label(label)
+            pid = found.provider_instance_id if found is not None else None
+        if pid is not None:
+            provider.destroy(pid)
+            after = provider.get(pid)
+            if after is not None and after.status != MachineStatus.GONE:
+                return f"waiting: {pid} is still {after.status.value} at the provider"
+    except (ProviderError, CredentialError, KeyError) as exc:
+        log.warning("terminate %s: %s", launch_id, exc)
+        return f"waiting: {str(exc)[:300]}"
+    now = utc_now()
+    with rt.transaction() as session:
+        if fleet.move(session, launch_id, S.TERMINATING, S.TERMINATED, now, "destroyed"):
+            fleet.record_events(
+                session,
+                [
+                    fleet.event(
+                        "terminate",
+                        "destroyed",
+                        f"{provider_name} destroyed {pid or label}",
+                        queue=queue,
+                        launch_id=launch_id,
+                    )
+                ],
+                now,
+            )
+    return "terminated"

@@ -1,0 +1,337 @@
+"""reconcile(rows, providers, orphans, config, now) -> ReconcilePlan: mend records and machines.
+
+The pure half of the reconciler (Ray autoscaler v2's instance manager is the model): it compares
+our rows with what each provider lists under our label and with the last signs of life of the
+workers, and proposes moves along `lifecycle.ALLOWED_TRANSITIONS`, each with its reason:
+
+- a create whose outcome is unknown (worker killed mid-call, 5xx, timeout) is adopted when its
+  label shows up, and failed after `CREATE_GRACE` if it never does;
+- booting: worker seen -> ready; dead or gone at the provider, or no worker by the boot
+  timeout -> terminate (a failed rental: backoff, host avoided);
+- ready or draining: gone -> lost; dead at the provider, or silent past the heartbeat timeout
+  -> terminate. These are the only ways a machine whose worker may be busy is destroyed;
+- drained -> terminating; terminating -> terminated once the provider no longer lists it;
+- an intent no launch picked up, a drain or a destroy not finished: retried;
+- a machine carrying our label that no live row owns (an orphan) is destroyed once it has been
+  seen for `ORPHAN_GRACE`.
+
+A provider whose list could not be read decides nothing that depends on its list: missing data
+never destroys or closes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from autoscaler.config.models import Config
+from autoscaler.lifecycle import FINAL_STATES, InstanceState, MachineStatus, can_move
+
+S = InstanceState
+
+CREATE_GRACE = 120.0
+"""Seconds a create of unknown outcome is looked for by label before the launch is failed."""
+
+ORPHAN_GRACE = 300.0
+"""Seconds a machine with our label and no live row is left alone before it is destroyed (a
+launch that is writing its row right now must not lose its machine)."""
+
+INTENT_STALE = 30.0
+"""Seconds after which a launch intent nobody claimed (its task lost) is enqueued again."""
+
+STEP_RETRY = 30.0
+"""Seconds after which an unfinished drain or destroy is enqueued again (or one poll interval,
+if shorter)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One instance row as the reconciler sees it. `since` is when it entered its state;
+    `last_seen_at` is the last sign of life of its worker (agent heartbeat or broker)."""
+
+    launch_id: str
+    queue: str
+    provider: str
+    state: InstanceState
+    since: datetime
+    provider_instance_id: str | None = None
+    host_id: str | None = None
+    last_seen_at: datetime | None = None
+    running_tasks: int = 0
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One machine a provider lists under our label."""
+
+    provider_instance_id: str
+    launch_id: str
+    label: str
+    status: MachineStatus
+    host_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ProviderView:
+    """What one provider says. `listed=False`: its list failed, so nothing is known.
+    `ready_when_running`: its machines have no worker to report (mock): running means ready."""
+
+    provider: str
+    listed: bool
+    machines: tuple[Listed, ...] = ()
+    ready_when_running: bool = False
+
+
+@dataclass(frozen=True)
+class Transition:
+    """Move `launch_id` from `src` to `dst`. `rental` feeds the backoff of (queue, provider):
+    "failed" adds a failure (and `avoid_host` marks the host), "ok" clears it."""
+
+    launch_id: str
+    queue: str
+    provider: str
+    src: InstanceState
+    dst: InstanceState
+    reason: str
+    provider_instance_id: str | None = None
+    host_id: str | None = None
+    rental: Literal["failed", "ok"] | None = None
+    avoid_host: bool = False
+
+    def __post_init__(self) -> None:
+        if not can_move(self.src, self.dst):
+            raise ValueError(f"{self.src} -> {self.dst} is not an allowed transition")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Enqueue the task of a lifecycle step again (its earlier task was lost or is waiting)."""
+
+    launch_id: str
+    queue: str
+    step: Literal["launch", "drain", "terminate"]
+    reason: str
+
+
+@dataclass(frozen=True)
+class DestroyOrphan:
+    provider: str
+    provider_instance_id: str
+    label: str
+    reason: str
+
+
+OrphanKey = tuple[str, str]
+"""(provider, provider instance id)"""
+
+
+@dataclass(frozen=True)
+class ReconcilePlan:
+    transitions: tuple[Transition, ...] = ()
+    retries: tuple[Retry, ...] = ()
+    destroys: tuple[DestroyOrphan, ...] = ()
+    orphans: Mapping[OrphanKey, tuple[str, datetime]] | None = None
+    """Every orphan now seen, with its label and first sighting (what the store keeps)."""
+
+
+def reconcile(
+    rows: tuple[Row, ...],
+    providers: Mapping[str, ProviderView],
+    orphans_seen: Mapping[OrphanKey, tuple[str, datetime]],
+    config: Config,
+    now: datetime,
+) -> ReconcilePlan:
+    """Every move, retry and orphan destroy that the rows and the providers' lists call for."""
+    if now.tzinfo is None:
+        raise ValueError("reconcile() needs an aware datetime for now (UTC)")
+    listed = {
+        name: {m.launch_id: m for m in view.machines if m.status != MachineStatus.GONE}
+        for name, view in providers.items()
+        if view.listed
+    }
+    transitions: list[Transition] = []
+    retries: list[Retry] = []
+    for row in rows:
+        view = providers.get(row.provider)
+        known = listed.get(row.provider)
+        machine = known.get(row.launch_id) if known is not None else None
+        step = _row(row, view, known is not None, machine, config, now)
+        if isinstance(step, Transition):
+            transitions.append(step)
+        elif isinstance(step, Retry):
+            retries.append(step)
+    destroys, orphans = _orphans(rows, providers, orphans_seen, now)
+    return ReconcilePlan(tuple(transitions), tuple(retries), destroys, orphans)
+
+
+def _age(since: datetime | None, now: datetime) -> float:
+    return (now - since).total_seconds() if since is not None else float("inf")
+
+
+def _row(
+    row: Row,
+    view: ProviderView | None,
+    known: bool,
+    machine: Listed | None,
+    config: Config,
+    now: datetime,
+) -> Transition | Retry | None:
+    def move(
+        dst: InstanceState,
+        reason: str,
+        *,
+        provider_instance_id: str | None = None,
+        host_id: str | None = None,
+        rental: Literal["failed", "ok"] | None = None,
+        avoid_host: bool = False,
+    ) -> Transition:
+        return Transition(
+            row.launch_id,
+            row.queue,
+            row.provider,
+            row.state,
+            dst,
+            reason,
+            provider_instance_id=provider_instance_id,
+            host_id=host_id,
+            rental=rental,
+            avoid_host=avoid_host,
+        )
+
+    state, age = row.state, _age(row.since, now)
+    step_retry = min(STEP_RETRY, config.poll_interval)
+    queue_cfg = config.queues.get(row.queue)
+    auto = queue_cfg.autoscale if queue_cfg is not None else None
+    boot_timeout = (auto.boot_timeout if auto else None) or config.boot_timeout
+    dead = machine is not None and machine.status == MachineStatus.DEAD
+    running = machine is not None and machine.status == MachineStatus.RUNNING
+    seen = row.last_seen_at
+    if view is not None and view.ready_when_running and running:
+        seen = now  # a mock machine has no worker: running is its sign of life
+    silent_for = _age(seen if seen is not None else row.since, now)
+    host = machine.host_id if machine is not None else row.host_id
+
+    if state == S.PENDING:
+        if age >= INTENT_STALE:
+            return Retry(row.launch_id, row.queue, "launch", f"intent unclaimed for {age:.0f}s")
+        return None
+    if state == S.CREATING:
+        if machine is not None:
+            return move(
+                S.BOOTING,
+                f"create confirmed: {machine.provider_instance_id} carries its label",
+                provider_instance_id=machine.provider_instance_id,
+                host_id=machine.host_id,
+            )
+        if known and age >= CREATE_GRACE:
+            return move(
+                S.FAILED,
+                f"create outcome unknown and no machine with its label after {age:.0f}s",
+                rental="failed",
+            )
+        return None
+    if state in (S.BOOTING, S.READY, S.DRAINING, S.DRAINED) and known and machine is None:
+        return move(S.LOST, f"gone at the provider while {state.value}", rental=_failed(state))
+    if state in (S.BOOTING, S.READY, S.DRAINING) and dead:
+        return move(
+            S.TERMINATING,
+            f"dead at the provider while {state.value} ({machine.status if machine else '?'})",
+            rental=_failed(state),
+            avoid_host=state == S.BOOTING and host is not None,
+            host_id=host,
+        )
+    if state == S.BOOTING:
+        if seen is not None and seen >= row.since:
+            return move(S.READY, "its worker is up", rental="ok")
+        if age >= boot_timeout:
+            return move(
+                S.TERMINATING,
+                f"no ready worker after the boot timeout ({boot_timeout:.0f}s)",
+                rental="failed",
+                avoid_host=host is not None,
+                host_id=host,
+            )
+        return None
+    if state in (S.READY, S.DRAINING) and silent_for >= config.heartbeat_timeout:
+        return move(
+            S.TERMINATING,
+            f"silent for {silent_for:.0f}s (heartbeat timeout {config.heartbeat_timeout:.0f}s)"
+            + (f"; it reported {row.running_tasks} running task(s)" if row.running_tasks else ""),
+        )
+    if state == S.DRAINING and age >= step_retry:
+        overdue = age >= config.drain_timeout
+        return Retry(
+            row.launch_id,
+            row.queue,
+            "drain",
+            f"draining for {age:.0f}s"
+            + (
+                f", past the drain timeout ({config.drain_timeout:.0f}s) but still busy: waiting"
+                if overdue and row.running_tasks
+                else ""
+            ),
+        )
+    if state == S.DRAINED:
+        return move(S.TERMINATING, "drained: destroy the machine")
+    if state == S.TERMINATING:
+        if known and (machine is None):
+            return move(S.TERMINATED, "the provider no longer lists it")
+        if age >= step_retry:
+            return Retry(row.launch_id, row.queue, "terminate", f"terminating for {age:.0f}s")
+    return None
+
+
+def _failed(state: InstanceState) -> Literal["failed"] | None:
+    """A machine lost before it ever served is a failed rental (it feeds the backoff)."""
+    return "failed" if state == S.BOOTING else None
+
+
+def _orphans(
+    rows: tuple[Row, ...],
+    providers: Mapping[str, ProviderView],
+    seen_before: Mapping[OrphanKey, tuple[str, datetime]],
+    now: datetime,
+) -> tuple[tuple[DestroyOrphan, ...], dict[OrphanKey, tuple[str, datetime]]]:
+    owners = {r.launch_id: r for r in rows}
+    destroys: list[DestroyOrphan] = []
+    orphans: dict[OrphanKey, tuple[str, datetime]] = {}
+    for name, view in providers.items():
+        if not view.listed:
+            # Unknown now: keep what was known so the grace time is not restarted.
+            orphans.update({k: v for k, v in seen_before.items() if k[0] == name})
+            continue
+        for m in view.machines:
+            if m.status == MachineStatus.GONE:
+                continue
+            owner = owners.get(m.launch_id)
+            why = _orphan_reason(owner, name, m)
+            if why is None:
+                continue
+            key = (name, m.provider_instance_id)
+            first = seen_before.get(key, (m.label, now))[1]
+            orphans[key] = (m.label, first)
+            age = _age(first, now)
+            if age >= ORPHAN_GRACE:
+                destroys.append(
+                    DestroyOrphan(
+                        name, m.provider_instance_id, m.label, f"{why}; seen for {age:.0f}s"
+                    )
+                )
+    return tuple(destroys), orphans
+
+
+def _orphan_reason(owner: Row | None, provider: str, m: Listed) -> str | None:
+    if owner is None:
+        return "carries our label but no row owns it"
+    if owner.provider != provider:
+        return f"its row belongs to provider {owner.provider!r}"
+    if owner.state in FINAL_STATES:
+        return f"its row is {owner.state.value}"
+    if owner.provider_instance_id not in (None, m.provider_instance_id):
+        return (
+            f"a second machine for launch {owner.launch_id} "
+            f"(the row owns {owner.provider_instance_id})"
+        )
+    return None

@@ -1,0 +1,291 @@
+"""The control loop's reads and writes of machines, backoffs, manual targets and events.
+
+Reads are batched (one query per table, whatever the number of queues or machines) and hand
+out the decision core's frozen records, never ORM rows. Every state change is a conditional
+write on the row's current state (`move`), so two processes acting on one machine cannot both
+win, and a redelivered task finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.orm import Session
+
+from autoscaler.config.models import Backoff
+from autoscaler.lifecycle import LIVE_STATES, InstanceState, can_move
+from autoscaler.policy.backoff import after_failure
+from autoscaler.policy.reconcile import Row
+from autoscaler.policy.snapshot import BackoffState, Machine, ManualTarget
+from autoscaler.store.models import Instance, RentalBackoff, ScaleEvent
+from autoscaler.store.models import ManualTarget as ManualTargetRow
+
+STATE_SINCE = {
+    InstanceState.PENDING: "pending_at",
+    InstanceState.CREATING: "creating_at",
+    InstanceState.BOOTING: "booting_at",
+    InstanceState.READY: "ready_at",
+    InstanceState.DRAINING: "draining_at",
+    InstanceState.DRAINED: "drained_at",
+    InstanceState.TERMINATING: "terminating_at",
+    InstanceState.TERMINATED: "terminated_at",
+    InstanceState.FAILED: "failed_at",
+    InstanceState.LOST: "lost_at",
+}
+"""The timestamp column each state sets when a row enters it."""
+
+
+# --------------------------------------------------------------------------- reads
+
+
+def live_rows(session: Session) -> Sequence[Instance]:
+    """Every row that may still bill (one query)."""
+    return session.scalars(
+        select(Instance).where(Instance.state.in_(LIVE_STATES)).order_by(Instance.id)
+    ).all()
+
+
+def since(row: Instance) -> datetime:
+    """When the row entered its current state."""
+    return getattr(row, STATE_SINCE[row.state]) or row.created_at
+
+
+def as_machine(row: Instance) -> Machine:
+    return Machine(
+        launch_id=row.launch_id,
+        state=row.state,
+        created_at=row.created_at,
+        provider=row.provider,
+        ready_at=row.ready_at,
+        running_tasks=row.running_tasks,
+        last_task_at=row.last_task_at,
+        drain_requested=row.drain_requested,
+        price_per_hour=row.price_per_hour,
+    )
+
+
+def as_row(row: Instance) -> Row:
+    return Row(
+        launch_id=row.launch_id,
+        queue=row.queue,
+        provider=row.provider,
+        state=row.state,
+        since=since(row),
+        provider_instance_id=row.provider_instance_id,
+        host_id=row.host_id,
+        last_seen_at=row.last_heartbeat_at,
+        running_tasks=row.running_tasks,
+    )
+
+
+def machines_by_queue(rows: Iterable[Instance]) -> dict[str, tuple[Machine, ...]]:
+    out: dict[str, list[Machine]] = defaultdict(list)
+    for row in rows:
+        out[row.queue].append(as_machine(row))
+    return {q: tuple(ms) for q, ms in out.items()}
+
+
+def backoffs(session: Session) -> dict[str, tuple[BackoffState, ...]]:
+    out: dict[str, list[BackoffState]] = defaultdict(list)
+    for b in session.scalars(select(RentalBackoff)):
+        out[b.queue].append(BackoffState(b.provider, b.failures, b.until, b.last_error))
+    return {q: tuple(bs) for q, bs in out.items()}
+
+
+def manual_targets(session: Session, now: datetime) -> dict[str, ManualTarget]:
+    """Targets still in force; expired ones are deleted on the way."""
+    session.execute(delete(ManualTargetRow).where(ManualTargetRow.until <= now))
+    return {
+        t.queue: ManualTarget(t.workers, t.until, t.set_by)
+        for t in session.scalars(select(ManualTargetRow))
+    }
+
+
+def get(session: Session, launch_id: str) -> Instance | None:
+    return session.scalar(select(Instance).where(Instance.launch_id == launch_id))
+
+
+# --------------------------------------------------------------------------- writes
+
+
+def add_intents(
+    session: Session, intents: Sequence[tuple[str, str, str, str]], now: datetime
+) -> None:
+    """Launch intents (launch_id, queue, provider, reason): rows written before any create."""
+    if not intents:
+        return
+    session.execute(
+        insert(Instance),
+        [
+            {
+                "launch_id": launch_id,
+                "queue": queue,
+                "provider": provider,
+                "state": InstanceState.PENDING,
+                "state_reason": reason[:2000],
+                "pending_at": now,
+                "created_at": now,
+                "updated_at": now,
+                "attempts": 0,
+                "drain_requested": False,
+                "running_tasks": 0,
+            }
+            for launch_id, queue, provider, reason in intents
+        ],
+    )
+
+
+def move(
+    session: Session,
+    launch_id: str,
+    src: InstanceState | Sequence[InstanceState],
+    dst: InstanceState,
+    now: datetime,
+    reason: str,
+    **fields: Any,
+) -> bool:
+    """Move a row from `src` (one state or several) to `dst` if it is still there; True if moved.
+
+    The write is conditional on the current state, so of two processes making the same move
+    exactly one succeeds. Only the lifecycle's allowed transitions are accepted.
+    """
+    sources = (src,) if isinstance(src, InstanceState) else tuple(src)
+    for s in sources:
+        if not can_move(s, dst):
+            raise ValueError(f"{s} -> {dst} is not an allowed transition")
+    values = {"state": dst, STATE_SINCE[dst]: now, "state_reason": reason[:2000], "updated_at": now}
+    values.update(fields)
+    result = session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id, Instance.state.in_(sources))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def note_busy(session: Session, launch_id: str, running: int, now: datetime) -> None:
+    """What a worker just said about its tasks (the drain step asks it directly)."""
+    session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id)
+        .values(running_tasks=running, last_task_at=now, last_heartbeat_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def set_drain_requested(session: Session, launch_ids: Sequence[str], value: bool) -> None:
+    if launch_ids:
+        session.execute(
+            update(Instance)
+            .where(Instance.launch_id.in_(launch_ids), Instance.state == InstanceState.READY)
+            .values(drain_requested=value)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def record_rental_failure(
+    session: Session, queue: str, provider: str, now: datetime, config: Backoff, error: str
+) -> BackoffState:
+    """One more failure of (queue, provider): the backoff grows (and survives restarts)."""
+    row = session.get(RentalBackoff, (queue, provider), with_for_update=True)
+    previous = BackoffState(provider, row.failures, row.until, row.last_error) if row else None
+    state = after_failure(previous, queue, provider, now, config, error[:2000])
+    if row is None:
+        session.add(
+            RentalBackoff(
+                queue=queue,
+                provider=provider,
+                failures=state.failures,
+                until=state.until,
+                last_error=state.last_error,
+            )
+        )
+    else:
+        row.failures, row.until, row.last_error = state.failures, state.until, state.last_error
+    session.flush()
+    return state
+
+
+def extend_backoff(
+    session: Session, queue: str, provider: str, until: datetime, error: str
+) -> None:
+    """No launch before `until` (a provider's rate-limit reset), without counting a failure."""
+    row = session.get(RentalBackoff, (queue, provider), with_for_update=True)
+    if row is None:
+        session.add(
+            RentalBackoff(queue=queue, provider=provider, failures=0, until=until, last_error=error)
+        )
+    elif row.until < until:
+        row.until, row.last_error = until, error
+    session.flush()
+
+
+def clear_backoff(session: Session, queue: str, provider: str) -> None:
+    session.execute(
+        delete(RentalBackoff).where(
+            RentalBackoff.queue == queue, RentalBackoff.provider == provider
+        )
+    )
+
+
+def set_manual_target(
+    session: Session, queue: str, workers: int, until: datetime, by: str, now: datetime
+) -> None:
+    row = session.get(ManualTargetRow, queue)
+    if row is None:
+        session.add(
+            ManualTargetRow(queue=queue, workers=workers, until=until, set_by=by, set_at=now)
+        )
+    else:
+        row.workers, row.until, row.set_by, row.set_at = workers, until, by, now
+    session.flush()
+
+
+def clear_manual_target(session: Session, queue: str) -> bool:
+    result = session.execute(delete(ManualTargetRow).where(ManualTargetRow.queue == queue))
+    return bool(getattr(result, "rowcount", 0))
+
+
+def record_events(session: Session, events: Sequence[Mapping[str, Any]], now: datetime) -> None:
+    """Audit trail rows: queue, kind, action, launch_id, reason, details (one statement)."""
+    if not events:
+        return
+    session.execute(
+        insert(ScaleEvent),
+        [
+            {
+                "at": now,
+                "queue": e.get("queue"),
+                "kind": e["kind"],
+                "action": e["action"],
+                "launch_id": e.get("launch_id"),
+                "reason": str(e["reason"])[:4000],
+                "details": e.get("details"),
+            }
+            for e in events
+        ],
+    )
+
+
+def event(
+    kind: str,
+    action: str,
+    reason: str,
+    *,
+    queue: str | None = None,
+    launch_id: str | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "action": action,
+        "reason": reason,
+        "queue": queue,
+        "launch_id": launch_id,
+        "details": dict(details) if details is not None else None,
+    }

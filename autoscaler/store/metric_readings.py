@@ -1,0 +1,85 @@
+"""Last good queue readings in the store: a failing source falls back to the same numbers in
+every worker process, and after a restart (`metrics.fallback.LastReadings`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session, sessionmaker
+
+from autoscaler.policy.snapshot import QueueMetrics
+from autoscaler.store.models import MetricReading
+
+
+def to_json(m: QueueMetrics) -> dict[str, Any]:
+    data = asdict(m)
+    data["read_at"] = m.read_at.isoformat()
+    return data
+
+
+def from_json(data: Mapping[str, Any]) -> QueueMetrics:
+    return QueueMetrics(
+        queue=str(data["queue"]),
+        pending=int(data["pending"]),
+        oldest_pending_age=data.get("oldest_pending_age"),
+        in_flight=int(data["in_flight"]),
+        read_at=datetime.fromisoformat(str(data["read_at"])),
+        broker_workers=tuple(data.get("broker_workers") or ()),
+        external=tuple((str(k), float(v)) for k, v in data.get("external") or ()),
+        external_degraded=tuple(data.get("external_degraded") or ()),
+        stale=bool(data.get("stale", False)),
+        error=data.get("error"),
+    )
+
+
+def save(session: Session, source: str, readings: Mapping[str, QueueMetrics]) -> None:
+    """Upsert every reading in one statement."""
+    if not readings:
+        return
+    rows = [
+        {"source": source[:300], "queue": q[:200], "reading": to_json(m), "read_at": m.read_at}
+        for q, m in readings.items()
+    ]
+    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    stmt = ins(MetricReading).values(rows)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[MetricReading.source, MetricReading.queue],
+        set_={"reading": stmt.excluded.reading, "read_at": stmt.excluded.read_at},
+    )
+    session.execute(stmt)
+
+
+def load(
+    session: Session, source: str, queues: Sequence[str], since: datetime
+) -> dict[str, QueueMetrics]:
+    rows = session.execute(
+        select(MetricReading.queue, MetricReading.reading).where(
+            MetricReading.source == source[:300],
+            MetricReading.queue.in_([q[:200] for q in queues]),
+            MetricReading.read_at >= since,
+        )
+    ).all()
+    return {q: from_json(r) for q, r in rows}
+
+
+class StoredReadings:
+    """`LastReadings` backed by the state store."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self._factory = factory
+
+    def save(self, source: str, readings: Mapping[str, QueueMetrics]) -> None:
+        with self._factory() as session, session.begin():
+            save(session, source, readings)
+
+    def load(
+        self, source: str, queues: Sequence[str], since: datetime
+    ) -> dict[str, QueueMetrics]:
+        with self._factory() as session, session.begin():
+            return load(session, source, queues, since)
