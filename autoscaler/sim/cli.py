@@ -7,7 +7,7 @@ import json
 import click
 
 from autoscaler.config import ConfigError
-from autoscaler.sim.report import HEADER, fmt_bound, fmt_row
+from autoscaler.sim.report import HEADER, LEGEND, fmt_bound, fmt_row
 from autoscaler.sim.run import compare_files
 from autoscaler.sim.trace import TraceError
 
@@ -64,3 +64,5 @@ def simulate(trace: str, config_path: str, queue: str | None, seed: int, as_json
     for r in reports:
         click.echo(fmt_row(r))
     click.echo(fmt_bound(reports[0], price))
+    click.echo("")
+    click.echo(LEGEND)
