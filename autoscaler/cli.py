@@ -25,7 +25,7 @@ from autoscaler.credentials import (
 )
 from autoscaler.settings import CONTROL_KEYPREFIX, Settings, redact_url
 from autoscaler.sim.cli import simulate
-from autoscaler.store import migrate, queue_configs
+from autoscaler.store import config_versions, migrate
 from autoscaler.store import providers as provider_store
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.vault import Vault, VaultError, generate_key
@@ -118,39 +118,124 @@ def validate(file: str) -> None:
     "--by",
     "changed_by",
     default=lambda: os.environ.get("USER", "unknown"),
-    help="Who makes this change (recorded with each new version).",
+    help="Who makes this change (recorded with the new version).",
 )
-@click.option("--comment", help="Why (recorded with each new version).")
+@click.option("--comment", help="Why (recorded with the new version).")
 def apply(file: str, changed_by: str, comment: str | None) -> None:
-    """Validate FILE and record each queue's effective config as a new version if it changed.
+    """Validate FILE and record the whole config as a new version if it changed.
 
-    All queues are recorded in one transaction: a refused config records nothing.
+    The control loop runs the newest version and picks it up within one tick. A refused
+    config records nothing.
     """
     settings = _settings()
     with transaction(_sessions(settings)) as session:
         config = _load_checked(file, registered_provider_configs(session), settings)
-        now = datetime.now(UTC)
-        for name, queue in config.queues.items():
-            row = queue_configs.record(
-                session, name, queue.model_dump(mode="json"), changed_by, now, comment
+        row = config_versions.record(
+            session, config.model_dump(mode="json"), changed_by, datetime.now(UTC), comment
+        )
+        if row is None:
+            click.echo(f"{file}: unchanged (the loop keeps running the newest version)")
+            return
+        click.echo(
+            f"{file}: recorded as version {row.version} ({len(config.queues)} queue(s)); "
+            "the loop picks it up within one tick"
+        )
+
+
+@main.command()
+@click.option("--queue", help="Only the versions that changed this queue.")
+def history(queue: str | None) -> None:
+    """Every recorded config version: when, by whom, why, and which queues it changed."""
+    with transaction(_sessions(_settings())) as session:
+        rows = config_versions.history(session)
+        if not rows:
+            _fail("no config recorded yet; record one with 'autoscaler apply FILE'")
+        previous: dict[str, Any] = {}
+        shown = 0
+        for row in rows:
+            changed = _changed_parts(previous, row.document)
+            previous = row.document
+            if queue is not None and f"queues.{queue}" not in changed:
+                continue
+            shown += 1
+            note = f" — {row.comment}" if row.comment else ""
+            what = ", ".join(changed) or "no change"
+            click.echo(
+                f"v{row.version}\t{row.changed_at:%Y-%m-%d %H:%M:%S}Z\t{row.changed_by}\t"
+                f"{what}{note}"
             )
-            state = f"version {row.version}" if row else "unchanged"
-            click.echo(f"queue {name}: {state}")
+        if queue is not None and not shown:
+            _fail(f"no recorded version changed queue {queue!r}")
+
+
+def _changed_parts(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """Top-level keys (and queues one by one) that differ between two documents."""
+    out = []
+    for key in sorted(set(before) | set(after)):
+        if key == "queues":
+            old, new = before.get("queues") or {}, after.get("queues") or {}
+            out += [f"queues.{q}" for q in sorted(set(old) | set(new)) if old.get(q) != new.get(q)]
+        elif before.get(key) != after.get(key):
+            out.append(key)
+    return out
+
+
+# ---------------------------------------------------------------------------- the loop
 
 
 @main.command()
 @click.argument("queue")
-def history(queue: str) -> None:
-    """Every recorded version of QUEUE's config: when, by whom, why."""
-    with transaction(_sessions(_settings())) as session:
-        rows = queue_configs.history(session, queue)
-        if not rows:
-            _fail(f"no config recorded for queue {queue!r}; record one with 'autoscaler apply'")
-        for row in rows:
-            note = f" — {row.comment}" if row.comment else ""
-            click.echo(
-                f"v{row.version}\t{row.changed_at:%Y-%m-%d %H:%M:%S}Z\t{row.changed_by}{note}"
-            )
+@click.argument("workers", required=False)
+@click.option("--for", "for_", help="How long the target holds (default 1h), e.g. 30m, 2h.")
+@click.option("--auto", "auto", is_flag=True, help="Drop the manual target: triggers decide.")
+@click.option("--by", default=lambda: os.environ.get("USER", "operator"), help="Who asks.")
+def scale(queue: str, workers: str | None, for_: str | None, auto: bool, by: str) -> None:
+    """Pin QUEUE at WORKERS machines (within max_workers) for a while; 0 releases them all.
+
+    Busy workers are never stopped: they are drained once their task ends. The next tick acts
+    on it (the same as `celery -A autoscaler call autoscaler.scale --args '["QUEUE", N]'`).
+    """
+    from autoscaler.control.manual import ManualError, set_target
+    from autoscaler.control.runtime import Runtime
+
+    if auto == (workers is not None):
+        _fail("give WORKERS (a whole number, 0 releases every machine) or --auto, not both")
+    count: int | None = None
+    if workers is not None:
+        try:
+            count = int(workers)
+        except ValueError:
+            _fail(f"WORKERS must be a whole number ≥ 0, not {workers!r}")
+    settings = _settings()
+    _sessions(settings)  # refuses a store that was never migrated
+    rt = Runtime(settings)
+    try:
+        click.echo(set_target(rt, queue, count, for_, by=by))
+    except ManualError as exc:
+        _fail(str(exc))
+    finally:
+        rt.close()
+
+
+@main.command()
+@click.argument("launch_id")
+@click.option("--by", default=lambda: os.environ.get("USER", "operator"), help="Who asks.")
+def drain(launch_id: str, by: str) -> None:
+    """Drain one machine: it takes no new job, finishes its task, then is destroyed."""
+    from autoscaler.control.drain import run_drain
+    from autoscaler.control.manual import ManualError, request_drain
+    from autoscaler.control.runtime import Runtime
+
+    settings = _settings()
+    _sessions(settings)
+    rt = Runtime(settings)
+    try:
+        click.echo(request_drain(rt, launch_id, by))
+        click.echo(run_drain(rt, launch_id, f"{by} asked to drain it"))
+    except ManualError as exc:
+        _fail(str(exc))
+    finally:
+        rt.close()
 
 
 # ------------------------------------------------------------------------------ providers

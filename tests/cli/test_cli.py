@@ -88,12 +88,12 @@ def test_bad_config_is_refused_and_changes_nothing(cli, db_url, tmp_path):
     bad.write_text((EXAMPLES / "seed.yaml").read_text().replace('"5m"', '"5 minutes"'))
     engine = make_engine(db_url)
     with engine.connect() as c:
-        before = c.execute(text("SELECT count(*) FROM queue_configs")).scalar()
+        before = c.execute(text("SELECT count(*) FROM config_versions")).scalar()
     result = cli("validate", str(bad))
     assert result.exit_code != 0
     assert "max_latency" in result.output and "'5 minutes' is not a duration" in result.output
     with engine.connect() as c:
-        assert c.execute(text("SELECT count(*) FROM queue_configs")).scalar() == before
+        assert c.execute(text("SELECT count(*) FROM config_versions")).scalar() == before
     engine.dispose()
 
 
@@ -235,18 +235,19 @@ def test_apply_records_a_version_only_when_the_effective_config_changes(cli, tmp
     cfg.write_text((EXAMPLES / "full.yaml").read_text())
     first = cli("apply", str(cfg), "--by", "alice", "--comment", "first")
     assert first.exit_code == 0, first.output
-    assert "queue inference: version 1" in first.output
+    assert "recorded as version 1 (3 queue(s))" in first.output
     again = cli("apply", str(cfg), "--by", "bob")
-    assert "queue inference: unchanged" in again.output
+    assert "unchanged" in again.output
     cfg.write_text(cfg.read_text().replace("threshold: 50", "threshold: 80"))
     changed = cli("apply", str(cfg), "--by", "bob", "--comment", "fewer machines")
-    assert "queue inference: version 2" in changed.output
-    assert "queue llm: unchanged" in changed.output
-    hist = cli("history", "inference")
-    lines = hist.output.strip().splitlines()
+    assert "recorded as version 2" in changed.output
+    lines = cli("history").output.strip().splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith("v1") and "alice — first" in lines[0]
-    assert lines[1].startswith("v2") and "bob — fewer machines" in lines[1]
+    assert lines[0].startswith("v1") and "alice" in lines[0] and lines[0].endswith("— first")
+    assert lines[1].startswith("v2") and "bob\tqueues.inference — fewer machines" in lines[1]
+    # only the versions that changed a queue, when asked for one
+    llm = cli("history", "--queue", "llm").output.strip().splitlines()
+    assert [line.split("\t")[0] for line in llm] == ["v1"]
 
 
 def test_apply_of_a_refused_config_records_nothing(cli, tmp_path):
@@ -255,4 +256,4 @@ def test_apply_of_a_refused_config_records_nothing(cli, tmp_path):
     cfg.write_text(text_.replace("max_workers: 3", "max_workers: -3"))
     result = cli("apply", str(cfg))
     assert result.exit_code != 0 and "max_workers" in result.output
-    assert cli("history", "inference").exit_code != 0
+    assert cli("history").exit_code != 0
