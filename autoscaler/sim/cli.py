@@ -8,8 +8,8 @@ import click
 
 from autoscaler.config import ConfigError
 from autoscaler.sim.report import HEADER, LEGEND, fmt_bound, fmt_row
-from autoscaler.sim.run import compare_files
-from autoscaler.sim.trace import TraceError
+from autoscaler.sim.run import compare, jobs_for, load_sim_config, pick_queue, warnings_for
+from autoscaler.sim.trace import TraceError, load_trace
 
 
 @click.command("simulate")
@@ -43,9 +43,13 @@ from autoscaler.sim.trace import TraceError
 def simulate(trace: str, config_path: str, queue: str | None, seed: int, as_json: bool) -> None:
     """Replay TRACE on a virtual clock through decide() and two baselines; print the cost."""
     try:
-        name, reports, price = compare_files(trace, config_path, queue, seed)
+        config = load_sim_config(config_path)
+        name = pick_queue(config, queue)
+        jobs = jobs_for(load_trace(trace), name, name)
+        reports, price = compare(config, name, jobs, seed)
     except (ConfigError, TraceError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    warnings = warnings_for(config, name, reports)
     if as_json:
         click.echo(
             json.dumps(
@@ -53,6 +57,8 @@ def simulate(trace: str, config_path: str, queue: str | None, seed: int, as_json
                     "queue": name,
                     "price_per_hour": price,
                     "lower_bound_dollars": reports[0].lower_bound_dollars,
+                    "saturated_at_max_workers": any(r.saturated for r in reports),
+                    "warnings": warnings,
                     "policies": [r.as_dict() for r in reports],
                 },
                 indent=2,
@@ -60,6 +66,8 @@ def simulate(trace: str, config_path: str, queue: str | None, seed: int, as_json
         )
         return
     click.echo(f"queue {name}: {reports[0].jobs} jobs, ${price:.2f}/h per machine")
+    for line in warnings:
+        click.echo(line)
     click.echo(HEADER)
     for r in reports:
         click.echo(fmt_row(r))

@@ -1,4 +1,4 @@
-"""Figures of a run: machine-hours, dollars, the lower bound, and job waits.
+"""Figures of a run: machine-hours, dollars, the lower bound, job waits, and saturation.
 
 The figures are built so that no policy can look better than it is by not doing the work:
 
@@ -12,6 +12,9 @@ The figures are built so that no policy can look better than it is by not doing 
   charged at its lower-bound price, so dropping a job never costs less than running it.
   Every hour of work done was billed on a machine at that price, so the ratio is ≥ 1 for any
   policy on any trace (1 only when nothing was paid beyond the work itself).
+- Saturation: at each evaluation with jobs pending, was every machine slot under max_workers
+  taken (machines that may still bill count)? When that holds for a large share of those
+  evaluations, waits measure the cap rather than the policy.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from typing import Any
 
 from autoscaler.sim.engine import Result
 
+SATURATED_SHARE = 0.10
+"""A policy is flagged saturated when, in at least this share of the evaluations with jobs
+pending, the queue already had max_workers machines."""
+
 
 def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of an ascending list (0 for an empty one)."""
@@ -29,6 +36,20 @@ def percentile(sorted_values: list[float], q: float) -> float:
         return 0.0
     rank = max(1, math.ceil(q / 100.0 * len(sorted_values)))
     return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+@dataclass
+class Saturation:
+    """Counted while a policy runs: evaluations with jobs pending, and those of them at which
+    the queue already had max_workers machines (see `run.run_watched`)."""
+
+    max_workers: int
+    pending_evaluations: int = 0
+    at_max: int = 0
+
+    @property
+    def share(self) -> float:
+        return self.at_max / self.pending_evaluations if self.pending_evaluations else 0.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +71,8 @@ class Report:
     peak_machines: int
     over_max: int
     undone_hours: float = 0.0
+    saturated_share: float = 0.0
+    saturated: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +91,7 @@ def undone_seconds(result: Result) -> float:
     return undone
 
 
-def summarize(result: Result) -> Report:
+def summarize(result: Result, saturation: Saturation | None = None) -> Report:
     price = result.price_per_hour
     hours = sum(
         ((m.ended_s if m.ended_s is not None else result.end_s) - m.created_s) / 3600.0
@@ -84,6 +107,7 @@ def summarize(result: Result) -> Report:
     ratio = charged / bound if bound > 0 else (math.inf if charged > 0 else 1.0)
     end = max(result.end_s, max((j.arrival_s for j in result.jobs), default=0.0))
     waits = sorted(result.starts.get(i, end) - job.arrival_s for i, job in enumerate(result.jobs))
+    share = saturation.share if saturation is not None else 0.0
     return Report(
         policy=result.policy,
         jobs=len(result.jobs),
@@ -102,6 +126,8 @@ def summarize(result: Result) -> Report:
         peak_machines=result.peak_machines,
         over_max=max(0, result.max_over_limit),
         undone_hours=undone,
+        saturated_share=share,
+        saturated=share >= SATURATED_SHARE,
     )
 
 
@@ -143,4 +169,17 @@ def fmt_bound(r: Report, price: float) -> str:
     return (
         f"{'lower bound':<16}{hours:>8.1f}{r.lower_bound_dollars:>9.2f}{1.0:>7.2f}"
         f"{0:>8}{0:>8}{0:>8}{0:>8}{0:>9}{0:>7}{'-':>8}{0:>9.1f}"
+    )
+
+
+def saturation_warning(reports: list[Report], max_workers: int) -> str | None:
+    """One warning line when a policy spent much of its pending time at max_workers."""
+    held = [r for r in reports if r.saturated]
+    if not held:
+        return None
+    shares = ", ".join(f"{r.saturated_share:.0%} ({r.policy})" for r in held)
+    return (
+        f"warning: jobs waited while the queue was already at max_workers ({max_workers}) in "
+        f"{shares} of the evaluations with jobs pending: waits and unserved jobs measure the "
+        "cap, not the policy; raise max_workers to compare the policies"
     )

@@ -1,7 +1,8 @@
-"""The simulator's figures cannot flatter a policy: dropped work is paid for."""
+"""The simulator's figures cannot flatter a policy: dropped work is paid for, the cap is named."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 
@@ -17,8 +18,8 @@ from autoscaler.policy.snapshot import Snapshot
 from autoscaler.sim.cli import simulate
 from autoscaler.sim.engine import Policy, Simulation
 from autoscaler.sim.report import summarize
-from autoscaler.sim.run import POLICIES, compare_files, load_sim_config
-from autoscaler.sim.trace import Job, write_csv
+from autoscaler.sim.run import POLICIES, compare, compare_files, load_sim_config
+from autoscaler.sim.trace import Job, load_trace, write_csv
 from autoscaler.sim.tracegen import TRACES_DIR
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -153,6 +154,57 @@ def test_no_policy_scores_below_the_lower_bound_on_any_trace(tmp_path, jobs, pol
         assert r.wait_max > 0
 
 
+# ------------------------------------------------------------------ saturation
+
+
+def _burst(tmp_path: Path) -> tuple[Path, Path]:
+    trace = tmp_path / "burst.csv"
+    write_csv([Job(float(i), 600.0) for i in range(40)], trace)
+    return trace, write_config(tmp_path, max_workers=1)
+
+
+def test_a_queue_held_at_max_workers_is_flagged_for_every_policy(tmp_path):
+    trace, path = _burst(tmp_path)
+    config = load_sim_config(path)
+    reports, _ = compare(config, "q", load_trace(trace))
+    for r in reports:
+        assert r.saturated, r
+        assert 0.5 < r.saturated_share <= 1.0
+
+
+def test_simulate_warns_above_the_table_and_flags_the_json(tmp_path):
+    trace, path = _burst(tmp_path)
+    runner = CliRunner()
+    out = runner.invoke(simulate, ["--trace", str(trace), "--config", str(path)])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    warning = next(i for i, line in enumerate(lines) if line.startswith("warning:"))
+    header = next(i for i, line in enumerate(lines) if line.startswith("policy"))
+    assert warning < header
+    assert "max_workers (1)" in lines[warning] and "the cap, not the policy" in out.output
+    data = json.loads(
+        runner.invoke(simulate, ["--trace", str(trace), "--config", str(path), "--json"]).output
+    )
+    assert data["saturated_at_max_workers"] is True
+    assert all(p["saturated"] for p in data["policies"])
+    assert any("max_workers" in w for w in data["warnings"])
+
+
+def test_no_saturation_warning_when_the_cap_never_binds(tmp_path):
+    trace = tmp_path / "one.csv"
+    write_csv([Job(0.0, 60.0), Job(4000.0, 60.0)], trace)
+    runner = CliRunner()
+    out = runner.invoke(simulate, ["--trace", str(trace), "--config", str(write_config(tmp_path))])
+    assert out.exit_code == 0, out.output
+    assert "warning" not in out.output
+    data = json.loads(
+        runner.invoke(
+            simulate, ["--trace", str(trace), "--config", str(write_config(tmp_path)), "--json"]
+        ).output
+    )
+    assert data["saturated_at_max_workers"] is False and data["warnings"] == []
+
+
 def test_the_legend_says_how_unserved_work_is_counted(tmp_path):
     trace = tmp_path / "one.csv"
     write_csv([Job(0.0, 60.0)], trace)
@@ -161,3 +213,15 @@ def test_the_legend_says_how_unserved_work_is_counted(tmp_path):
     )
     assert "never served" in out.output and "lower bound" in out.output
     assert "undone" in out.output
+
+
+def test_a_metric_trigger_the_trace_cannot_feed_is_named(tmp_path):
+    trace = tmp_path / "one.csv"
+    write_csv([Job(0.0, 60.0)], trace)
+    out = CliRunner().invoke(
+        simulate,
+        ["--trace", str(trace), "--config", str(EXAMPLES / "full.yaml"), "--queue", "llm"],
+    )
+    assert out.exit_code == 0, out.output
+    assert "sum(vllm:num_requests_waiting)" in out.output
+    assert "never fire" in out.output and "scale-down" in out.output
