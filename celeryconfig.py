@@ -50,5 +50,9 @@ beat_schedule_filename = str(_settings.home / "celerybeat-schedule")
 beat_max_loop_interval = 1
 
 if broker_url.startswith("sqla+"):
-    # kombu's SQL transport polls; poll often so a launch is sent within the fast path's second.
-    broker_transport_options["polling_interval"] = 0.1
+    # kombu's SQL transport polls once a second; poll more often so a launch leaves within the
+    # fast path's second. Its transport options all go to create_engine(), so the interval can
+    # only be set on the transport class.
+    from kombu.transport import sqlalchemy as _kombu_sqla
+
+    _kombu_sqla.Transport.polling_interval = 0.1
