@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from autoscaler.config.models import Autoscale, Config
+from autoscaler.control.executor import execute
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.backoff import after_failure
-from autoscaler.policy.plan import Plan
+from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim
 from autoscaler.policy.snapshot import (
     BackoffState,
     Machine,
@@ -281,20 +282,7 @@ class Simulation:
         if self.keep_log and (qp.launches or qp.reclaims or qp.drains):
             self.result.log.append(f"t={self.now:.0f}s\n{plan.describe()}")
         self.result.waits_by_cap += sum(1 for w in qp.waits if w.kind == "spend_cap")
-        for r in qp.reclaims:
-            m = self.machines.get(r.launch_id)
-            if m is not None and m.ended_s is None:
-                m.drain_requested = False
-        for d in qp.drains:
-            m = self.machines.get(d.launch_id)
-            if m is None or m.ended_s is not None:
-                continue
-            if d.when_idle and m.job is not None:
-                m.drain_requested = True
-            else:
-                self._destroy(m)
-        for launch in qp.launches:
-            self._launch(launch.reason)
+        execute(plan, _SimActions(self), lambda: "", (self.queue,))
         live = len(self._live())
         self.result.peak_machines = max(self.result.peak_machines, live)
         self.result.max_over_limit = max(
@@ -303,6 +291,7 @@ class Simulation:
         self._dispatch()
 
     def _launch(self, reason: str) -> None:
+        """Rent one simulated machine (the executor's `launch`, on the virtual provider)."""
         self.launch_seq += 1
         outcome = self.provider.rent()
         if not outcome.rented:
@@ -315,3 +304,40 @@ class Simulation:
             self._push(self.now + outcome.boot_s, _BOOTED, launch_id)
         else:
             self._push(self.now + self.boot_timeout, _BOOT_FAILED, launch_id)
+
+
+class _SimActions:
+    """The executor's port on the virtual world: what production writes to the store and
+    sends to providers, done to simulated machines at once."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def _machine(self, launch_id: str) -> SimMachine | None:
+        m = self.sim.machines.get(launch_id)
+        return m if m is not None and m.ended_s is None else None
+
+    def reclaim(self, action: Reclaim) -> None:
+        m = self._machine(action.launch_id)
+        if m is not None:
+            m.drain_requested = False
+
+    def drain_now(self, action: Drain) -> None:
+        m = self._machine(action.launch_id)
+        if m is not None:
+            self.sim._destroy(m)
+
+    def drain_when_idle(self, action: Drain) -> None:
+        m = self._machine(action.launch_id)
+        if m is None:
+            return
+        if m.job is not None:
+            m.drain_requested = True
+        else:
+            self.sim._destroy(m)
+
+    def launch(self, action: Launch, launch_id: str) -> None:
+        self.sim._launch(action.reason)
+
+    def queue_done(self, plan: QueuePlan) -> None:
+        return None
