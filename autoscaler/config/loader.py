@@ -36,12 +36,9 @@ def _no_queues(empty: bool) -> Refusal:
     )
 
 
-def load_config_text(
-    text: str,
-    source: str = "config",
-    registered_providers: Mapping[str, ProviderConfig] | None = None,
-) -> Config:
-    """Validate a YAML document; providers may be declared in it or registered in the store."""
+def parse_config_text(text: str, source: str = "config") -> Config:
+    """The document's own checks (YAML, schema, at least one queue), without the state store:
+    the providers its queues name are not looked up (see `load_config_text`)."""
     try:
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -82,24 +79,53 @@ def load_config_text(
         refusals = refusals_from_validation(exc)
     if refusals or missing:
         raise ConfigError(refusals + missing, source)
-    refusals = check_references(config, registered_providers or {})
+    return config
+
+
+def load_config_text(
+    text: str,
+    source: str = "config",
+    registered_providers: Mapping[str, ProviderConfig] | None = None,
+    *,
+    store_readable: bool = True,
+) -> Config:
+    """Validate a YAML document; providers may be declared in it or registered in the store.
+
+    `store_readable=False`: the registered providers could not be read (the store is not set
+    up), so a provider the file does not declare is refused with that fix.
+    """
+    config = parse_config_text(text, source)
+    refusals = check_references(config, registered_providers or {}, store_readable)
     if refusals:
         raise ConfigError(refusals, source)
     return config
 
 
-def load_config(
-    path: str | Path, registered_providers: Mapping[str, ProviderConfig] | None = None
-) -> Config:
+def _read(path: str | Path) -> str:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(
             [Refusal(str(p), f"cannot be read ({exc.strerror})", "check the path and permissions")],
             str(p),
         ) from None
-    return load_config_text(text, str(p), registered_providers)
+
+
+def read_config(path: str | Path) -> Config:
+    """The file's own checks only (see `parse_config_text`): needs no state store."""
+    return parse_config_text(_read(path), str(path))
+
+
+def load_config(
+    path: str | Path,
+    registered_providers: Mapping[str, ProviderConfig] | None = None,
+    *,
+    store_readable: bool = True,
+) -> Config:
+    return load_config_text(
+        _read(path), str(path), registered_providers, store_readable=store_readable
+    )
 
 
 def known_providers(
@@ -109,7 +135,9 @@ def known_providers(
     return {**registered, **config.providers}
 
 
-def check_references(config: Config, registered: Mapping[str, ProviderConfig]) -> list[Refusal]:
+def check_references(
+    config: Config, registered: Mapping[str, ProviderConfig], store_readable: bool = True
+) -> list[Refusal]:
     known = known_providers(config, registered)
     refusals = []
     for name, queue in config.queues.items():
@@ -117,12 +145,19 @@ def check_references(config: Config, registered: Mapping[str, ProviderConfig]) -
         if auto is None or auto.provider in known:
             continue
         names = ", ".join(sorted(known)) or "none yet"
-        refusals.append(
-            Refusal(
-                f"queues.{name}.autoscale.provider",
-                f"unknown provider {auto.provider!r} (known: {names})",
-                f"register it with 'autoscaler providers add {auto.provider} --kind vast|runpod"
-                "|mock|local', declare it under 'providers:', or name a known one",
+        add = f"'autoscaler providers add {auto.provider} --kind vast|runpod|mock|local'"
+        if store_readable:
+            cause = f"unknown provider {auto.provider!r} (known: {names})"
+            fix = f"register it with {add}, declare it under 'providers:', or name a known one"
+        else:
+            declared = ", ".join(sorted(config.providers)) or "none"
+            cause = (
+                f"unknown provider {auto.provider!r} (declared in this file: {declared}; the "
+                "registered ones could not be read)"
             )
-        )
+            fix = (
+                "declare it under 'providers:' in this file, or set up the state store with "
+                f"'autoscaler db upgrade' and register it with {add}"
+            )
+        refusals.append(Refusal(f"queues.{name}.autoscale.provider", cause, fix))
     return refusals
