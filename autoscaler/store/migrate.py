@@ -8,8 +8,10 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config as AlembicConfig
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from kombu.connection import Connection
 from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 
 from autoscaler.store.models import Base
 
@@ -31,6 +33,15 @@ def downgrade(database_url: str, revision: str) -> None:
     command.downgrade(alembic_config(database_url), revision)
 
 
+def revisions(engine: Engine) -> tuple[str | None, str | None]:
+    """(the store's revision, None if it was never migrated; the scripts' head). Read-only:
+    creates no table, not even Alembic's version table."""
+    head = ScriptDirectory.from_config(alembic_config("")).get_current_head()
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    return current, head
+
+
 def prepare_embedded_broker(broker_url: str) -> bool:
     """Create kombu's tables for an SQLAlchemy broker now, once, rather than racing for them.
 
@@ -39,6 +50,10 @@ def prepare_embedded_broker(broker_url: str) -> bool:
     """
     if not broker_url.startswith("sqla+"):
         return False
+    target = make_url(broker_url.removeprefix("sqla+"))
+    if target.get_backend_name() == "sqlite" and target.database not in (None, "", ":memory:"):
+        # `db upgrade` makes the embedded home; other CLI commands create nothing
+        Path(str(target.database)).parent.mkdir(parents=True, exist_ok=True)
     with Connection(  # type: ignore[no-untyped-call]
         broker_url, transport_options={"connect_args": {"timeout": 30}}
     ) as conn:
