@@ -7,12 +7,16 @@ import os
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.config import ConfigError, load_config
+from autoscaler.config import ConfigError, load_config, read_config
 from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.loader import known_providers
 from autoscaler.config.models import Config, ProviderConfig
@@ -23,7 +27,7 @@ from autoscaler.credentials import (
     registered_provider_configs,
     validate_provider,
 )
-from autoscaler.settings import CONTROL_KEYPREFIX, Settings, redact_url
+from autoscaler.settings import CONTROL_KEYPREFIX, Settings, redact_url, url_secrets
 from autoscaler.sim.cli import simulate
 from autoscaler.store import config_versions, migrate
 from autoscaler.store import providers as provider_store
@@ -32,14 +36,72 @@ from autoscaler.vault import Vault, VaultError, generate_key
 
 
 def _settings() -> Settings:
-    settings = Settings.from_env()
-    if settings.database_url.startswith("sqlite"):
-        settings.ensure_home()
-    return settings
+    """Settings from the environment. Creates nothing: only `db upgrade` creates the store
+    (and, for the embedded defaults, the folder its SQLite files live in)."""
+    return Settings.from_env()
 
 
-def _sessions(settings: Settings) -> Any:
-    return session_factory(make_engine(settings.database_url))
+class StoreUnavailable(Exception):
+    """The state store cannot be used: not set up, behind the migrations, or unreachable.
+    The message names the store (redacted) and what to run."""
+
+
+def _driver_cause(exc: SQLAlchemyError, url: str) -> str:
+    """The driver's first line (e.g. 'Connection refused'), with the URL's secrets scrubbed."""
+    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    for secret in url_secrets(url):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _store(settings: Settings) -> Engine:
+    """The state store, once it exists at the migrations' head; StoreUnavailable otherwise.
+
+    Creates nothing: a SQLite file must exist already (connecting would create it), and only
+    reads are made (Alembic's version, never a table). Only `db upgrade` creates the store.
+    """
+    url = settings.database_url
+    shown = redact_url(url)
+    not_set_up = f"the state store {shown} is not set up: run `autoscaler db upgrade` first"
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreUnavailable(
+            f"AUTOSCALER_DATABASE_URL ({shown}) is not a database URL; use e.g. "
+            "postgresql://user:password@host/autoscaler, or unset it for the embedded SQLite file"
+        ) from None
+    sqlite = parsed.get_backend_name() == "sqlite"
+    if sqlite and not (parsed.database and Path(parsed.database).is_file()):
+        raise StoreUnavailable(not_set_up)
+    engine = make_engine(url)
+    try:
+        current, head = migrate.revisions(engine)
+    except SQLAlchemyError as exc:
+        engine.dispose()
+        raise StoreUnavailable(
+            f"the state store {shown} cannot be {'read' if sqlite else 'reached'} "
+            f"({_driver_cause(exc, url)}); check AUTOSCALER_DATABASE_URL"
+            + ("" if sqlite else " and that the database server is running")
+        ) from None
+    if current != head:
+        engine.dispose()
+        if current is None:
+            raise StoreUnavailable(not_set_up)
+        raise StoreUnavailable(
+            f"the state store {shown} is at revision {current}, and this version needs {head}: "
+            "run `autoscaler db upgrade`"
+        )
+    return engine
+
+
+def _sessions(settings: Settings) -> sessionmaker[Session]:
+    """Sessions on the state store; exits 2 with the fix if it is not set up or reachable.
+    Every command but `db upgrade` and `validate` opens the store through here."""
+    try:
+        return session_factory(_store(settings))
+    except StoreUnavailable as exc:
+        _fail(str(exc))
 
 
 def _fail(message: str) -> NoReturn:
@@ -76,11 +138,15 @@ def db_upgrade(revision: str) -> None:
 
 
 def _load_checked(
-    file: str, registered: Mapping[str, ProviderConfig], settings: Settings
+    file: str,
+    registered: Mapping[str, ProviderConfig],
+    settings: Settings,
+    *,
+    store_readable: bool = True,
 ) -> Config:
     """The config in FILE with every check `validate` and `apply` share; exits 2 on a refusal."""
     try:
-        config = load_config(file, registered)
+        config = load_config(file, registered, store_readable=store_readable)
         refusals = check_broker_isolation(
             config, settings.broker_url, CONTROL_KEYPREFIX, os.environ
         )
@@ -94,22 +160,50 @@ def _load_checked(
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 def validate(file: str) -> None:
-    """Refuse a bad config with path, cause and fix; otherwise print the dry run."""
+    """Refuse a bad config with path, cause and fix; otherwise print the dry run.
+
+    The file's own checks come first and need no state store. The providers its queues name
+    are then looked up in the file and in the store; without a store (not set up, or out of
+    reach) only the file's own are known, and the dry run says so. Creates nothing.
+    """
     settings = _settings()
     try:
-        with transaction(_sessions(settings)) as session:
-            registered = registered_provider_configs(session)
+        read_config(file)
     except ConfigError as exc:
         _fail(exc.render())
-    except Exception as exc:  # the store is unreachable or not migrated
-        _fail(
+    registered: dict[str, ProviderConfig] | None = None
+    unreadable = None
+    try:
+        engine = _store(settings)
+        try:
+            with transaction(session_factory(engine)) as session:
+                registered = registered_provider_configs(session)
+        finally:
+            engine.dispose()
+    except StoreUnavailable as exc:
+        unreadable = str(exc)
+    except SQLAlchemyError as exc:
+        unreadable = (
             f"the state store {redact_url(settings.database_url)} cannot be read "
-            f"({type(exc).__name__}); run 'autoscaler db upgrade' first"
+            f"({_driver_cause(exc, settings.database_url)})"
         )
-        return
-    config = _load_checked(file, registered, settings)
+    except ConfigError as exc:  # a registered provider no longer valid
+        _fail(exc.render())
+    config = _load_checked(file, registered or {}, settings, store_readable=registered is not None)
     click.echo(f"{file}: OK. Dry run (nothing is rented):")
-    click.echo(describe(config, known_providers(config, registered), datetime.now(UTC)))
+    if unreadable is not None:
+        click.echo(
+            f"note: registered providers could not be read ({unreadable}); only the providers "
+            "declared in this file were checked"
+        )
+    click.echo(
+        describe(
+            config,
+            known_providers(config, registered or {}),
+            datetime.now(UTC),
+            registered=registered,
+        )
+    )
 
 
 @main.command()
@@ -304,6 +398,7 @@ def providers_add(
     except ConfigError as exc:
         _fail(exc.render())
     settings = _settings()
+    sessions = _sessions(settings)  # before the key is read: no store, nothing consumed
     encrypted = None
     if api_key_stdin:
         secret = sys.stdin.readline().strip()
@@ -317,7 +412,7 @@ def providers_add(
         except VaultError as exc:
             _fail(str(exc))
     try:
-        with transaction(_sessions(settings)) as session:
+        with transaction(sessions) as session:
             provider_store.add_provider(session, name, kind, options, encrypted)
     except IntegrityError:
         _fail(
