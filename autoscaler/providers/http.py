@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import requests
@@ -65,14 +68,37 @@ class _Bearer(AuthBase):
         return "<Bearer ***>"
 
 
-def _retry_after(resp: requests.Response, policy: RetryPolicy) -> float | None:
+_RATELIMIT_RESET = re.compile(r"(?:^|[;,\s])(?:reset|t)\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+
+
+def reset_hint(resp: requests.Response) -> float | None:
+    """Seconds until the provider takes requests again, from `Retry-After` (seconds or an HTTP
+    date) or the IETF `RateLimit` header RunPod sends (`reset=N`, or `t=N` in later drafts)."""
     value = resp.headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        return min(max(float(value), 0.0), policy.max_retry_after)
-    except ValueError:
-        return None
+    if value is not None:
+        try:
+            return max(float(value), 0.0)
+        except ValueError:
+            try:
+                when = parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                when = None
+            if when is not None:
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=UTC)
+                return max((when - datetime.now(UTC)).total_seconds(), 0.0)
+    header = resp.headers.get("RateLimit")
+    if header:
+        match = _RATELIMIT_RESET.search(header)
+        if match:
+            return float(match.group(1))
+    return None
+
+
+def _retry_after(resp: requests.Response, policy: RetryPolicy) -> float | None:
+    """How long to sleep before our own retry of the call: the hint, capped."""
+    hint = reset_hint(resp)
+    return None if hint is None else min(hint, policy.max_retry_after)
 
 
 class HttpClient:
@@ -218,7 +244,7 @@ class HttpClient:
                     raise RateLimitedError(
                         f"{what}: rate limited (HTTP 429): {self.excerpt(resp, 120)}",
                         provider=self.provider,
-                        retry_after=wait,
+                        retry_after=reset_hint(resp),
                     )
                 log.info("%s: rate limited, backing off (attempt %d)", what, attempt + 1)
                 self._sleep(wait if wait is not None else self.retry.delay(attempt, self._rng))

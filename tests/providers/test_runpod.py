@@ -303,3 +303,14 @@ def test_no_secret_in_logs_errors_or_reprs(fake_runpod: FakeRunPod, all_logs) ->
     assert_no_secret(all_logs, rp, rp._http, *errors, *offers, secret=SECRET)
     # The key was really sent, so the test above could have failed.
     assert all(r.authorization == f"Bearer {SECRET}" for r in fake_runpod.requests)
+
+
+def test_a_rate_limited_create_carries_runpods_reset_hint(fake_runpod: FakeRunPod) -> None:
+    """RunPod's 429 has no Retry-After but an IETF `RateLimit` header (`t=12`): the loop backs
+    the queue off until then, rather than guessing."""
+    rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    offer = rp.find_offers(spec())[0]
+    fake_runpod.rate_limit_next = 1
+    with pytest.raises(RateLimitedError) as info:
+        rp.create(offer, launch())
+    assert info.value.retry_after == 12.0
