@@ -11,9 +11,8 @@ Create Date: 2026-11-30 01:12:20.288234
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
