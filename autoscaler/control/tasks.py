@@ -39,7 +39,7 @@ def tick(trigger: str = "poll", queue: str | None = None) -> dict[str, Any]:
     return loop.evaluate(runtime(), enqueue, trigger=trigger, queues=queues).as_dict()
 
 
-@app.task(name="autoscaler.fast_path")
+@app.task(name="autoscaler.fast_path", ignore_result=True)  # every second: keep no result
 def fast_path() -> dict[str, Any]:
     return loop.fast_path(runtime(), enqueue).as_dict()
 
