@@ -41,8 +41,9 @@ other_ids = st.one_of(
     .map(lambda t: INSTALLATION[: t[0]] + t[1] + INSTALLATION[t[0] + 1 :])
     .filter(lambda i: i != INSTALLATION),
 )
-# no NUL: PostgreSQL text cannot hold it, so no provider label can either
-any_text = st.text(st.characters(exclude_characters="\x00"), max_size=6)
+# UTF-8 without NUL: PostgreSQL text cannot hold NUL, so no provider label can either
+chars = st.characters(codec="utf-8", exclude_characters="\x00")
+any_text = st.text(chars, max_size=6)
 not_a_launch_char = st.sampled_from([*"- .\n\t/:@", "\u00e9", "\uff21", "\u200b"])
 LOOKALIKES = [INSTALLATION.replace("0", "\uff10"), INSTALLATION.replace("a", "\u0430")]
 
@@ -88,14 +89,15 @@ def labels(draw: st.DrawFn) -> tuple[str, bool, str]:
     if kind == "another installation":
         return make_label(draw(other_ids), lid), False, kind
     if kind == "prefixed":  # cannot start with "asg-" and keep exactly two dashes
-        prefix = draw(st.text(st.characters(exclude_characters="\x00-"), min_size=1, max_size=6))
+        no_dash = st.characters(codec="utf-8", exclude_characters="\x00-")
+        prefix = draw(st.text(no_dash, min_size=1, max_size=6))
         return prefix + make_label(INSTALLATION, lid), False, kind
     if kind == "suffixed":  # a character no launch id may hold
         suffix = draw(any_text) + draw(not_a_launch_char) + draw(any_text)
         return make_label(INSTALLATION, lid) + suffix, False, kind
     if kind == "bent":
         return draw(st.sampled_from(_near_misses(lid))), False, kind
-    name = draw(st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=40))
+    name = draw(st.text(chars, min_size=1, max_size=40))
     assume(not name.startswith(f"asg-{INSTALLATION}-"))  # could be ours by chance
     return name, False, kind
 
