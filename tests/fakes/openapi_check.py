@@ -1,21 +1,23 @@
 """Checking the fakes' traffic against the providers' published OpenAPI specs (openapi-core).
 
+The specs are copies kept in `tests/fakes/specs/` (see the README there for where each came from).
+
 Every request a fake receives is validated against the spec (method, path, path/query
 parameters, security, body); a request the spec refuses is refused by the fake with the status
 the real API would use, and recorded. Every response a fake sends is validated too, so a fake
 cannot drift from the real shapes either.
 
-Vast's spec has known mistakes where the official CLI and docs disagree with it
-(reference/providers.md). The fake follows the CLI and accepts both forms:
+Vast's spec has known mistakes where the official CLI (vast-cli) and docs disagree with it.
+The fake follows the CLI and accepts both forms:
 - `order` in a search is typed with minItems/maxItems 2 (as if it were one [field, dir] pair);
   clients send a list of pairs with one entry, `[["dph_total", "asc"]]`. Both accepted.
 - `env` on create is typed as a docker-flag string; the docs and the CLI send an object
   `{"KEY": "value"}`. Both accepted.
 - Paths in the spec carry no trailing slash; the CLI sends one. Both accepted (the trailing
   slash is stripped before validation).
-On the response side, `GET /api/v0/instances/{id}/` answers `{"instances": null}` for an
-instance that is gone (providers.md), which the spec's `Instance` object type does not allow;
-the fake's answers are checked against a spec that also allows null there.
+On the response side, the live `GET /api/v0/instances/{id}/` answers `{"instances": null}`
+for an instance that is gone, which the spec's `Instance` object type does not allow; the
+fake's answers are checked against a spec that also allows null there.
 
 RunPod's errors are `application/problem+json`; openapi-core is told to read that as JSON so
 the error bodies are checked against `ErrorResponse` too.
@@ -35,7 +37,7 @@ from openapi_core.datatypes import RequestParameters
 from werkzeug.datastructures import Headers, ImmutableMultiDict
 from werkzeug.wrappers import Request, Response
 
-SPECS = Path("/work/shared/reference/apis")
+SPECS = Path(__file__).parent / "specs"
 RUNPOD_SERVER = "https://api.runpod.io"
 VAST_SERVER = "https://console.vast.ai"
 
@@ -77,7 +79,7 @@ def patch_vast_spec(spec: dict[str, Any]) -> dict[str, Any]:
     }
     show = paths["/api/v0/instances/{id}"]["get"]["responses"]["200"]["content"]
     props = show["application/json"]["schema"]["properties"]
-    # providers.md: a gone instance answers {"instances": null}.
+    # the live API answers {"instances": null} for a gone instance (the spec does not say so).
     props["instances"] = {"anyOf": [props["instances"], {"type": "null"}]}
     return spec
 
