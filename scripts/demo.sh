@@ -18,5 +18,7 @@ autoscaler validate examples/seed.yaml
 echo
 autoscaler validate examples/full.yaml
 echo
+echo "Cost of one simulated day (autoscaler/sim/traces/diurnal.csv): our policy vs two baselines" \
+  "vs the lower bound"
 autoscaler simulate --trace autoscaler/sim/traces/diurnal.csv \
   --config autoscaler/sim/traces/sim-config.yaml
