@@ -1,4 +1,4 @@
-"""Vast.ai (console API, Bearer key). See reference/providers.md.
+"""Vast.ai (console API, Bearer key). Its published OpenAPI document is in tests/fakes/specs/.
 
 - Offers: a live search (`POST /api/v0/bundles/`) for the cheapest verified, rentable offer
   under the price cap, with the configured filters (country, bandwidth, CUDA, reliability),
