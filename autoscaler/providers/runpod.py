@@ -1,4 +1,4 @@
-"""RunPod through REST v2 (`/v2/...`, Bearer key). Its published OpenAPI document is in tests/fakes/specs/.
+"""RunPod through REST v2 (`/v2/...`, Bearer key); its OpenAPI document is in tests/fakes/specs/.
 
 - Offers come from the GPU catalog with live availability and list price
   (`GET /v2/catalog/gpus?include=AVAILABILITY&product=POD`). The configured GPU types are
