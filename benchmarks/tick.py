@@ -41,6 +41,7 @@ import os
 import pstats
 import random
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -400,10 +401,11 @@ def bench_size(n: int, args: argparse.Namespace) -> Size:
         conn.execute(f'CREATE DATABASE "{db}"')
     rt: Runtime | None = None
     admin = None
+    home = None
     try:
         migrate.upgrade(url)
         admin = make_engine(url)
-        home = tempfile.mkdtemp(prefix="bench-tick-")
+        home = tempfile.mkdtemp(prefix="bench-tick-")  # nothing is written there (mock provider)
         settings = Settings.from_env({"AUTOSCALER_DATABASE_URL": url, "AUTOSCALER_HOME": home})
         rt = Runtime(settings, env={})
         counter = Counter_()
@@ -469,6 +471,8 @@ def bench_size(n: int, args: argparse.Namespace) -> Size:
             rt.close()
         if admin is not None:
             admin.dispose()
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
         with psycopg.connect(args.pg_admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
         keys = list(r.scan_iter(match=f"{prefix}*", count=5000))
