@@ -10,7 +10,7 @@ A distinct database number (or server) is required; `global_keyprefix` below is 
 and `autoscaler validate` refuses a config whose watched queue shares both.
 """
 
-from autoscaler.settings import CONTROL_KEYPREFIX, Settings
+from autoscaler.settings import CONTROL_KEYPREFIX, CONTROL_QUEUE, Settings
 
 _settings = Settings.from_env()
 if _settings.broker_url.startswith("sqla+sqlite") or _settings.result_backend.startswith(
@@ -29,7 +29,7 @@ timezone = "UTC"
 enable_utc = True
 
 # The control plane's own queue; watched application queues are only ever *read*.
-task_default_queue = "autoscaler"
+task_default_queue = CONTROL_QUEUE
 worker_prefetch_multiplier = 1
 task_track_started = True
 result_expires = 86400

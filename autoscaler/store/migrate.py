@@ -10,9 +10,11 @@ from alembic.config import Config as AlembicConfig
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from kombu.connection import Connection
+from kombu.entity import Queue
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
+from autoscaler.settings import CONTROL_QUEUE
 from autoscaler.store.models import Base
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,10 +35,15 @@ def downgrade(database_url: str, revision: str) -> None:
     command.downgrade(alembic_config(database_url), revision)
 
 
+def head_revision() -> str | None:
+    """The newest migration's revision id."""
+    return ScriptDirectory.from_config(alembic_config("")).get_current_head()
+
+
 def revisions(engine: Engine) -> tuple[str | None, str | None]:
     """(the store's revision, None if it was never migrated; the scripts' head). Read-only:
     creates no table, not even Alembic's version table."""
-    head = ScriptDirectory.from_config(alembic_config("")).get_current_head()
+    head = head_revision()
     with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
     return current, head
@@ -57,6 +64,10 @@ def prepare_embedded_broker(broker_url: str) -> bool:
     with Connection(  # type: ignore[no-untyped-call]
         broker_url, transport_options={"connect_args": {"timeout": 30}}
     ) as conn:
+        # The control plane's own queue too: kombu creates a queue's row without a lock, so
+        # beat publishing and a worker consuming a brand-new queue at once can collide.
+        queue = Queue(CONTROL_QUEUE, routing_key=CONTROL_QUEUE)  # type: ignore[no-untyped-call]
+        queue.bind(conn.default_channel).declare()  # type: ignore[no-untyped-call]
         conn.default_channel.session.close()
     return True
 

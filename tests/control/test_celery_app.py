@@ -61,6 +61,8 @@ def test_worker_runs_a_task_sent_with_celery_call(transport, tmp_path, db_url):
         start_new_session=True,
     )
     try:
+        if transport == "embedded":
+            _wait_for_queue_row(tmp_path / "broker.db", queue, worker)
         sent = subprocess.run(
             [CELERY, "-A", "autoscaler", "call", "autoscaler.check_store", "--queue", queue],
             env=env,
@@ -82,12 +84,32 @@ def test_worker_runs_a_task_sent_with_celery_call(transport, tmp_path, db_url):
             logs = worker.stdout.read().decode() if worker.stdout else ""
             raise AssertionError(f"{result.stderr}\n--- worker ---\n{logs}")
         answer = json.loads(result.stdout.strip().splitlines()[-1])
-        assert answer["revision"] == "0001"
+        assert answer["revision"] == migrate.head_revision()
         assert answer["live_instances"] == 0
         assert "pw-SECRET-42" not in result.stdout
-        assert answer["database"].startswith(db_url.split(":")[0])
+        # the worker read the store we gave it, and names it with the password masked
+        assert answer["database"] == db_url.replace("pw-SECRET-42", "***")
     finally:
         _stop(worker)
+
+
+def _wait_for_queue_row(broker_db: Path, queue: str, worker: subprocess.Popen) -> None:
+    """kombu's SQL transport creates a queue's row without a lock: a publisher and a consumer
+    declaring the same new queue at once can collide. Publish once the worker has declared it."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert worker.poll() is None, worker.stdout.read() if worker.stdout else ""
+        try:
+            with sqlite3.connect(broker_db) as conn:
+                if conn.execute("SELECT 1 FROM kombu_queue WHERE name = ?", (queue,)).fetchone():
+                    return
+        except sqlite3.OperationalError:
+            pass  # the tables do not exist yet
+        time.sleep(0.2)
+    raise AssertionError(f"the worker never declared {queue}")
 
 
 def test_celery_finds_the_app_and_its_config(tmp_path, sqlite_url):
@@ -127,11 +149,15 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_beat_and_flower_start_from_the_app(tmp_path, sqlite_url):
     import requests
 
+    migrate.upgrade(sqlite_url)
     env = _env(tmp_path, "redis://127.0.0.1:6379/14", "redis://127.0.0.1:6379/14", sqlite_url)
     port = _free_port()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
     beat = subprocess.Popen(
-        [CELERY, "-A", "autoscaler", "beat", "-l", "info", "-s", str(tmp_path / "beat-schedule")],
+        [CELERY, "-A", "autoscaler", "beat", "-l", "info"],
         env=env,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -162,3 +188,8 @@ def test_beat_and_flower_start_from_the_app(tmp_path, sqlite_url):
         _stop(beat)
     out = beat.stdout.read().decode() if beat.stdout else ""
     assert "beat: Starting" in out, out
+    # our scheduler built the loop's entries (no config applied yet: the defaults) ...
+    assert "autoscaler-fast-path, autoscaler-reconcile, autoscaler-tick" in out, out
+    assert "autoscaler.control.beat.ConfigScheduler" in out, out
+    # ... and wrote no schedule file into the folder it was started from
+    assert list(cwd.iterdir()) == []
