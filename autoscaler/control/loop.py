@@ -240,6 +240,7 @@ class StoreActions:
         self.drained_now: list[str] = []
         self.statuses: list[dict[str, Any]] = []
         self._marks: dict[bool, list[str]] = {True: [], False: []}
+        self._drains: dict[str, Drain] = {}
 
     def reclaim(self, action: Reclaim) -> None:
         self._marks[False].append(action.launch_id)
@@ -250,17 +251,22 @@ class StoreActions:
         )
 
     def drain_now(self, action: Drain) -> None:
-        moved = fleet.move(
+        self._drains[action.launch_id] = action
+
+    def _drain_all(self) -> None:
+        """Every drain in one conditional statement; a machine that left `ready` meanwhile is
+        left alone (and gets no event)."""
+        moved = fleet.move_many(
             self.session,
-            action.launch_id,
+            {launch_id: d.reason for launch_id, d in self._drains.items()},
             InstanceState.READY,
             InstanceState.DRAINING,
             self.now,
-            action.reason,
             drain_requested=False,
         )
-        if moved:
-            self.drained_now.append(action.launch_id)
+        for launch_id in moved:
+            action = self._drains[launch_id]
+            self.drained_now.append(launch_id)
             self.events.append(
                 fleet.event(
                     "scale_down",
@@ -321,6 +327,7 @@ class StoreActions:
 
     def flush(self) -> None:
         """Write everything in a few statements (not one per queue or machine)."""
+        self._drain_all()
         fleet.set_drain_requested(self.session, self._marks[True], True)
         fleet.set_drain_requested(self.session, self._marks[False], False)
         fleet.add_intents(self.session, self.intents, self.now)
@@ -360,12 +367,11 @@ def write_status(
     if not statuses:
         return
     ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    stmt = ins(QueueStatus).values(
-        [
-            {"queue": s["queue"], "evaluated_at": now, "config_version": version, "status": s}
-            for s in statuses
-        ]
-    )
+    rows = [
+        {"queue": s["queue"], "evaluated_at": now, "config_version": version, "status": s}
+        for s in statuses
+    ]
+    stmt = ins(QueueStatus)
     stmt = stmt.on_conflict_do_update(
         index_elements=[QueueStatus.queue],
         set_={
@@ -374,7 +380,7 @@ def write_status(
             "status": stmt.excluded.status,
         },
     )
-    session.execute(stmt)
+    session.execute(stmt, rows)
 
 
 # --------------------------------------------------------------------------- fast path

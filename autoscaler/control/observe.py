@@ -70,12 +70,11 @@ def record_sightings(
     """Upsert every sighting; move our machines' rows to what their worker just said."""
     if seen:
         ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-        stmt = ins(WorkerSighting).values(
-            [
-                {"worker": name[:200], "queues": {"queues": list(qs)}, "running": n, "seen_at": now}
-                for name, (qs, n) in seen.items()
-            ]
-        )
+        sightings = [
+            {"worker": name[:200], "queues": {"queues": list(qs)}, "running": n, "seen_at": now}
+            for name, (qs, n) in seen.items()
+        ]
+        stmt = ins(WorkerSighting)
         stmt = stmt.on_conflict_do_update(
             index_elements=[WorkerSighting.worker],
             set_={
@@ -84,7 +83,7 @@ def record_sightings(
                 "seen_at": stmt.excluded.seen_at,
             },
         )
-        session.execute(stmt)
+        session.execute(stmt, sightings)
     ours = {
         launch: (name, n)
         for name, (_, n) in seen.items()

@@ -22,7 +22,7 @@ from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, rec
 from autoscaler.providers.base import ProviderError
 from autoscaler.providers.mock import MockProvider
 from autoscaler.store import fleet
-from autoscaler.store.models import Instance, OrphanSighting
+from autoscaler.store.models import OrphanSighting
 
 S = InstanceState
 Enqueue = Callable[[str, str], None]
@@ -37,17 +37,9 @@ def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) ->
     observe_celery_workers(rt, loaded, now)
     views = list_providers(rt, loaded)
     with rt.transaction() as session:
-        live = list(fleet.live_rows(session))
+        live = fleet.live_rows(session)
         listed_ids = {m.launch_id for v in views.values() for m in v.machines}
-        closed = (
-            session.scalars(
-                select(Instance).where(
-                    Instance.launch_id.in_(listed_ids - {r.launch_id for r in live}),
-                )
-            ).all()
-            if listed_ids
-            else []
-        )
+        closed = fleet.rows_of(session, listed_ids - {r.launch_id for r in live})
         rows = tuple(fleet.as_row(r) for r in [*live, *closed])
         seen = {
             (o.provider, o.provider_instance_id): (o.label, o.first_seen_at)

@@ -9,11 +9,12 @@ win, and a redelivered task finds nothing left to do.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import case, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from autoscaler.config.models import Backoff
@@ -42,19 +43,83 @@ STATE_SINCE = {
 # --------------------------------------------------------------------------- reads
 
 
-def live_rows(session: Session) -> Sequence[Instance]:
-    """Every row that may still bill (one query)."""
-    return session.scalars(
-        select(Instance).where(Instance.state.in_(LIVE_STATES)).order_by(Instance.id)
-    ).all()
+@dataclass(frozen=True)
+class InstanceRecord:
+    """The columns of an instance row the loop reads, as plain data (not an ORM object)."""
+
+    launch_id: str
+    queue: str
+    provider: str
+    state: InstanceState
+    created_at: datetime
+    since: datetime
+    provider_instance_id: str | None
+    host_id: str | None
+    worker_name: str | None
+    ready_at: datetime | None
+    last_heartbeat_at: datetime | None
+    last_task_at: datetime | None
+    running_tasks: int
+    drain_requested: bool
+    price_per_hour: float | None
 
 
-def since(row: Instance) -> datetime:
-    """When the row entered its current state."""
-    return getattr(row, STATE_SINCE[row.state]) or row.created_at
+_RECORD_COLUMNS = (
+    Instance.launch_id,
+    Instance.queue,
+    Instance.provider,
+    Instance.state,
+    Instance.created_at,
+    Instance.provider_instance_id,
+    Instance.host_id,
+    Instance.worker_name,
+    Instance.ready_at,
+    Instance.last_heartbeat_at,
+    Instance.last_task_at,
+    Instance.running_tasks,
+    Instance.drain_requested,
+    Instance.price_per_hour,
+    *(getattr(Instance, column) for column in dict.fromkeys(STATE_SINCE.values())),
+)
 
 
-def as_machine(row: Instance) -> Machine:
+def _records(session: Session, where: Any) -> list[InstanceRecord]:
+    out = []
+    for r in session.execute(select(*_RECORD_COLUMNS).where(where).order_by(Instance.id)):
+        state = r.state
+        out.append(
+            InstanceRecord(
+                launch_id=r.launch_id,
+                queue=r.queue,
+                provider=r.provider,
+                state=state,
+                created_at=r.created_at,
+                since=getattr(r, STATE_SINCE[state]) or r.created_at,
+                provider_instance_id=r.provider_instance_id,
+                host_id=r.host_id,
+                worker_name=r.worker_name,
+                ready_at=r.ready_at,
+                last_heartbeat_at=r.last_heartbeat_at,
+                last_task_at=r.last_task_at,
+                running_tasks=r.running_tasks,
+                drain_requested=r.drain_requested,
+                price_per_hour=r.price_per_hour,
+            )
+        )
+    return out
+
+
+def live_rows(session: Session) -> list[InstanceRecord]:
+    """Every row that may still bill (one query, only the columns the loop reads)."""
+    return _records(session, Instance.state.in_(LIVE_STATES))
+
+
+def rows_of(session: Session, launch_ids: Collection[str]) -> list[InstanceRecord]:
+    """The rows of these launches, whatever their state (one query)."""
+    return _records(session, Instance.launch_id.in_(list(launch_ids))) if launch_ids else []
+
+
+def as_machine(row: InstanceRecord) -> Machine:
     return Machine(
         launch_id=row.launch_id,
         state=row.state,
@@ -68,13 +133,13 @@ def as_machine(row: Instance) -> Machine:
     )
 
 
-def as_row(row: Instance) -> Row:
+def as_row(row: InstanceRecord) -> Row:
     return Row(
         launch_id=row.launch_id,
         queue=row.queue,
         provider=row.provider,
         state=row.state,
-        since=since(row),
+        since=row.since,
         provider_instance_id=row.provider_instance_id,
         host_id=row.host_id,
         last_seen_at=row.last_heartbeat_at,
@@ -82,7 +147,7 @@ def as_row(row: Instance) -> Row:
     )
 
 
-def machines_by_queue(rows: Iterable[Instance]) -> dict[str, tuple[Machine, ...]]:
+def machines_by_queue(rows: Iterable[InstanceRecord]) -> dict[str, tuple[Machine, ...]]:
     out: dict[str, list[Machine]] = defaultdict(list)
     for row in rows:
         out[row.queue].append(as_machine(row))
@@ -176,6 +241,37 @@ def note_busy(session: Session, launch_id: str, running: int, now: datetime) -> 
         .values(running_tasks=running, last_task_at=now, last_heartbeat_at=now)
         .execution_options(synchronize_session=False)
     )
+
+
+def move_many(
+    session: Session,
+    reasons: Mapping[str, str],
+    src: InstanceState,
+    dst: InstanceState,
+    now: datetime,
+    **fields: Any,
+) -> list[str]:
+    """`move` for many rows in one statement: each launch id with its own reason. Returns the
+    launch ids that were still in `src` and moved."""
+    if not reasons:
+        return []
+    if not can_move(src, dst):
+        raise ValueError(f"{src} -> {dst} is not an allowed transition")
+    values = {
+        "state": dst,
+        STATE_SINCE[dst]: now,
+        "state_reason": case({k: v[:2000] for k, v in reasons.items()}, value=Instance.launch_id),
+        "updated_at": now,
+        **fields,
+    }
+    result = session.execute(
+        update(Instance)
+        .where(Instance.launch_id.in_(list(reasons)), Instance.state == src)
+        .values(**values)
+        .returning(Instance.launch_id)
+        .execution_options(synchronize_session=False)
+    )
+    return [r[0] for r in result]
 
 
 def set_drain_requested(session: Session, launch_ids: Sequence[str], value: bool) -> None:

@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Mapping
 from datetime import datetime
 
-from sqlalchemy import and_, delete, select, update
+from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
@@ -51,30 +51,26 @@ def observe_heads(
                 QueueHeadSighting.source == source, QueueHeadSighting.queue.in_(gone)
             )
         )
-    new_rows = []
-    for q, (_, mid) in wanted.items():
-        if mid is None:
-            continue
-        row = existing.get(q)
-        if row is None:
-            new_rows.append({"source": source, "queue": q, "message_id": mid, "first_seen_at": now})
-        elif row.message_id != mid:
-            session.execute(
-                update(QueueHeadSighting)
-                .where(
-                    and_(
-                        QueueHeadSighting.source == source,
-                        QueueHeadSighting.queue == q,
-                        QueueHeadSighting.message_id == row.message_id,
-                    )
-                )
-                .values(message_id=mid, first_seen_at=now)
-                .execution_options(synchronize_session=False)
-            )
-    if new_rows:
+    # New heads and changed heads in one upsert: a row keeps its first sighting while its head
+    # id stays the same (a concurrent tick that saw the same head changes nothing).
+    upserts = [
+        {"source": source, "queue": q, "message_id": mid, "first_seen_at": now}
+        for q, (_, mid) in wanted.items()
+        if mid is not None and (q not in existing or existing[q].message_id != mid)
+    ]
+    if upserts:
         dialect = session.get_bind().dialect.name
         ins = pg_insert if dialect == "postgresql" else sqlite_insert
-        session.execute(ins(QueueHeadSighting).values(new_rows).on_conflict_do_nothing())
+        stmt = ins(QueueHeadSighting)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[QueueHeadSighting.source, QueueHeadSighting.queue],
+            set_={
+                "message_id": stmt.excluded.message_id,
+                "first_seen_at": stmt.excluded.first_seen_at,
+            },
+            where=QueueHeadSighting.message_id != stmt.excluded.message_id,
+        )
+        session.execute(stmt, upserts)
     session.expire_all()
     out: dict[str, datetime] = {}
     if any(mid is not None for _, mid in wanted.values()):

@@ -72,13 +72,12 @@ def claim_ticks(
         return set()
     stmt = (
         _insert(session, TickSlot.__table__)
-        .values(
-            [{"queue": q, "slot": n, "claimed_by": claimant, "claimed_at": now} for q, n in slots]
-        )
         .on_conflict_do_nothing(index_elements=[TickSlot.queue, TickSlot.slot])
         .returning(TickSlot.__table__.c.queue)
     )
-    return {row[0] for row in session.execute(stmt).all()}
+    # Rows as parameters (not a VALUES list): compiled once, sent in batches by the driver.
+    params = [{"queue": q, "slot": n, "claimed_by": claimant, "claimed_at": now} for q, n in slots]
+    return {row[0] for row in session.execute(stmt, params).all()}
 
 
 def prune_ticks(session: Session, before: datetime) -> int:

@@ -47,12 +47,12 @@ def save(session: Session, source: str, readings: Mapping[str, QueueMetrics]) ->
         for q, m in readings.items()
     ]
     ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    stmt = ins(MetricReading).values(rows)
+    stmt = ins(MetricReading)
     stmt = stmt.on_conflict_do_update(
         index_elements=[MetricReading.source, MetricReading.queue],
         set_={"reading": stmt.excluded.reading, "read_at": stmt.excluded.read_at},
     )
-    session.execute(stmt)
+    session.execute(stmt, rows)
 
 
 def load(
