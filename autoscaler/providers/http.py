@@ -145,13 +145,16 @@ class HttpClient:
         return text.replace(self._secret, REDACTED) if self._secret else text
 
     def excerpt(self, resp: requests.Response, limit: int = 300) -> str:
-        """A short, redacted piece of a response body for error messages."""
+        """A short, redacted piece of a response body for error messages.
+
+        Redacted first, then folded and cut: cutting first would leave the prefix of a key
+        that straddles the cut in the message."""
         try:
             text = resp.text
         except Exception:  # undecodable body
             return "<unreadable body>"
-        text = " ".join(text.split())
-        return self.redact(text[:limit])
+        text = " ".join(self.redact(text).split())
+        return text[:limit]
 
     def request(
         self,
