@@ -10,69 +10,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote, urlsplit
+
+from autoscaler.urls import SECRET_QUERY_PARAMS, redact_url, url_secrets
+
+CONTROL_QUEUE = "autoscaler"
+"""The control plane's own Celery queue (watched application queues are only ever read)."""
 
 CONTROL_KEYPREFIX = "autoscaler-control:"
 """Prefix of every Redis key of the control plane's own broker (see celeryconfig.py)."""
 
-
-SECRET_QUERY_PARAMS = frozenset(
-    {
-        "password",
-        "pass",
-        "passwd",
-        "pwd",
-        "secret",
-        "token",
-        "key",
-        "api_key",
-        "apikey",
-        "access_token",
-        "auth",
-    }
-)
-
-
-def url_secrets(url: str) -> list[str]:
-    """The secret parts of a URL: its password (raw and decoded) and secret query values.
-
-    The userinfo is split at the *last* '@' (as urllib and redis-py do), so a password written
-    with a raw '@' is found whole.
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return [url]
-    found = []
-    userinfo = parts.netloc.rpartition("@")[0]
-    if ":" in userinfo:
-        password = userinfo.partition(":")[2]
-        found += [password, unquote(password)]
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key.lower() in SECRET_QUERY_PARAMS and value:
-            found.append(value)
-    return [f for f in found if f]
-
-
-def redact_url(url: str) -> str:
-    """A URL safe for logs and errors: password and secret query values replaced by ***."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "***"
-    netloc = parts.netloc
-    userinfo, at, host = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        netloc = f"{userinfo.partition(':')[0]}:***@{host}"
-    query = "&".join(
-        f"{k}=***" if k.lower() in SECRET_QUERY_PARAMS and v else f"{k}={v}"
-        for k, v in parse_qsl(parts.query, keep_blank_values=True)
-    )
-    if netloc == parts.netloc and query == parts.query:
-        return url  # nothing secret: keep it byte for byte (sqlite:////abs/path and friends)
-    out = f"{parts.scheme}://{netloc}{parts.path}"
-    out += f"?{query}" if query else ""
-    return out + (f"#{parts.fragment}" if parts.fragment else "")
+__all__ = ["CONTROL_KEYPREFIX", "SECRET_QUERY_PARAMS", "Settings", "redact_url", "url_secrets"]
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 import types
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -20,6 +21,10 @@ class Refusal:
         return f"{self.path}: {self.cause} — fix: {self.fix}"
 
 
+MAX_SHOWN_REFUSALS = 25
+"""A refusal lists this many problems at most (a file of 50,000 unknown keys is one mistake)."""
+
+
 class ConfigError(Exception):
     """A config that must not be used; carries every refusal found, not just the first."""
 
@@ -31,8 +36,29 @@ class ConfigError(Exception):
     def render(self) -> str:
         lines = [f"{self.source} is refused ({len(self.refusals)} problem(s)):"]
         # A fix may carry an example block on its following lines: indent it under its refusal.
-        lines += ["  - " + str(r).replace("\n", "\n      ") for r in self.refusals]
+        lines += [
+            "  - " + str(r).replace("\n", "\n      ") for r in self.refusals[:MAX_SHOWN_REFUSALS]
+        ]
+        if len(self.refusals) > MAX_SHOWN_REFUSALS:
+            lines.append(
+                f"  … and {len(self.refusals) - MAX_SHOWN_REFUSALS} more problem(s); fix these "
+                "first"
+            )
         return "\n".join(lines)
+
+
+def safe_part(part: str, limit: int = 60) -> str:
+    """A key as it may appear in a path: printable and short, else quoted and escaped."""
+    if (
+        part.isprintable()
+        and part
+        and part.strip() == part
+        and " " not in part
+        and (len(part) <= limit)
+    ):
+        return part
+    text = repr(part)
+    return text if len(text) <= limit else text[: limit - 2] + "…" + text[0]
 
 
 def format_path(loc: tuple[int | str, ...]) -> str:
@@ -40,9 +66,43 @@ def format_path(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif part == "[key]":  # pydantic's marker for a refused dict key (a name)
+            continue
         else:
-            out += f".{part}" if out else str(part)
+            shown = safe_part(part)
+            out += f".{shown}" if out else shown
     return out or "(top level)"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = 60
+_REPR.maxother = 60
+_REPR.maxlevel = 2
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
+
+
+def shown_value(value: Any, loc: tuple[int | str, ...] = ()) -> str:
+    """The offending value for a refusal: short, and masked where it may be a secret (a
+    provider option longer than a word, any URL's password)."""
+    from autoscaler.urls import shown_url
+
+    last = str(loc[-1]) if loc else ""
+    if isinstance(value, str) and (last.endswith("url") or "://" in value):
+        return shown_url(value, 80)
+    if (
+        loc
+        and loc[0] == "providers"
+        and len(loc) >= 3
+        and isinstance(value, str | bytes)
+        and len(value) > 16  # API keys are longer; a short word (a typo in a choice) is shown
+    ):
+        return f"(a masked {type(value).__name__} of {len(value)} characters)"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return "(a number of more than 60 digits)"
+    try:
+        return _REPR.repr(value)
+    except Exception:  # a value whose repr fails is still refused
+        return f"(a {type(value).__name__})"
 
 
 def _strip_union_member(loc: tuple[Any, ...]) -> tuple[int | str, ...]:
@@ -151,7 +211,9 @@ def refusals_from_validation(err: ValidationError) -> list[Refusal]:
                 fix = f"remove it or correct its spelling (fields here: {', '.join(known)})"
             else:
                 fix = "remove it or correct its spelling"
-            unknown.append(Refusal(path, f"unknown field '{field}'", fix))
+            shown = safe_part(field)
+            what = f"'{shown}'" if shown == field else shown
+            unknown.append(Refusal(path, f"unknown field {what}", fix))
         elif kind == "union_tag_invalid":
             disc = ctx.get("discriminator", "").strip("'")
             expected = str(ctx.get("expected_tags", "")).replace("'", "")
@@ -180,12 +242,22 @@ def refusals_from_validation(err: ValidationError) -> list[Refusal]:
                 "less_than_equal": "at most",
             }[kind]
             refusals.append(
-                Refusal(path, f"{value!r} is out of range", f"use a value {word} {bound}")
+                Refusal(
+                    path,
+                    f"{shown_value(value, loc)} is out of range",
+                    f"use a value {word} {bound}",
+                )
             )
         elif kind == "literal_error":
             refusals.append(
-                Refusal(path, f"{value!r} is not allowed", f"use one of: {ctx.get('expected')}")
+                Refusal(
+                    path,
+                    f"{shown_value(value, loc)} is not allowed",
+                    f"use one of: {ctx.get('expected')}",
+                )
             )
         else:
-            refusals.append(Refusal(path, f"{value!r}: {e['msg'].lower()}", "correct the value"))
+            refusals.append(
+                Refusal(path, f"{shown_value(value, loc)}: {e['msg'].lower()}", "correct the value")
+            )
     return unknown + refusals

@@ -9,8 +9,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from autoscaler.config.durations import format_duration
 from autoscaler.config.errors import ConfigError, Refusal, refusals_from_validation
 from autoscaler.config.models import Config, ProviderConfig
+from autoscaler.config.safe_yaml import YamlRefusal, load_yaml
+from autoscaler.textfile import TextFileError, read_text
+
+MAX_CONFIG_BYTES = 1024 * 1024
+"""A config file is read up to 1 MiB; the largest real one is a few KiB."""
 
 MINIMAL_EXAMPLE = """\
 providers:
@@ -26,8 +32,10 @@ queues:
 """
 
 
-def _no_queues(empty: bool) -> Refusal:
+def _no_queues(empty: bool, block: bool = False) -> Refusal:
     why = "the file is empty or only comments" if empty else "there is no 'queues:' block"
+    if block:
+        why = "the 'queues:' block is empty"
     return Refusal(
         "queues",
         f"no queue is configured ({why}), so nothing would ever be scaled",
@@ -36,11 +44,13 @@ def _no_queues(empty: bool) -> Refusal:
     )
 
 
-def parse_config_text(text: str, source: str = "config") -> Config:
-    """The document's own checks (YAML, schema, at least one queue), without the state store:
-    the providers its queues name are not looked up (see `load_config_text`)."""
+def parse_yaml_document(text: str, source: str = "config") -> Any:
+    """The YAML of a config with the limits of `safe_yaml` (depth, aliases, numbers, duplicate
+    keys); ConfigError with the position otherwise."""
     try:
-        data: Any = yaml.safe_load(text)
+        return load_yaml(text)
+    except YamlRefusal as exc:
+        raise ConfigError([Refusal(exc.where, exc.cause, exc.fix)], source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
@@ -54,6 +64,16 @@ def parse_config_text(text: str, source: str = "config") -> Config:
             ],
             source,
         ) from None
+
+
+def parse_config_text(text: str, source: str = "config", *, runnable: bool = False) -> Config:
+    """The document's own checks (YAML, schema, at least one queue), without the state store:
+    the providers its queues name are not looked up (see `load_config_text`).
+
+    `runnable=True` (what every file a user gives gets: `load_config`, `read_config`) also
+    refuses a config that could never run (`check_runnable`); programs building edge-case
+    configs on purpose (the policy's property tests) leave it off."""
+    data = parse_yaml_document(text, source)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -68,18 +88,108 @@ def parse_config_text(text: str, source: str = "config") -> Config:
             source,
         )
     refusals: list[Refusal] = []
-    if data.get("queues") is None:  # absent, or "queues:" with nothing under it
+    queues = data.get("queues")
+    if queues is None:  # absent, or "queues:" with nothing under it
         data = {k: v for k, v in data.items() if k != "queues"}
         missing = [_no_queues(empty=not data)]
+    elif queues == {}:  # written on purpose, and still nothing would ever run
+        missing = [_no_queues(empty=False, block=True)]
     else:
-        missing = []  # an explicit "queues: {}" is deliberate: nothing to scale yet
+        missing = []
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
         refusals = refusals_from_validation(exc)
+    except (RecursionError, MemoryError, OverflowError) as exc:  # the YAML limits keep these out
+        refusals = [
+            Refusal("(document)", f"too large to validate ({type(exc).__name__})", "simplify it")
+        ]
     if refusals or missing:
         raise ConfigError(refusals + missing, source)
+    refusals = check_runnable(config) if runnable else []
+    if refusals:
+        raise ConfigError(refusals, source)
     return config
+
+
+def check_runnable(config: Config) -> list[Refusal]:
+    """A valid config that could still never run: no machine allowed, or deadlines shorter
+    than the poll that checks them."""
+    refusals = []
+    enabled = {
+        name: q.autoscale
+        for name, q in config.queues.items()
+        if q.autoscale is not None and q.autoscale.enabled
+    }
+    limits = config.limits
+    if enabled and limits.max_machines == 0:
+        refusals.append(
+            Refusal(
+                "limits.max_machines",
+                "0 machines are allowed across the account, so no enabled queue can ever rent",
+                "raise limits.max_machines, remove it (no cap), or set 'enabled: false' on "
+                "every queue",
+            )
+        )
+    if enabled and limits.max_price_per_hour == 0:
+        refusals.append(
+            Refusal(
+                "limits.max_price_per_hour",
+                "$0/h is allowed across the account, so no enabled queue can ever rent",
+                "raise limits.max_price_per_hour, remove it (no cap), or set 'enabled: false' "
+                "on every queue",
+            )
+        )
+    poll = config.poll_interval
+    for what, value in (
+        ("heartbeat_timeout", config.heartbeat_timeout),
+        ("boot_timeout", config.boot_timeout),
+    ):
+        if value < poll:
+            refusals.append(
+                Refusal(
+                    what,
+                    f"{format_duration(value)} is shorter than poll_interval "
+                    f"({format_duration(poll)}), so it would expire between two checks",
+                    f"make {what} at least {format_duration(poll)}, or poll more often",
+                )
+            )
+    for name, auto in enabled.items():
+        assert auto is not None
+        where = f"queues.{name}.autoscale"
+        if auto.max_workers == 0:
+            refusals.append(
+                Refusal(
+                    f"{where}.max_workers",
+                    "0 machines for an enabled queue: it can never scale",
+                    "raise max_workers, or set 'enabled: false' to keep the queue off",
+                )
+            )
+        qpoll = auto.poll_interval or poll
+        boot = auto.boot_timeout or config.boot_timeout
+        if auto.poll_interval is not None and config.heartbeat_timeout < qpoll:
+            refusals.append(
+                Refusal(
+                    f"{where}.poll_interval",
+                    f"{format_duration(qpoll)} is longer than heartbeat_timeout "
+                    f"({format_duration(config.heartbeat_timeout)}): a live worker would be "
+                    "declared silent between two checks",
+                    f"poll at most every {format_duration(config.heartbeat_timeout)}, or raise "
+                    "heartbeat_timeout",
+                )
+            )
+        if boot < qpoll and (auto.poll_interval is not None or auto.boot_timeout is not None):
+            field = "boot_timeout" if auto.boot_timeout is not None else "poll_interval"
+            refusals.append(
+                Refusal(
+                    f"{where}.{field}",
+                    f"the boot timeout ({format_duration(boot)}) is shorter than the queue's "
+                    f"poll interval ({format_duration(qpoll)}), so a booting machine would be "
+                    "given up between two checks",
+                    f"make boot_timeout at least {format_duration(qpoll)}, or poll more often",
+                )
+            )
+    return refusals
 
 
 def load_config_text(
@@ -88,13 +198,15 @@ def load_config_text(
     registered_providers: Mapping[str, ProviderConfig] | None = None,
     *,
     store_readable: bool = True,
+    runnable: bool = False,
 ) -> Config:
     """Validate a YAML document; providers may be declared in it or registered in the store.
 
     `store_readable=False`: the registered providers could not be read (the store is not set
-    up), so a provider the file does not declare is refused with that fix.
+    up), so a provider the file does not declare is refused with that fix. `runnable`: see
+    `parse_config_text`.
     """
-    config = parse_config_text(text, source)
+    config = parse_config_text(text, source, runnable=runnable)
     refusals = check_references(config, registered_providers or {}, store_readable)
     if refusals:
         raise ConfigError(refusals, source)
@@ -102,19 +214,21 @@ def load_config_text(
 
 
 def _read(path: str | Path) -> str:
-    p = Path(path)
+    """The file's text: a regular file of at most MAX_CONFIG_BYTES, UTF-8."""
     try:
-        return p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(
-            [Refusal(str(p), f"cannot be read ({exc.strerror})", "check the path and permissions")],
-            str(p),
-        ) from None
+        return read_text(path, limit=MAX_CONFIG_BYTES, what="a config file")
+    except TextFileError as exc:
+        raise ConfigError([Refusal(exc.path, exc.cause, exc.fix)], str(path)) from None
+
+
+def read_config_text(path: str | Path) -> str:
+    """The text of a config file, with the limits every reader of a config shares."""
+    return _read(path)
 
 
 def read_config(path: str | Path) -> Config:
     """The file's own checks only (see `parse_config_text`): needs no state store."""
-    return parse_config_text(_read(path), str(path))
+    return parse_config_text(_read(path), str(path), runnable=True)
 
 
 def load_config(
@@ -124,7 +238,7 @@ def load_config(
     store_readable: bool = True,
 ) -> Config:
     return load_config_text(
-        _read(path), str(path), registered_providers, store_readable=store_readable
+        _read(path), str(path), registered_providers, store_readable=store_readable, runnable=True
     )
 
 

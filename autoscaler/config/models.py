@@ -7,13 +7,16 @@ number that spends money or bounds capacity is range-checked here, once, for eve
 from __future__ import annotations
 
 import re
+import unicodedata
+from datetime import datetime
 from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from croniter import CroniterError, croniter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from autoscaler.config.durations import Duration
+from autoscaler.urls import UrlError, parse_url
 
 DEFAULT_WORKER_IMAGE = "ghcr.io/gpu-queue-autoscaler/worker:latest"
 
@@ -22,6 +25,96 @@ class Strict(BaseModel):
     """Unknown keys are refused (typos), and so are NaN and infinity (an infinite price cap)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# --------------------------------------------------------------------------- bounds and text
+
+MAX_NAME_LENGTH = 100
+"""Queue and provider names: the store's provider column holds 100 characters."""
+MAX_WORKERS = 10_000
+"""Machines per queue; far above any real fleet, low enough that worst-case costs stay finite."""
+MAX_PRICE_PER_HOUR = 1_000.0
+"""Dollars per hour for one machine."""
+MAX_POLL_INTERVAL = 86_400.0
+MIN_POLL_INTERVAL = 1.0
+
+
+def _control_chars(value: str) -> list[str]:
+    return [c for c in value if unicodedata.category(c)[0] == "C"]
+
+
+def _shown(value: str, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 2] + "…" + text[0]
+
+
+def _check_name(value: str) -> str:
+    rule = (
+        f"a name is 1 to {MAX_NAME_LENGTH} characters: letters, digits and punctuation such as "
+        "- _ . : @ /, without spaces, tabs, newlines or control characters"
+    )
+    if not value:
+        raise ValueError(f"the name is empty; {rule}")
+    if len(value) > MAX_NAME_LENGTH:
+        raise ValueError(f"the name is {len(value)} characters long; {rule}")
+    if value.strip() != value or not value.strip():
+        raise ValueError(f"the name {_shown(value)} starts or ends with blanks; {rule}")
+    if any(c.isspace() for c in value) or _control_chars(value):
+        raise ValueError(f"the name {_shown(value)} holds blanks or control characters; {rule}")
+    return value
+
+
+def _check_line(value: str) -> str:
+    """One line of text: no control characters (a newline, a tab, a NUL byte...)."""
+    bad = _control_chars(value)
+    if bad:
+        raise ValueError(
+            f"{_shown(value)} holds the control character {bad[0]!r}; write it on one line "
+            "without control characters"
+        )
+    return value
+
+
+def _check_text(value: str) -> str:
+    """Free text (a command, a query): anything but a NUL byte, which no database can store."""
+    if "\x00" in value:
+        raise ValueError("the text holds a NUL byte; remove it")
+    return value
+
+
+def _check_env_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,199}", value):
+        # the value is not shown: a key pasted here by mistake must not be printed
+        raise ValueError(
+            "this is not the name of an environment variable; give a name such as "
+            "VAST_API_KEY (letters, digits and _, not starting with a digit) — never the key"
+        )
+    return value
+
+
+def _check_url(value: str) -> str:
+    try:
+        parse_url(value)
+    except UrlError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+def _check_http_url(value: str) -> str:
+    try:
+        parse_url(value, schemes=("http", "https"), need_host=True, example="https://host:9090")
+    except UrlError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+"""A queue or provider name."""
+Line = Annotated[str, Field(max_length=1000), AfterValidator(_check_line)]
+Text = Annotated[str, Field(max_length=20_000), AfterValidator(_check_text)]
+EnvName = Annotated[str, AfterValidator(_check_env_name)]
+Url = Annotated[str, AfterValidator(_check_url)]
+HttpUrl = Annotated[str, AfterValidator(_check_http_url)]
 
 
 # --------------------------------------------------------------------------- triggers
@@ -61,9 +154,21 @@ def _cron_field_problem(fields: list[str]) -> str | None:
     return None
 
 
+CRON_HORIZON_FROM = datetime(2025, 3, 1)
+"""Every cron must fire within a year of this date (after a February 29: "0 0 29 2 *", which
+fires once in four years, is refused like "0 0 31 2 *", which never fires and stalls beat)."""
+
+
 def _check_cron(expr: str) -> str:
     # croniter also takes a sixth (seconds) field; a Quartz-style "0 0 8 * * *" would then fire
     # at a different time than its author meant, so exactly five fields are accepted.
+    if len(expr) > 100:
+        raise ValueError(f"the cron expression is {len(expr)} characters long; {CRON_FIX}")
+    if expr != expr.strip() or _control_chars(expr) or any(c.isspace() and c != " " for c in expr):
+        raise ValueError(
+            f"{_shown(expr)} has blanks around it, tabs, newlines or control characters; "
+            f"write the five fields separated by single spaces: {CRON_FIX}"
+        )
     fields = expr.split()
     if len(fields) != 5:
         extra = " (a sixth, seconds field is not accepted)" if len(fields) == 6 else ""
@@ -71,15 +176,25 @@ def _check_cron(expr: str) -> str:
     if not croniter.is_valid(expr):
         problem = _cron_field_problem(fields) or "croniter does not accept it"
         raise ValueError(f"{expr!r} is not a valid cron expression: {problem}; {CRON_FIX}")
+    try:
+        croniter(expr, CRON_HORIZON_FROM, max_years_between_matches=1).get_next(datetime)
+    except (CroniterError, ValueError, OverflowError):
+        raise ValueError(
+            f"{expr!r} does not fire within a year (a day that does not exist in its month, "
+            "such as February 30, or February 29 only); use days every month has (1-28), or "
+            "'L' for the month's last day"
+        ) from None
     return expr
 
 
 def _check_timezone(name: str) -> str:
     try:
+        if len(name) > 64 or _control_chars(name):
+            raise ValueError(name)
         ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):
         raise ValueError(
-            f"{name!r} is not an IANA time zone; use a name like 'UTC' or 'Europe/Paris'"
+            f"{_shown(name)} is not an IANA time zone; use a name like 'UTC' or 'Europe/Paris'"
         ) from None
     return name
 
@@ -94,8 +209,8 @@ class QueueDepthTrigger(Strict):
     """More than `threshold` pending: one more machine; or `target_per_worker` jobs per machine."""
 
     trigger: Literal["queue_depth"]
-    threshold: int | None = Field(default=None, ge=0)
-    target_per_worker: int | None = Field(default=None, gt=0)
+    threshold: int | None = Field(default=None, ge=0, le=10**9)
+    target_per_worker: int | None = Field(default=None, gt=0, le=10**9)
 
     @model_validator(mode="after")
     def _one_mode(self) -> QueueDepthTrigger:
@@ -119,11 +234,11 @@ class MetricTrigger(Strict):
     """An external value (a Prometheus instant query) above a threshold or per-worker target."""
 
     trigger: Literal["metric"]
-    query: str = Field(min_length=1)
-    url: str | None = None
-    url_env: str | None = None
-    threshold: float | None = Field(default=None, ge=0)
-    target_per_worker: float | None = Field(default=None, gt=0)
+    query: Text = Field(min_length=1)
+    url: HttpUrl | None = None
+    url_env: EnvName | None = None
+    threshold: float | None = Field(default=None, ge=0, le=1e15)
+    target_per_worker: float | None = Field(default=None, gt=0, le=1e15)
     timeout: Duration = Field(default=5.0, gt=0)
 
     @model_validator(mode="after")
@@ -146,7 +261,7 @@ class ScheduleUpTrigger(Strict):
     trigger: Literal["schedule"]
     cron: str
     timezone: str = "UTC"
-    workers: int = Field(ge=1)
+    workers: int = Field(ge=1, le=MAX_WORKERS)
     duration: Duration = Field(gt=0)
 
     _cron = field_validator("cron")(_check_cron)
@@ -187,19 +302,19 @@ SCALE_DOWN_TRIGGERS = ("idle", "schedule")
 class Deployment(Strict):
     """What a rented machine runs: the team's task code and how to start its worker."""
 
-    git_url: str = Field(min_length=1)
-    startup_cmd: str = Field(min_length=1)
-    git_ref: str | None = None
+    git_url: Line = Field(min_length=1)
+    startup_cmd: Text = Field(min_length=1)
+    git_ref: Line | None = None
 
 
 class InstanceSpec(Strict):
     """The machine to rent for a queue."""
 
-    gpu: str = Field(min_length=1)
+    gpu: Line = Field(min_length=1, max_length=100)
     gpu_count: int = Field(default=1, ge=1, le=16)
-    disk_gb: int = Field(default=50, ge=1)
-    max_price_per_hour: float = Field(gt=0)
-    image: str = DEFAULT_WORKER_IMAGE
+    disk_gb: int = Field(default=50, ge=1, le=100_000)
+    max_price_per_hour: float = Field(gt=0, le=MAX_PRICE_PER_HOUR)
+    image: Line = Field(default=DEFAULT_WORKER_IMAGE, min_length=1)
 
 
 class MetricsSource(Strict):
@@ -213,14 +328,16 @@ class MetricsSource(Strict):
     """
 
     source: Literal["celery", "asynq", "redis-list", "redis-stream"] = "celery"
-    url: str | None = None
-    url_env: str | None = None
-    queue: str | None = None
-    management_url: str | None = None
-    global_keyprefix: str = ""
-    sep: str = "\x06\x16"
-    priority_steps: tuple[int, ...] = (0, 3, 6, 9)
-    group: str | None = None
+    url: Url | None = None
+    url_env: EnvName | None = None
+    queue: Line | None = Field(default=None, min_length=1, max_length=200)
+    management_url: HttpUrl | None = None
+    global_keyprefix: Line = Field(default="", max_length=200)
+    sep: Text = Field(default="\x06\x16", min_length=1, max_length=16)
+    priority_steps: tuple[Annotated[int, Field(ge=0, le=255)], ...] = Field(
+        default=(0, 3, 6, 9), min_length=1, max_length=256
+    )
+    group: Line | None = Field(default=None, min_length=1, max_length=200)
     pop_side: Literal["right", "left"] = "right"
     timeout: Duration = Field(default=5.0, gt=0)
     stale_after: Duration = Field(default=300.0, gt=0)
@@ -237,14 +354,14 @@ class Autoscale(Strict):
     equal priorities take turns one machine at a time."""
 
     enabled: bool = True
-    provider: str = Field(min_length=1)
-    min_workers: int = Field(default=0, ge=0)
-    max_workers: int = Field(ge=0)
-    priority: int = 0
+    provider: Name
+    min_workers: int = Field(default=0, ge=0, le=MAX_WORKERS)
+    max_workers: int = Field(ge=0, le=MAX_WORKERS)
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
     scale_up: tuple[ScaleUpTrigger, ...] = ()
     scale_down: tuple[ScaleDownTrigger, ...] = ()
     instance: InstanceSpec
-    poll_interval: Duration | None = Field(default=None, gt=0)
+    poll_interval: Duration | None = Field(default=None, ge=MIN_POLL_INTERVAL, le=MAX_POLL_INTERVAL)
     boot_timeout: Duration | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
@@ -277,26 +394,32 @@ PROVIDER_KINDS = ("runpod", "vast", "mock", "local")
 class _ProviderBase(Strict):
     """Credentials are never written in the YAML: by env var name, or stored encrypted."""
 
-    api_key_env: str | None = None
+    api_key_env: EnvName | None = None
 
 
 class RunPodProvider(_ProviderBase):
     kind: Literal["runpod"]
-    gpu_types: tuple[str, ...] = ()
+    gpu_types: tuple[Annotated[Line, Field(min_length=1, max_length=100)], ...] = Field(
+        default=(), max_length=100
+    )
     cloud_type: Literal["SECURE", "COMMUNITY"] = "SECURE"
-    data_centers: tuple[str, ...] = ()
-    base_url: str = "https://api.runpod.io"
+    data_centers: tuple[Annotated[Line, Field(min_length=1, max_length=100)], ...] = Field(
+        default=(), max_length=100
+    )
+    base_url: HttpUrl = "https://api.runpod.io"
 
 
 class VastProvider(_ProviderBase):
     kind: Literal["vast"]
     verified: bool = True
-    countries: tuple[str, ...] = ()
-    min_bandwidth_mbps: float | None = Field(default=None, ge=0)
-    min_cuda_version: float | None = Field(default=None, gt=0)
+    countries: tuple[Annotated[Line, Field(min_length=1, max_length=100)], ...] = Field(
+        default=(), max_length=300
+    )
+    min_bandwidth_mbps: float | None = Field(default=None, ge=0, le=1e6)
+    min_cuda_version: float | None = Field(default=None, gt=0, le=100)
     min_reliability: float | None = Field(default=None, ge=0, le=1)
     avoid_host_for: Duration = Field(default=86400.0, gt=0)
-    base_url: str = "https://console.vast.ai"
+    base_url: HttpUrl = "https://console.vast.ai"
 
 
 class MockProvider(_ProviderBase):
@@ -306,15 +429,15 @@ class MockProvider(_ProviderBase):
     boot_delay: Duration = Field(default=5.0, ge=0)
     boot_failure_rate: float = Field(default=0.0, ge=0, le=1)
     capacity_error_rate: float = Field(default=0.0, ge=0, le=1)
-    price_per_hour: float = Field(default=0.40, ge=0)
+    price_per_hour: float = Field(default=0.40, ge=0, le=MAX_PRICE_PER_HOUR)
 
 
 class LocalProvider(_ProviderBase):
     """ "Rents" by starting a local process per machine; destroys by stopping its process group."""
 
     kind: Literal["local"]
-    command: str | None = None
-    price_per_hour: float = Field(default=0.0, ge=0)
+    command: Text | None = None
+    price_per_hour: float = Field(default=0.0, ge=0, le=MAX_PRICE_PER_HOUR)
 
 
 ProviderConfig = Annotated[
@@ -342,16 +465,16 @@ class Backoff(Strict):
 class Limits(Strict):
     """Account-wide spend caps shared by all queues, served by `autoscale.priority`."""
 
-    max_machines: int | None = Field(default=None, ge=0)
-    max_price_per_hour: float | None = Field(default=None, ge=0)
+    max_machines: int | None = Field(default=None, ge=0, le=100_000)
+    max_price_per_hour: float | None = Field(default=None, ge=0, le=1_000_000)
 
 
 class Config(Strict):
-    poll_interval: Duration = Field(default=30.0, gt=0)
+    poll_interval: Duration = Field(default=30.0, ge=MIN_POLL_INTERVAL, le=MAX_POLL_INTERVAL)
     boot_timeout: Duration = Field(default=900.0, gt=0)
     heartbeat_timeout: Duration = Field(default=300.0, gt=0)
     drain_timeout: Duration = Field(default=3600.0, gt=0)
     backoff: Backoff = Backoff()
     limits: Limits = Limits()
-    providers: dict[str, ProviderConfig] = {}
-    queues: dict[str, Queue] = {}
+    providers: dict[Name, ProviderConfig] = {}
+    queues: dict[Name, Queue] = {}

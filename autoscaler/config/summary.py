@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from autoscaler.config.durations import format_duration
 from autoscaler.config.isolation import WATCH_BROKER_ENV
@@ -32,7 +32,10 @@ from autoscaler.settings import redact_url
 
 def _next_firing(cron: str, tz: str, now: datetime) -> str:
     local_now = now.astimezone(ZoneInfo(tz))
-    nxt = croniter(cron, local_now).get_next(datetime)
+    try:  # the schema refuses crons that do not fire within a year; never crash the dry run
+        nxt = croniter(cron, local_now, max_years_between_matches=2).get_next(datetime)
+    except (CroniterError, ValueError, OverflowError):
+        return "not within a year"
     return f"{nxt:%Y-%m-%d %H:%M} {tz}"
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from autoscaler.config import load_config, load_config_text
+from autoscaler.config import ConfigError, load_config, load_config_text
 from autoscaler.config.loader import known_providers
 from autoscaler.config.models import VastProvider
 from autoscaler.config.summary import describe
@@ -20,10 +20,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NOW = datetime(2025, 3, 3, 12, 0, tzinfo=UTC)
 
 
-def test_an_explicitly_empty_queues_block_still_loads():
-    # `queues: {}` is written on purpose (nothing to scale yet); the dry run says so.
-    config = load_config_text("queues: {}")
-    assert "no queue is configured" in describe(config, {}, NOW)
+def test_an_explicitly_empty_queues_block_is_refused():
+    # `queues: {}` can never run: refused like a missing block, with the same minimal example
+    # (a queue with `enabled: false` is how to keep one declared but off).
+    with pytest.raises(ConfigError) as exc:
+        load_config_text("queues: {}")
+    [refusal] = exc.value.refusals
+    assert refusal.path == "queues" and "the 'queues:' block is empty" in refusal.cause
 
 
 def _config(provider: dict[str, Any], gpu_count: int = 1, cap: float = 0.30) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.config import ConfigError, load_config, load_config_text
+from autoscaler.config import Config, ConfigError, load_config
 from autoscaler.config.models import (
     IdleTrigger,
     LatencyTrigger,
@@ -70,7 +70,7 @@ def test_full_example_loads_every_trigger_and_provider_kind():
 
 
 def test_defaults_are_sane():
-    config = load_config_text("queues: {}")
+    config = Config.model_validate({})
     assert config.poll_interval == 30.0
     assert config.backoff.cap == 600.0  # the seed's "up to 10 minutes"
     assert config.boot_timeout > 0 and config.heartbeat_timeout == 300.0
