@@ -6,6 +6,7 @@ import json
 
 import click
 
+from autoscaler.boundary import Refused
 from autoscaler.config import ConfigError
 from autoscaler.sim.report import HEADER, LEGEND, fmt_bound, fmt_row
 from autoscaler.sim.run import compare, jobs_for, load_sim_config, pick_queue, warnings_for
@@ -47,8 +48,8 @@ def simulate(trace: str, config_path: str, queue: str | None, seed: int, as_json
         name = pick_queue(config, queue)
         jobs = jobs_for(load_trace(trace), name, name)
         reports, price = compare(config, name, jobs, seed)
-    except (ConfigError, TraceError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+    except (ConfigError, TraceError, ValueError) as exc:  # refusals: exit 2, like validate
+        raise Refused(str(exc)) from None
     warnings = warnings_for(config, name, reports)
     if as_json:
         click.echo(

@@ -6,13 +6,14 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from autoscaler.config import load_config
+from autoscaler.config import load_config_text
+from autoscaler.config.loader import parse_yaml_document, read_config_text
 from autoscaler.config.models import Config, MetricTrigger, MockProvider, ProviderConfig
 from autoscaler.policy.decide import decide
 from autoscaler.policy.plan import Plan
 from autoscaler.policy.snapshot import Snapshot
 from autoscaler.sim.baselines import KedaLike, RunqyOriginal
-from autoscaler.sim.engine import Policy, Result, Simulation
+from autoscaler.sim.engine import DAY_S, TAIL_S, Policy, Result, Simulation
 from autoscaler.sim.provider import ProviderParams
 from autoscaler.sim.report import Report, Saturation, saturation_warning, summarize
 from autoscaler.sim.trace import Job, load_trace
@@ -25,20 +26,48 @@ POLICIES: dict[str, tuple[Callable[[], Policy], bool]] = {
 }
 
 
-def load_sim_config(path: str | Path) -> Config:
-    """The normal YAML config; a provider it names but does not declare is simulated."""
-    import yaml
+MAX_SIM_TICKS = 200_000
+"""Evaluations per policy a simulation may take (span of the trace / poll interval): about
+20 s for the three policies. A trace spanning a year polled every second would take hours."""
 
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    declared = set((data.get("providers") or {}).keys()) if isinstance(data, dict) else set()
+
+class SimulationTooLong(ValueError):
+    """The trace spans too many polls to replay in reasonable time; the message has the fix."""
+
+
+def load_sim_config(path: str | Path) -> Config:
+    """The normal YAML config; a provider it names but does not declare is simulated.
+
+    Read and parsed with the same limits and refusals as `autoscaler validate`; the peek at
+    which providers are named tolerates any shape (the schema then refuses it)."""
+    text = read_config_text(path)
+    data = parse_yaml_document(text, str(path))
     named: dict[str, ProviderConfig] = {}
-    queues = data.get("queues") if isinstance(data, dict) else None
-    for q in (queues or {}).values():
-        auto = q.get("autoscale") if isinstance(q, dict) else None
-        prov = auto.get("provider") if isinstance(auto, dict) else None
-        if isinstance(prov, str) and prov not in declared:
-            named[prov] = MockProvider(kind="mock")
-    return load_config(path, registered_providers=named)
+    if isinstance(data, dict):
+        providers = data.get("providers")
+        declared = set(providers) if isinstance(providers, dict) else set()
+        queues = data.get("queues")
+        for q in queues.values() if isinstance(queues, dict) else ():
+            auto = q.get("autoscale") if isinstance(q, dict) else None
+            prov = auto.get("provider") if isinstance(auto, dict) else None
+            if isinstance(prov, str) and prov not in declared:
+                named[prov] = MockProvider(kind="mock")
+    return load_config_text(text, str(path), registered_providers=named, runnable=True)
+
+
+def check_span(config: Config, queue: str, jobs: list[Job]) -> None:
+    """SimulationTooLong when replaying `jobs` would take more than MAX_SIM_TICKS polls."""
+    auto = config.queues[queue].autoscale if queue in config.queues else None
+    poll = (auto.poll_interval if auto is not None else None) or config.poll_interval
+    last = max((j.arrival_s for j in jobs), default=0.0)
+    ticks = (max(DAY_S, last) + TAIL_S) / poll
+    if ticks > MAX_SIM_TICKS:
+        raise SimulationTooLong(
+            f"the trace spans {last:.0f} s (last arrival_s), which at one poll every "
+            f"{poll:g} s is {ticks:,.0f} evaluations per policy, above the limit of "
+            f"{MAX_SIM_TICKS:,}; shorten the trace or simulate with a longer poll_interval "
+            f"(at least {(max(DAY_S, last) + TAIL_S) / MAX_SIM_TICKS:.0f} s)"
+        )
 
 
 def pick_queue(config: Config, queue: str | None) -> str:
@@ -108,6 +137,7 @@ def compare(
     config: Config, queue: str, jobs: list[Job], seed: int = 0
 ) -> tuple[list[Report], float]:
     """Reports for every policy on the same trace and seed, and the price used."""
+    check_span(config, queue, jobs)
     reports = [summarize(*run_watched(config, queue, jobs, p, seed)) for p in POLICIES]
     auto = config.queues[queue].autoscale
     assert auto is not None
