@@ -11,19 +11,25 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.boundary import DEBUG_ENV, BoundaryGroup
 from autoscaler.config import ConfigError, load_config, read_config
 from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.loader import known_providers
 from autoscaler.config.models import Config, ProviderConfig
 from autoscaler.config.summary import describe
 from autoscaler.credentials import (
+    MAX_KEY_BYTES,
     CredentialError,
+    OptionsError,
     describe_credentials,
+    parse_options_json,
+    read_key,
     registered_provider_configs,
     validate_provider,
 )
@@ -55,6 +61,14 @@ def _driver_cause(exc: SQLAlchemyError, url: str) -> str:
     return text
 
 
+def _upgrade_cause(exc: Exception, url: str) -> str:
+    if isinstance(exc, SQLAlchemyError):
+        return _driver_cause(exc, url)
+    if isinstance(exc, AlembicCommandError):  # e.g. an unknown --revision
+        return " ".join(str(exc).split())[:200]
+    return type(exc).__name__  # alembic's own errors may quote the URL: the type only
+
+
 def _store(settings: Settings) -> Engine:
     """The state store, once it exists at the migrations' head; StoreUnavailable otherwise.
 
@@ -74,7 +88,13 @@ def _store(settings: Settings) -> Engine:
     sqlite = parsed.get_backend_name() == "sqlite"
     if sqlite and not (parsed.database and Path(parsed.database).is_file()):
         raise StoreUnavailable(not_set_up)
-    engine = make_engine(url)
+    try:
+        engine = make_engine(url)
+    except (ArgumentError, ImportError, ValueError):  # e.g. amqp://: no such database driver
+        raise StoreUnavailable(
+            f"AUTOSCALER_DATABASE_URL ({shown}) names no database SQLAlchemy can open; use "
+            "postgresql://user:password@host/autoscaler, or unset it for the embedded SQLite file"
+        ) from None
     try:
         current, head = migrate.revisions(engine)
     except SQLAlchemyError as exc:
@@ -109,10 +129,19 @@ def _fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-@click.group()
+@click.group(cls=BoundaryGroup)
 @click.version_option(package_name="gpu-queue-autoscaler")
-def main() -> None:
-    """Rent GPU machines when job queues fill up; release them when they go quiet."""
+@click.option(
+    "--debug",
+    is_flag=True,
+    help=f"Show the traceback of an unexpected error (also {DEBUG_ENV}=1).",
+)
+def main(debug: bool) -> None:
+    """Rent GPU machines when job queues fill up; release them when they go quiet.
+
+    Exit codes: 0 done, 2 refused (the message says what and how to fix it), 1 an unexpected
+    error (a bug: one line; the traceback with --debug).
+    """
 
 
 # ------------------------------------------------------------------------------------- db
@@ -128,9 +157,23 @@ def db() -> None:
 def db_upgrade(revision: str) -> None:
     """Apply migrations up to REVISION (idempotent)."""
     settings = _settings()
-    migrate.upgrade(settings.database_url, revision)
+    try:
+        migrate.upgrade(settings.database_url, revision)
+    except (SQLAlchemyError, AlembicCommandError, ValueError, ImportError, OSError) as exc:
+        _fail(
+            f"the state store {redact_url(settings.database_url)} cannot be upgraded "
+            f"({_upgrade_cause(exc, settings.database_url)}); "
+            "check AUTOSCALER_DATABASE_URL (and --revision) and that the database server runs"
+        )
     click.echo(f"database {redact_url(settings.database_url)} is at {revision}")
-    if migrate.prepare_embedded_broker(settings.broker_url):
+    try:
+        prepared = migrate.prepare_embedded_broker(settings.broker_url)
+    except (SQLAlchemyError, ValueError, ImportError, OSError) as exc:
+        _fail(
+            f"the embedded broker {redact_url(settings.broker_url)} cannot be prepared "
+            f"({type(exc).__name__}); check AUTOSCALER_BROKER_URL"
+        )
+    if prepared:
         click.echo(f"embedded broker {redact_url(settings.broker_url)} is ready")
 
 
@@ -344,12 +387,14 @@ def _parse_options(pairs: tuple[str, ...], options_json: str | None) -> dict[str
     options: dict[str, Any] = {}
     if options_json:
         try:
-            loaded = json.loads(options_json)
+            loaded = parse_options_json(options_json)
         except json.JSONDecodeError as exc:
             raise click.BadParameter(
                 f'not JSON ({exc.msg}); pass an object like \'{{"countries": ["US"]}}\'',
                 param_hint="--options-json",
             ) from None
+        except OptionsError as exc:
+            raise click.BadParameter(str(exc), param_hint="--options-json") from None
         if not isinstance(loaded, dict):
             raise click.BadParameter("must be a JSON object", param_hint="--options-json")
         options.update(loaded)
@@ -358,9 +403,11 @@ def _parse_options(pairs: tuple[str, ...], options_json: str | None) -> dict[str
         if not sep:
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--option")
         try:
-            options[key] = json.loads(value)
+            options[key] = parse_options_json(value)
         except json.JSONDecodeError:
             options[key] = value
+        except OptionsError as exc:
+            raise click.BadParameter(f"{key[:40]!r}: {exc}", param_hint="--option") from None
     return options
 
 
@@ -401,7 +448,16 @@ def providers_add(
     sessions = _sessions(settings)  # before the key is read: no store, nothing consumed
     encrypted = None
     if api_key_stdin:
-        secret = sys.stdin.readline().strip()
+        stdin = getattr(sys.stdin, "buffer", None)
+        try:
+            raw = (
+                stdin.readline(MAX_KEY_BYTES + 1)
+                if stdin is not None
+                else sys.stdin.readline(MAX_KEY_BYTES + 1).encode("utf-8", "surrogateescape")
+            )
+            secret = read_key(raw)
+        except OptionsError as exc:
+            _fail(str(exc))
         if not secret:
             _fail(
                 "no key on standard input; pipe it in: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,6 +16,87 @@ from autoscaler.store.providers import list_providers
 from autoscaler.vault import Vault
 
 NEEDS_KEY = ("runpod", "vast")
+
+MAX_OPTIONS_TEXT = 64 * 1024
+MAX_OPTIONS_DEPTH = 8
+MAX_OPTION_DIGITS = 30
+MAX_KEY_BYTES = 16 * 1024
+
+
+class OptionsError(ValueError):
+    """Provider options given on the command line that cannot be read; the message has the fix."""
+
+
+def _bounded_int(text: str) -> int:
+    if sum(c.isdigit() for c in text) > MAX_OPTION_DIGITS:
+        raise OptionsError(
+            f"a number with {len(text)} digits (the limit is {MAX_OPTION_DIGITS} digits); "
+            "write a realistic number"
+        )
+    return int(text)
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if level > MAX_OPTIONS_DEPTH:
+            break
+        if isinstance(item, dict):
+            stack += [(v, level + 1) for v in item.values()]
+        elif isinstance(item, list):
+            stack += [(v, level + 1) for v in item]
+    return deepest
+
+
+def parse_options_json(text: str) -> Any:
+    """JSON from the command line, bounded: size, nesting and digits; OptionsError otherwise.
+    json.JSONDecodeError passes through (the caller says what JSON it expected)."""
+    if len(text) > MAX_OPTIONS_TEXT:
+        raise OptionsError(
+            f"{len(text)} characters, above the limit of {MAX_OPTIONS_TEXT}; pass only the "
+            "options you need"
+        )
+    try:
+        value = json.loads(text, parse_int=_bounded_int)
+    except RecursionError:
+        raise OptionsError(
+            f"nested too deeply (the limit is {MAX_OPTIONS_DEPTH} levels); options are flat "
+            "values and lists"
+        ) from None
+    except (OptionsError, json.JSONDecodeError):
+        raise
+    except ValueError as exc:  # e.g. a float Python cannot read
+        raise OptionsError(f"not readable as JSON ({str(exc)[:80]})") from None
+    if _depth(value) > MAX_OPTIONS_DEPTH:
+        raise OptionsError(
+            f"nested more than {MAX_OPTIONS_DEPTH} levels deep; options are flat values and lists"
+        )
+    return value
+
+
+def read_key(raw: bytes) -> str:
+    """An API key from standard input's bytes: UTF-8, one line, no control characters."""
+    if len(raw) > MAX_KEY_BYTES:
+        raise OptionsError(
+            f"standard input holds more than {MAX_KEY_BYTES} bytes on its first line; pipe in "
+            "only the key"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise OptionsError(
+            f"the key on standard input is not UTF-8 text (byte {exc.start}); pipe in the key "
+            "as plain text, e.g. 'autoscaler providers add NAME --kind vast --api-key-stdin < "
+            "vast.key'"
+        ) from None
+    key = text.strip()
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise OptionsError(
+            "the key on standard input holds control characters; pipe in the key alone, on one line"
+        )
+    return key
 
 
 class CredentialError(Exception):

@@ -12,6 +12,7 @@ from pathlib import Path
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from autoscaler.settings import Settings
+from autoscaler.textfile import TextFileError, read_text
 
 KEY_HELP = (
     "generate a key with 'autoscaler vault generate-key' and set AUTOSCALER_VAULT_KEY to it "
@@ -62,11 +63,11 @@ class Vault:
             return cls(_parse_keys(settings.vault_key, "AUTOSCALER_VAULT_KEY"))
         if settings.vault_key_file:
             path = Path(settings.vault_key_file)
-            try:
-                raw = path.read_text(encoding="utf-8")
-            except OSError as exc:
+            try:  # a regular UTF-8 file of at most 64 KiB: never a FIFO, a device or binary
+                raw = read_text(path, limit=64 * 1024, what="a key file")
+            except TextFileError as exc:
                 raise VaultError(
-                    f"AUTOSCALER_VAULT_KEY_FILE {path} cannot be read ({exc.strerror}); {KEY_HELP}"
+                    f"AUTOSCALER_VAULT_KEY_FILE {path} {exc.cause}; {KEY_HELP}"
                 ) from None
             return cls(_parse_keys(raw, f"AUTOSCALER_VAULT_KEY_FILE {path}"))
         raise VaultError(f"no vault key is configured; {KEY_HELP}")
