@@ -146,24 +146,38 @@ def reconcile(
     """Every move, retry and orphan destroy that the rows and the providers' lists call for."""
     if now.tzinfo is None:
         raise ValueError("reconcile() needs an aware datetime for now (UTC)")
-    listed = {
-        name: {m.launch_id: m for m in view.machines if m.status != MachineStatus.GONE}
-        for name, view in providers.items()
-        if view.listed
-    }
+    listed: dict[str, dict[str, list[Listed]]] = {}
+    for name, view in providers.items():
+        if view.listed:
+            by_launch: dict[str, list[Listed]] = {}
+            for m in view.machines:
+                if m.status != MachineStatus.GONE:
+                    by_launch.setdefault(m.launch_id, []).append(m)
+            listed[name] = by_launch
     transitions: list[Transition] = []
     retries: list[Retry] = []
     for row in rows:
-        view = providers.get(row.provider)
+        row_view = providers.get(row.provider)
         known = listed.get(row.provider)
-        machine = known.get(row.launch_id) if known is not None else None
-        step = _row(row, view, known is not None, machine, config, now)
+        machine = _own_machine(row, known.get(row.launch_id, []) if known is not None else [])
+        step = _row(row, row_view, known is not None, machine, config, now)
         if isinstance(step, Transition):
             transitions.append(step)
         elif isinstance(step, Retry):
             retries.append(step)
     destroys, orphans = _orphans(rows, providers, orphans_seen, now)
     return ReconcilePlan(tuple(transitions), tuple(retries), destroys, orphans)
+
+
+def _own_machine(row: Row, candidates: list[Listed]) -> Listed | None:
+    """The row's own machine among those listed under its label: the one with its provider id
+    once it has one (a second machine under the same label is an orphan and decides nothing
+    about the row), else the first (a create of unknown outcome being adopted)."""
+    if row.provider_instance_id is not None:
+        return next(
+            (m for m in candidates if m.provider_instance_id == row.provider_instance_id), None
+        )
+    return candidates[0] if candidates else None
 
 
 def _age(since: datetime | None, now: datetime) -> float:
@@ -254,7 +268,10 @@ def _row(
                 host_id=host,
             )
         return None
-    if state in (S.READY, S.DRAINING) and silent_for >= config.heartbeat_timeout:
+    # A machine whose only sign of life is the provider's list (mock) says nothing when the
+    # list could not be read: missing data never destroys anything.
+    blind = view is not None and view.ready_when_running and not known
+    if state in (S.READY, S.DRAINING) and not blind and silent_for >= config.heartbeat_timeout:
         return move(
             S.TERMINATING,
             f"silent for {silent_for:.0f}s (heartbeat timeout {config.heartbeat_timeout:.0f}s)"

@@ -514,3 +514,33 @@ def test_every_row_is_judged_on_its_own_provider():
         ("A", S.LOST),
         ("C", S.BOOTING),
     }
+
+
+# --------------------------------------------------------------------------- bugs found
+
+
+@pytest.mark.parametrize("state", [S.BOOTING, S.READY, S.DRAINING])
+@pytest.mark.parametrize("second", [M.DEAD, M.GONE, M.STARTING])
+def test_a_second_machine_for_the_launch_does_not_decide_the_fate_of_the_rows_own(state, second):
+    """The row owns p1 (running, its worker busy and seen a second ago); a second machine p2
+    carries the same label. reconcile() already calls p2 an orphan ("a second machine for
+    launch L1"), so p2's status must not be read as the row's: a dead p2 must not send the busy
+    worker on p1 to TERMINATING (the only ways a busy worker is destroyed are its own machine
+    dead or its worker silent)."""
+    r = row(state, since=60, seen=1, running=2, pid="p1")
+    plan = run(r, view(machine(pid="p1", status=M.RUNNING), machine(pid="p2", status=second)))
+    alone = run(r, view(machine(pid="p1", status=M.RUNNING)))
+    assert plan.transitions == alone.transitions
+    assert plan.retries == alone.retries
+    assert not any(t.dst == S.TERMINATING for t in plan.transitions)
+
+
+def test_a_mock_machine_is_not_judged_silent_from_a_list_that_failed():
+    """A mock machine has no worker: its provider's list is its only sign of life
+    (`ready_when_running`). When that list fails, nothing is known, and missing data must never
+    destroy anything; today the machine is read as silent since it became ready."""
+    r = row(S.READY, since=3600, pid="p1")
+    listed = run(r, view(machine(status=M.RUNNING), mock=True))
+    assert only(listed) is None  # running at its provider: alive
+    failed = run(r, view(listed=False, mock=True))
+    assert not any(t.dst == S.TERMINATING for t in failed.transitions), failed.transitions

@@ -278,3 +278,113 @@ def test_the_order_of_rows_does_not_change_the_plan(world, rnd: random.Random):
     assert set(other.retries) == set(plan.retries)
     assert set(other.destroys) == set(plan.destroys)
     assert other.orphans == plan.orphans
+
+
+@st.composite
+def busy_worlds(draw):
+    """A random world plus one busy worker seen recently at provider "a", its own machine listed
+    alive (or the list failed), maybe next to second machines for the same launch."""
+    rows, views, seen, cfg = draw(worlds())
+    state = draw(st.sampled_from([S.READY, S.DRAINING, S.BOOTING]))
+    since = draw(st.floats(0, 4000, allow_nan=False))
+    seen_ago = draw(st.floats(0, cfg.heartbeat_timeout, exclude_max=True, allow_nan=False))
+    if state == S.BOOTING:
+        seen_ago = min(seen_ago, since)  # seen since it entered booting
+    busy = Row(
+        "B",
+        draw(st.sampled_from(["q", "r"])),
+        "a",
+        state,
+        NOW - timedelta(seconds=since),
+        provider_instance_id="pB",
+        host_id=draw(st.sampled_from([None, "hB"])),
+        last_seen_at=NOW - timedelta(seconds=seen_ago),
+        running_tasks=draw(st.integers(1, 4)),
+    )
+    old = views.get("a", ProviderView("a", listed=True))
+    machines = list(old.machines)
+    ours = [Listed("pB", "B", label("B"), draw(st.sampled_from([M.STARTING, M.RUNNING])))]
+    ours += [
+        Listed(f"sB{k}", "B", label("B"), draw(st.sampled_from(list(M))))
+        for k in range(draw(st.integers(0, 2)))
+    ]
+    for m in ours:
+        machines.insert(draw(st.integers(0, len(machines))), m)
+    views = {
+        **views,
+        "a": ProviderView(
+            "a",
+            listed=draw(st.booleans()),
+            machines=tuple(machines),
+            ready_when_running=old.ready_when_running,
+        ),
+    }
+    return (*rows, busy), views, seen, cfg
+
+
+@SETTINGS
+@given(busy_worlds())
+def test_a_busy_worker_seen_recently_is_never_destroyed_unless_dead_or_missing(world):
+    """A worker that reported running tasks and was seen within the heartbeat timeout, whose own
+    machine is neither dead nor missing at its provider, is never sent to TERMINATING (a second
+    machine listed for the same launch is not its machine)."""
+    _rows, views, _seen, cfg = world
+    plan, by_id = run(world)
+    for t in plan.transitions:
+        if t.dst != S.TERMINATING:
+            continue
+        r = by_id[t.launch_id]
+        seen_at = r.last_seen_at
+        if r.running_tasks == 0 or seen_at is None:
+            continue
+        if (NOW - seen_at).total_seconds() >= cfg.heartbeat_timeout:
+            continue  # silent
+        if r.state == S.BOOTING and seen_at < r.since:
+            continue  # a sign of life from before it booted says nothing about this boot
+        if r.state not in (S.BOOTING, S.READY, S.DRAINING):
+            continue  # drained: its worker finished
+        if _list_read(views, r.provider):
+            own = _own_machines(r, views)
+            if not own or any(m.status == M.DEAD for m in own):
+                continue  # missing or dead at the provider
+        raise AssertionError(f"busy worker {r} sent to TERMINATING: {t.reason}")
+
+
+@SETTINGS
+@given(worlds(), st.data())
+def test_a_second_machine_for_a_launch_never_decides_its_rows_fate(world, data):
+    """A machine carrying a row's label but not the row's provider instance id is an orphan
+    ("a second machine for launch ..."): whether it is listed, and in which status, must not
+    change what happens to the row (its own machine decides)."""
+    rows, views, seen, cfg = world
+    candidates = [
+        r
+        for r in rows
+        if r.provider_instance_id is not None
+        and r.provider in views
+        and r.state in (S.BOOTING, S.READY, S.DRAINING, S.DRAINED, S.TERMINATING)
+    ]
+    if not candidates:
+        return
+    r = data.draw(st.sampled_from(candidates))
+    v = views[r.provider]
+    alone = [
+        m
+        for m in v.machines
+        if m.launch_id != r.launch_id or m.provider_instance_id == r.provider_instance_id
+    ]
+    crowded = list(alone)
+    for k in range(data.draw(st.integers(1, 2))):
+        status = data.draw(st.sampled_from(list(M)))
+        second = Listed(f"second{k}", r.launch_id, label(r.launch_id), status)
+        crowded.insert(data.draw(st.integers(0, len(crowded))), second)
+
+    def actions(machines: list[Listed]) -> tuple[object, ...]:
+        vs = {
+            **views,
+            r.provider: ProviderView(r.provider, v.listed, tuple(machines), v.ready_when_running),
+        }
+        plan = reconcile(rows, vs, seen, cfg, NOW)
+        return tuple(a for a in (*plan.transitions, *plan.retries) if a.launch_id == r.launch_id)
+
+    assert actions(crowded) == actions(alone), (r, crowded)
