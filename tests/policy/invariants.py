@@ -57,7 +57,11 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
         total_launches += n
         kinds = {w.kind for w in qp.waits}
         assert qp.capacity == cap
-        assert auto.min_workers <= qp.floor <= auto.max_workers
+        manual = qs.manual_target if qs.manual_target and qs.manual_target.active(now) else None
+        if manual is not None:  # the operator's target is the floor, within max_workers
+            assert qp.floor == min(manual.workers, auto.max_workers)
+        else:
+            assert auto.min_workers <= qp.floor <= auto.max_workers
 
         by_id = {m.launch_id: m for m in qs.machines}
         reclaimed = {r.launch_id for r in qp.reclaims}
@@ -90,7 +94,7 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
         else:
             assert n + r == 0 or grown <= max(bound, cap + 1, 1)
         fresh = qs.metrics is not None and not qs.metrics.stale
-        if not fresh:
+        if not fresh or manual is not None:
             assert n + r == 0 or grown <= qp.floor
 
         # drains: only our machines, each once; busy ones only "when idle"
@@ -107,7 +111,12 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
             else:
                 assert not m.drain_requested
         down = qp.scale_down_drains
-        if down:
+        if down and manual is not None:
+            # down to the operator's target only, metrics or not; never with a launch
+            assert n == 0 and r == 0 and not qp.up_fired
+            assert cap - len(down) >= qp.floor
+            assert all(d.trigger == "manual" for d in down)
+        elif down:
             # no up and down together; never on stale data; never below the floor
             assert n == 0 and r == 0 and not qp.up_fired
             assert fresh

@@ -11,6 +11,7 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.snapshot import (
     BackoffState,
     Machine,
+    ManualTarget,
     QueueMetrics,
     QueueSnapshot,
     Snapshot,
@@ -157,9 +158,20 @@ def worlds(draw):
                     now + timedelta(seconds=draw(st.integers(-600, 600))),
                 ),
             )
+        # an operator's target, sometimes: in force, expired, or above max_workers
+        target = None
+        if draw(st.integers(0, 4)) == 0:
+            target = ManualTarget(
+                draw(st.integers(0, 8)), now + timedelta(seconds=draw(st.integers(-60, 3600)))
+            )
         queues.append(
             QueueSnapshot(
-                name, metrics, draw(machines(now, name)), draw(st.integers(0, 2)), backoffs
+                name,
+                metrics,
+                draw(machines(now, name)),
+                draw(st.integers(0, 2)),
+                backoffs,
+                manual_target=target,
             )
         )
     # a queue the config does not know still bills and counts toward caps
@@ -273,3 +285,40 @@ def test_no_scale_down_on_a_missing_or_last_known_metric(
     )
     qp = checked_decide(Snapshot((QueueSnapshot("q", m, ms),)), cfg, now).for_queue("q")
     assert qp.scale_down_drains == ()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    busy=st.lists(st.integers(0, 3), min_size=0, max_size=8),
+    target=st.integers(0, 8),
+    pending=st.integers(0, 40),
+    stale=st.booleans(),
+    now=st.datetimes(min_value=datetime(2025, 1, 1), max_value=datetime(2030, 1, 1)).map(
+        lambda d: d.replace(tzinfo=UTC)
+    ),
+)
+def test_a_manual_target_never_drains_a_busy_worker_now(busy, target, pending, stale, now):
+    """Down to the operator's target: idle machines go now, busy ones only once idle —
+    with or without fresh metrics, whatever the load."""
+    cfg = config([{"trigger": "no_workers"}], [{"trigger": "idle", "timeout": "1h"}], max_workers=8)
+    ms = tuple(
+        Machine(
+            f"m{i}",
+            InstanceState.READY,
+            now - timedelta(hours=1),
+            "gpu",
+            ready_at=now - timedelta(hours=1),
+            running_tasks=n,
+        )
+        for i, n in enumerate(busy)
+    )
+    m = QueueMetrics("q", pending, None, sum(busy), now, stale=stale)
+    snap = Snapshot(
+        (QueueSnapshot("q", m, ms, manual_target=ManualTarget(target, now + timedelta(hours=1))),)
+    )
+    qp = checked_decide(snap, cfg, now).for_queue("q")
+    assert qp is not None
+    idle = sum(1 for n in busy if n == 0)
+    now_drained = [d for d in qp.drains if not d.when_idle]
+    assert len(now_drained) == min(idle, max(0, len(busy) - target))
+    assert len(qp.drains) == max(0, len(busy) - target)
