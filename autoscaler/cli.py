@@ -156,6 +156,8 @@ def db() -> None:
 @click.option("--revision", default="head", show_default=True)
 def db_upgrade(revision: str) -> None:
     """Apply migrations up to REVISION (idempotent)."""
+    if not revision or len(revision) > 100 or not revision.isprintable() or " " in revision:
+        _fail(f"--revision {revision[:40]!r} is not a revision; give 'head' (the default) or an id")
     settings = _settings()
     try:
         migrate.upgrade(settings.database_url, revision)

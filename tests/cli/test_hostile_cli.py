@@ -302,3 +302,14 @@ def test_providers_list_rows_stay_one_line_each(cli):
     out = cli("providers", "list")
     assert out.exit_code == 0 and len(out.output.strip().splitlines()) == 1
     assert json.loads(out.output.split("options: ", 1)[1]) == {}
+
+
+@pytest.mark.parametrize("revision", ["", " ", "nope", "x" * 500])
+def test_db_upgrade_to_a_revision_that_is_not_one_is_refused(bare, revision):
+    clean_refusal(bare("db", "upgrade", "--revision", revision), "revision")
+
+
+def test_a_database_url_sqlalchemy_cannot_open_is_refused(bare):
+    result = bare("providers", "list", AUTOSCALER_DATABASE_URL="amqp://guest:pw-secret@h//")
+    clean_refusal(result, "AUTOSCALER_DATABASE_URL")
+    assert "pw-secret" not in result.output
