@@ -1,0 +1,94 @@
+"""Our fuzz suite, fast enough for CI: hypothesis over the config grammar (and hostile raw
+YAML and bytes), the trace format and the CLI. Every case must end in an acceptance or a
+clear refusal; `python benchmarks/fuzz.py` runs the same generators for ≥ 10⁴ cases."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.fuzz.harness import (
+    GOOD_URLS,
+    HOSTILE_URLS,
+    CliWorld,
+    cli_cases,
+    config_bytes,
+    run_config,
+    run_trace,
+    trace_bytes,
+)
+
+FAST = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    database=None,
+)
+WORKDIR = Path(tempfile.mkdtemp(prefix="asg-fuzz-tests-"))
+
+
+@FAST
+@given(
+    config_bytes(),
+    st.sampled_from(GOOD_URLS + HOSTILE_URLS),
+    st.sampled_from(["redis://127.0.0.1:6379/0", "redis://h:abc/0", "sqla+sqlite:///b.db", "x"]),
+)
+def test_config_files_are_accepted_or_refused(data, watched, broker):
+    outcome, detail = run_config(
+        data, WORKDIR, {"AUTOSCALER_WATCH_BROKER_URL": watched}, broker=broker
+    )
+    assert outcome in ("accepted", "refused"), detail
+
+
+@FAST
+@given(trace_bytes())
+def test_traces_are_loaded_or_refused(case):
+    suffix, data = case
+    outcome, detail = run_trace(suffix, data, WORKDIR)
+    assert outcome in ("accepted", "refused"), detail
+
+
+@pytest.fixture(scope="module")
+def world():
+    return CliWorld()
+
+
+@pytest.mark.timeout(600)
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+@given(data=st.data())
+def test_cli_invocations_end_in_a_message_and_an_exit_code(world, data):
+    args, stdin, env = data.draw(cli_cases(world))
+    outcome, detail = world.run(args, stdin, env)
+    assert outcome in ("accepted", "refused"), (args[:3], env, detail)
+
+
+@pytest.mark.timeout(600)
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(data=st.data())
+def test_cli_on_postgresql(pg_url, data):
+    # the store that refuses what SQLite stores (names over 100 characters, NUL bytes)
+    world = _pg_world(pg_url)
+    args, stdin, env = data.draw(cli_cases(world))
+    if args[:1] == ["simulate"]:
+        return  # needs no store: covered above
+    outcome, detail = world.run(args, stdin, env)
+    assert outcome in ("accepted", "refused"), (args[:3], env, detail)
+
+
+_PG_WORLDS: dict[str, CliWorld] = {}
+
+
+def _pg_world(url: str) -> CliWorld:
+    if url not in _PG_WORLDS:
+        _PG_WORLDS.clear()
+        _PG_WORLDS[url] = CliWorld(url)
+    return _PG_WORLDS[url]
