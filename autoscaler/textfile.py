@@ -55,6 +55,10 @@ def read_text(path: str | Path, *, limit: int, what: str = "the file") -> str:
         raise TextFileError(
             p, f"cannot be read ({exc.strerror or exc})", "check the path and permissions"
         ) from None
+    except ValueError:  # a NUL byte in the path (possible from Python, not from a shell)
+        raise TextFileError(
+            repr(p)[:80], "is not a path (it holds a NUL byte)", "give the file's path"
+        ) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

@@ -450,3 +450,8 @@ def test_empty_sep_and_negative_priority_steps_are_refused():
 def test_nul_bytes_in_any_string_are_refused():
     error = refused(doc(lambda d: auto(d)["instance"].__setitem__("gpu", "RTX\x004090")))
     one(error, "instance.gpu")
+
+
+def test_a_path_with_a_nul_byte_is_refused():
+    with pytest.raises(ConfigError, match="NUL"):
+        load_config("a\x00b.yaml", {})
