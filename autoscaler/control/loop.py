@@ -44,8 +44,10 @@ from autoscaler.store.models import Instance, QueueStatus
 log = logging.getLogger("autoscaler.control.tick")
 
 EVALUATION_LEASE = "evaluate"
-LEASE_TTL = 120.0
-"""An evaluation holds the lease at most this long; a crashed one frees it by expiry."""
+LEASE_TTL = 30.0
+"""An evaluation holds the lease at most this long; a crashed one frees it by expiry. The lease
+is renewed in the decision's own transaction, so an evaluation slower than this (a source
+timing out) writes nothing rather than racing a newer one."""
 
 HAND_MADE_WINDOW_POLLS = 3
 """A hand-made worker counts as capacity until it has not answered for this many polls."""
@@ -115,6 +117,9 @@ def evaluate(
         missing = [q for q in due if q not in metrics]
         metrics.update(read_metrics(rt, loaded, missing))
         with rt.transaction() as session:
+            if not leases.acquire(session, EVALUATION_LEASE, holder, LEASE_TTL, utc_now()):
+                result.skipped = "the evaluation lease expired and was taken over"
+                return result
             snapshot = build_snapshot(session, rt, loaded, metrics, now)
             plan = decide(snapshot, loaded.config, now)
             actions = StoreActions(session, loaded, now)

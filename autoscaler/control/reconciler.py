@@ -115,6 +115,14 @@ def _apply(rt: Runtime, session: Any, loaded: Loaded, plan: ReconcilePlan, now: 
                     log.warning("could not mark host %s avoided", t.host_id, exc_info=True)
         elif t.rental == "ok":
             fleet.clear_backoff(session, t.queue, t.provider)
+    for r in plan.retries:
+        # Audited once per stretch of retries (not on every reconcile while a drain waits).
+        if fleet.note_retry(session, r.launch_id, r.step, r.reason):
+            events.append(
+                fleet.event(
+                    "reconcile", f"retry_{r.step}", r.reason, queue=r.queue, launch_id=r.launch_id
+                )
+            )
     session.execute(delete(OrphanSighting))
     if plan.orphans:
         session.add_all(

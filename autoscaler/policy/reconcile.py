@@ -9,7 +9,9 @@ workers, and proposes moves along `lifecycle.ALLOWED_TRANSITIONS`, each with its
 - booting: worker seen -> ready; dead or gone at the provider, or no worker by the boot
   timeout -> terminate (a failed rental: backoff, host avoided);
 - ready or draining: gone -> lost; dead at the provider, or silent past the heartbeat timeout
-  -> terminate. These are the only ways a machine whose worker may be busy is destroyed;
+  -> terminate (a worker whose last word was "busy", on a machine the provider still lists
+  as running, gets drain_timeout: a busy solo-pool worker cannot answer). These are the only
+  ways a machine whose worker may be busy is destroyed;
 - drained -> terminating; terminating -> terminated once the provider no longer lists it;
 - an intent no launch picked up, a drain or a destroy not finished: retried;
 - a machine carrying our label that no live row owns (an orphan) is destroyed once it has been
@@ -271,10 +273,19 @@ def _row(
     # A machine whose only sign of life is the provider's list (mock) says nothing when the
     # list could not be read: missing data never destroys anything.
     blind = view is not None and view.ready_when_running and not known
-    if state in (S.READY, S.DRAINING) and not blind and silent_for >= config.heartbeat_timeout:
+    # A worker busy with a task may not answer (a `--pool solo` Celery worker cannot while it
+    # runs one): while its machine still runs (or the list is unknown), its last word "busy"
+    # holds for drain_timeout.
+    busy_and_running = row.running_tasks > 0 and (running or not known)
+    limit = (
+        max(config.heartbeat_timeout, config.drain_timeout)
+        if busy_and_running
+        else config.heartbeat_timeout
+    )
+    if state in (S.READY, S.DRAINING) and not blind and silent_for >= limit:
         return move(
             S.TERMINATING,
-            f"silent for {silent_for:.0f}s (heartbeat timeout {config.heartbeat_timeout:.0f}s)"
+            f"silent for {silent_for:.0f}s (timeout {limit:.0f}s)"
             + (f"; it reported {row.running_tasks} running task(s)" if row.running_tasks else ""),
         )
     if state == S.DRAINING and age >= step_retry:

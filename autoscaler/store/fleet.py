@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, delete, insert, select, update
+from sqlalchemy import case, delete, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from autoscaler.config.models import Backoff
@@ -228,6 +228,22 @@ def move(
         update(Instance)
         .where(Instance.launch_id == launch_id, Instance.state.in_(sources))
         .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def note_retry(session: Session, launch_id: str, step: str, reason: str) -> bool:
+    """Mark a row's step as being retried; True the first time since its state last changed
+    (so the retry is audited once, not on every reconcile)."""
+    mark = f"retrying {step}: "
+    result = session.execute(
+        update(Instance)
+        .where(
+            Instance.launch_id == launch_id,
+            or_(Instance.state_reason.is_(None), ~Instance.state_reason.startswith(mark)),
+        )
+        .values(state_reason=(mark + reason)[:2000])
         .execution_options(synchronize_session=False)
     )
     return bool(getattr(result, "rowcount", 0))
