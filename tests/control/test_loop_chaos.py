@@ -33,6 +33,8 @@ from tests.control.loopkit import (
     Watched,
     check_invariants,
     first_event,
+    local_command,
+    local_machines,
     mock_config,
     mock_machines,
     mock_queue,
@@ -453,4 +455,94 @@ def test_chaos_orphans_are_destroyed_after_their_grace_and_not_before(pg_url, ma
         assert kept is not None, "the young orphan's first sighting is kept for its grace"
     check_invariants(
         loop, {q: 2}, [m for m in mock_machines(loop) if m.machine_id != new.provider_instance_id]
+    )
+
+
+# --------------------------------------------------------------------------- h. busy and silent
+
+
+@pytest.mark.timeout(150)
+def test_chaos_a_busy_worker_that_cannot_answer_is_not_destroyed(pg_url, make_loop):
+    """A solo-pool Celery worker (common on GPUs) runs its task on the thread that answers
+    remote control: while a job runs it is silent, not dead. Its machine must not be destroyed
+    under the job (ARCHITECTURE: "no reply does not prove it dead")."""
+    loop = make_loop(pg_url)
+    watched = Watched(loop, "chaos-solo")
+    q = watched.queue
+    command = local_command(q).replace("--pool prefork -c 1", "--pool solo")
+    config = mock_config(
+        {
+            q: mock_queue(
+                watched,
+                max_workers=1,
+                scale_down=[{"trigger": "idle", "timeout": 60}],
+                provider="desk",
+            )
+        },
+        heartbeat_timeout=6,
+    )
+    config["providers"]["desk"] = {"kind": "local", "command": command}
+    loop.setup(config)
+    loop.worker("w1", concurrency=3)
+    loop.beat()
+    watched.publish(1, seconds=0.2, prefix="warmup")
+    loop.wait(lambda: loop.rows_in(q, "ready"), 45, "the solo worker ready")
+    loop.wait(lambda: any(e["phase"] == "end" for e in watched.runs()), 20, "the warm-up job")
+    watched.publish(1, seconds=20, prefix="long")
+
+    loop.wait(
+        lambda: (
+            any(e["job"] == "long-0" and e["phase"] == "end" for e in watched.runs())
+            or any(r["state"] == "terminated" for r in loop.instances(q))
+        ),
+        40,
+        "the long job to end (or its machine to be destroyed)",
+    )
+    time.sleep(1)
+    runs = watched.runs()
+    rows = loop.instances(q)
+    gone = [
+        (r["state"].value, f"{r['terminating_at']:%H:%M:%S}", r["state_reason"])
+        for r in rows
+        if r["state"] in ("terminating", "terminated")
+    ]
+    long_job = [
+        (e["phase"], f"{datetime.fromtimestamp(e['at'], UTC):%H:%M:%S}")
+        for e in runs
+        if e["job"] == "long-0"
+    ]
+    assert not gone and [p for p, _ in long_job] == ["start", "end"], (
+        f"the machine running job long-0 was destroyed for silence: {gone}; "
+        f"job long-0: {long_job}\n{loop.dump()}"
+    )
+    check_invariants(loop, {q: 1}, local_machines(loop, "desk"))
+
+
+# --------------------------------------------------------------------------- i. retries audited
+
+
+@pytest.mark.timeout(90)
+def test_chaos_a_re_enqueued_intent_is_audited(pg_url, make_loop):
+    """Reconcile re-sends the launch of an intent nobody claimed (INTENT_STALE): that action
+    has a reason ("intent unclaimed for 31s") and belongs in the audit trail like any other."""
+    loop = make_loop(pg_url)
+    watched = Watched(loop, "chaos-audit")
+    q = watched.queue
+    loop.setup(mock_config({q: mock_queue(watched, max_workers=1, scale_down=[])}))
+    launch_id = "lostenqueue" + datetime.now(UTC).strftime("%H%M%S%f")
+    with transaction(loop.sessions) as session:
+        then = datetime.now(UTC) - timedelta(seconds=31)  # a tick 31 s ago whose task was lost
+        fleet.add_intents(session, [(launch_id, q, "sandbox", "test: an intent")], then)
+        fleet.record_events(
+            session,
+            [fleet.event("scale_up", "launch", "test: an intent", queue=q, launch_id=launch_id)],
+            then,
+        )
+    loop.worker("w1", concurrency=3)  # no beat: one reconcile, by hand
+    assert loop.result(loop.celery_call("autoscaler.reconcile", []))["retries"] == 1
+    loop.wait(lambda: loop.rows_in(q, "booting"), 20, "the re-sent launch done")
+    events = [e for e in loop.events(q) if e["launch_id"] == launch_id]
+    assert any(e["kind"] == "reconcile" and "unclaimed" in e["reason"] for e in events), (
+        "reconcile re-sent the launch without an audit event: "
+        f"{[(e['kind'], e['action'], e['reason']) for e in events]}"
     )
