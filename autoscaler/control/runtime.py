@@ -15,14 +15,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from autoscaler.config.errors import ConfigError
 from autoscaler.config.loader import known_providers
 from autoscaler.config.models import Config, MetricsSource, ProviderConfig, Queue
 from autoscaler.credentials import registered_provider_configs, resolve_api_key
 from autoscaler.metrics.fallback import FallbackReader
-from autoscaler.metrics.registry import ReadGroup, build_source, group_queues, source_url
+from autoscaler.metrics.registry import (
+    ReadGroup,
+    build_source,
+    group_queues,
+    source_url,
+    transport_options,
+)
 from autoscaler.metrics.workers import CeleryWorkerProbe
 from autoscaler.providers.base import Provider
 from autoscaler.providers.registry import build_provider
@@ -105,15 +113,36 @@ class Runtime:
         with self._lock:
             if self._loaded is not None and key == self._key:
                 return self._loaded
-            row = config_versions.get(session, version)
-            assert row is not None
-            loaded = Loaded(
-                version, effective_config(row.document, registered_provider_configs(session))
-            )
+            loaded = self._newest_valid(session)
             self._reset()
             self._key, self._loaded = key, loaded
-            log.info("running config version %d (%d queue(s))", version, len(loaded.config.queues))
+            if loaded is not None:
+                log.info(
+                    "running config version %d (%d queue(s))",
+                    loaded.version,
+                    len(loaded.config.queues),
+                )
             return loaded
+
+    def _newest_valid(self, session: Session) -> Loaded | None:
+        """The newest version that still validates (a version stored by an older release may
+        break a newer rule: the loop keeps running the last good one and says so, loudly)."""
+        try:
+            registered = registered_provider_configs(session)
+        except ConfigError as exc:
+            log.error("a registered provider no longer validates: %s", exc)
+            registered = {}
+        for row in reversed(config_versions.history(session)):
+            try:
+                return Loaded(row.version, effective_config(row.document, registered))
+            except (ValidationError, ConfigError) as exc:
+                log.error(
+                    "config version %d no longer validates (%d problem(s)); it is not run: "
+                    "fix the file and apply it again ('autoscaler validate' shows why)",
+                    row.version,
+                    len(exc.errors()) if isinstance(exc, ValidationError) else len(exc.refusals),
+                )
+        return None
 
     def installation_id(self, session: Session) -> str:
         if self._installation is None:
@@ -200,9 +229,7 @@ class Runtime:
                     "pyamqp",
                     "pyamqps",
                 ):
-                    options: dict[str, object] = {}
-                    if source.global_keyprefix:
-                        options["global_keyprefix"] = source.global_keyprefix
+                    options = transport_options(source, url)
                     probe = CeleryWorkerProbe(url, transport_options=options, timeout=1.0)
             self._probes[key] = probe
             return probe

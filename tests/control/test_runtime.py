@@ -1,0 +1,64 @@
+"""The loop's view of the stored config: the newest version that still validates."""
+
+from __future__ import annotations
+
+import logging
+
+from autoscaler.config import load_config_text
+from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.settings import Settings
+from autoscaler.store import config_versions, migrate
+
+GOOD = """
+providers:
+  sandbox: {kind: mock}
+queues:
+  jobs:
+    metrics: {source: celery, url: "redis://127.0.0.1:6379/9"}
+    autoscale:
+      provider: sandbox
+      max_workers: 2
+      scale_up: [{trigger: no_workers}]
+      instance: {gpu: "RTX 4090", max_price_per_hour: 0.5}
+"""
+
+
+def _runtime(tmp_path, db_url: str) -> Runtime:
+    migrate.upgrade(db_url)
+    settings = Settings.from_env(
+        {"AUTOSCALER_HOME": str(tmp_path), "AUTOSCALER_DATABASE_URL": db_url}
+    )
+    return Runtime(settings, env={})
+
+
+def test_a_stored_version_that_no_longer_validates_is_not_run_the_last_good_one_is(
+    tmp_path, db_url, caplog
+):
+    rt = _runtime(tmp_path, db_url)
+    try:
+        good = load_config_text(GOOD).model_dump(mode="json")
+        broken = {**good, "poll_interval": 0.001}  # stored by an older release, refused now
+        with rt.transaction() as session:
+            config_versions.record(session, good, "alice", utc_now())
+            config_versions.record(session, broken, "bob", utc_now())
+        with caplog.at_level(logging.ERROR, logger="autoscaler.control"), rt.transaction() as s:
+            loaded = rt.load(s)
+        assert loaded is not None and loaded.version == 1
+        assert "config version 2 no longer validates" in caplog.text
+        # a fixed version is picked up at once
+        with rt.transaction() as session:
+            config_versions.record(session, {**good, "poll_interval": 5.0}, "bob", utc_now())
+            loaded = rt.load(session)
+        assert loaded is not None and loaded.version == 3 and loaded.config.poll_interval == 5.0
+    finally:
+        rt.close()
+
+
+def test_when_no_stored_version_validates_the_loop_runs_nothing(tmp_path, db_url):
+    rt = _runtime(tmp_path, db_url)
+    try:
+        with rt.transaction() as session:
+            config_versions.record(session, {"queues": {"bad name": {}}}, "x", utc_now())
+            assert rt.load(session) is None
+    finally:
+        rt.close()
