@@ -21,7 +21,7 @@ from autoscaler.credentials import CredentialError
 from autoscaler.lifecycle import InstanceState
 from autoscaler.providers.base import (
     AmbiguousCreateError,
-    Launch,
+    LaunchSpec,
     ProviderError,
     RateLimitedError,
     create_on_first_offer,
@@ -73,7 +73,7 @@ def run_launch(rt: Runtime, launch_id: str) -> str:
         provider = rt.provider(provider_name)
     except (CredentialError, ProviderError, KeyError, ValueError) as exc:
         return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff)
-    launch = Launch.new(install, launch_id, machine_env(queue, queue_cfg))
+    launch = LaunchSpec.new(install, launch_id, machine_env(queue, queue_cfg))
     try:
         offers = provider.find_offers(auto.instance)
         machine = create_on_first_offer(provider, offers, launch)

@@ -1,7 +1,7 @@
 """The provider interface: find offers, create, get, list our own, destroy — and the errors.
 
 Every provider (RunPod, Vast.ai, mock, local) implements `Provider`. Callers never see a
-provider's wire format: they get `Offer` and `Machine` values and one of the error classes
+provider's wire format: they get `Offer` and `ProviderMachine` values and one of the error classes
 below, each of which says what to do next:
 
 - `CapacityError` (and its `OfferGoneError`): nothing was created; try the next GPU type/offer.
@@ -60,7 +60,7 @@ class Offer:
 
 
 @dataclass(frozen=True)
-class Launch:
+class LaunchSpec:
     """What one create stamps on the machine: the ownership label and the environment."""
 
     label: str
@@ -69,14 +69,14 @@ class Launch:
     def __post_init__(self) -> None:
         if labels.parse_label(self.label) is None:
             raise ValueError(
-                f"{self.label!r} is not an ownership label; build it with Launch.new(...)"
+                f"{self.label!r} is not an ownership label; build it with LaunchSpec.new(...)"
             )
         object.__setattr__(self, "env", _frozen(self.env))
 
     @classmethod
     def new(
         cls, installation_id: str, launch_id: str, env: Mapping[str, str] | None = None
-    ) -> Launch:
+    ) -> LaunchSpec:
         """The launch for `launch_id`, its env carrying the ownership marker too."""
         merged = dict(env or {})
         merged.update(labels.marker_env(installation_id, launch_id))
@@ -95,11 +95,11 @@ class Launch:
         return parsed.installation_id
 
     def __repr__(self) -> str:  # env may hold the worker's token: never print its values
-        return f"Launch(label={self.label!r}, env_keys={sorted(self.env)!r})"
+        return f"LaunchSpec(label={self.label!r}, env_keys={sorted(self.env)!r})"
 
 
 @dataclass(frozen=True)
-class Machine:
+class ProviderMachine:
     """One of our machines as the provider reports it."""
 
     provider_instance_id: str
@@ -200,15 +200,15 @@ class Provider(ABC):
         """Offers for `spec`, best first (preference order, then price); all within the cap."""
 
     @abstractmethod
-    def create(self, offer: Offer, launch: Launch) -> Machine:
+    def create(self, offer: Offer, launch: LaunchSpec) -> ProviderMachine:
         """Rent `offer`, labelled and with `launch.env`. Raises one of the errors above."""
 
     @abstractmethod
-    def get(self, provider_instance_id: str) -> Machine | None:
+    def get(self, provider_instance_id: str) -> ProviderMachine | None:
         """One of our machines; None when it is gone or is not ours."""
 
     @abstractmethod
-    def list_owned(self) -> list[Machine]:
+    def list_owned(self) -> list[ProviderMachine]:
         """Every machine at the provider carrying this installation's label (all pages)."""
 
     @abstractmethod
@@ -217,7 +217,7 @@ class Provider(ABC):
 
     # -- helpers with sensible defaults
 
-    def find_by_label(self, label: str) -> Machine | None:
+    def find_by_label(self, label: str) -> ProviderMachine | None:
         """Our machine with this label, if the provider has it (used after ambiguous creates)."""
         if not self.owns(label):
             return None
@@ -232,16 +232,18 @@ class Provider(ABC):
     def owns(self, label: str | None) -> bool:
         return labels.is_owned(label, self.installation_id)
 
-    def _check_launch(self, launch: Launch) -> None:
+    def _check_launch(self, launch: LaunchSpec) -> None:
         if not self.owns(launch.label):
             raise NotOwnedError(
                 f"launch label {launch.label!r} does not belong to installation "
-                f"{self.installation_id!r}; build it with Launch.new(installation_id, ...)",
+                f"{self.installation_id!r}; build it with LaunchSpec.new(installation_id, ...)",
                 provider=self.name,
             )
 
 
-def create_on_first_offer(provider: Provider, offers: Iterable[Offer], launch: Launch) -> Machine:
+def create_on_first_offer(
+    provider: Provider, offers: Iterable[Offer], launch: LaunchSpec
+) -> ProviderMachine:
     """Rent the first offer that works, never two machines for one launch.
 
     1. A machine with this label already exists (a redelivered task, a restart mid-launch):
@@ -286,7 +288,7 @@ def find_after_ambiguous_create(
     attempts: int,
     delay: float,
     sleep: Callable[[float], None],
-) -> Machine:
+) -> ProviderMachine:
     """The create may have happened and be billing: find the machine by its unique label.
 
     Tried `attempts` times, `delay` apart (providers list new machines with a lag); if it is

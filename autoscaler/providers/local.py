@@ -34,13 +34,13 @@ from typing import Any
 from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import LocalProvider as LocalConfig
 from autoscaler.providers.base import (
-    Launch,
-    Machine,
+    LaunchSpec,
     MachineStatus,
     NotOwnedError,
     Offer,
     Provider,
     ProviderError,
+    ProviderMachine,
 )
 from autoscaler.providers.labels import parse_label
 
@@ -137,7 +137,7 @@ class LocalProvider(Provider):
             )
         ]
 
-    def create(self, offer: Offer, launch: Launch) -> Machine:
+    def create(self, offer: Offer, launch: LaunchSpec) -> ProviderMachine:
         self._check_launch(launch)
         existing = self.find_by_label(launch.label)
         if existing is not None:
@@ -212,9 +212,9 @@ class LocalProvider(Provider):
             return False  # the pid was recycled: our process is long gone
         return _group_alive(int(record["pgid"]))
 
-    def _machine(self, record: dict[str, Any]) -> Machine:
+    def _machine(self, record: dict[str, Any]) -> ProviderMachine:
         alive = self._alive(record)
-        return Machine(
+        return ProviderMachine(
             provider_instance_id=str(record["label"]),
             label=str(record["label"]),
             status=MachineStatus.RUNNING if alive else MachineStatus.DEAD,
@@ -224,16 +224,16 @@ class LocalProvider(Provider):
             gpu=record.get("gpu"),
         )
 
-    def get(self, provider_instance_id: str) -> Machine | None:
+    def get(self, provider_instance_id: str) -> ProviderMachine | None:
         if not self.owns(provider_instance_id):
             return None
         record = self._read(provider_instance_id)
         return self._machine(record) if record is not None else None
 
-    def find_by_label(self, label: str) -> Machine | None:
+    def find_by_label(self, label: str) -> ProviderMachine | None:
         return self.get(label)
 
-    def list_owned(self) -> list[Machine]:
+    def list_owned(self) -> list[ProviderMachine]:
         if not self.state_dir.is_dir():
             return []
         machines = []

@@ -19,12 +19,12 @@ from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import MockProvider as MockConfig
 from autoscaler.providers.base import (
     CapacityError,
-    Launch,
-    Machine,
+    LaunchSpec,
     MachineStatus,
     NotOwnedError,
     Offer,
     Provider,
+    ProviderMachine,
 )
 from autoscaler.store import mock_machines
 from autoscaler.store.db import transaction
@@ -75,7 +75,7 @@ class MockProvider(Provider):
             )
         ]
 
-    def create(self, offer: Offer, launch: Launch) -> Machine:
+    def create(self, offer: Offer, launch: LaunchSpec) -> ProviderMachine:
         self._check_launch(launch)
         now = self._clock()
         with transaction(self.sessions) as s:
@@ -99,7 +99,7 @@ class MockProvider(Provider):
             )
             return self._machine(row, now)
 
-    def get(self, provider_instance_id: str) -> Machine | None:
+    def get(self, provider_instance_id: str) -> ProviderMachine | None:
         row_id = _row_id(provider_instance_id)
         if row_id is None:
             return None
@@ -109,7 +109,7 @@ class MockProvider(Provider):
                 return None
             return self._machine(row, self._clock())
 
-    def list_owned(self) -> list[Machine]:
+    def list_owned(self) -> list[ProviderMachine]:
         now = self._clock()
         with transaction(self.sessions) as s:
             return [
@@ -118,7 +118,7 @@ class MockProvider(Provider):
                 if self.owns(r.label)
             ]
 
-    def find_by_label(self, label: str) -> Machine | None:
+    def find_by_label(self, label: str) -> ProviderMachine | None:
         if not self.owns(label):
             return None
         with transaction(self.sessions) as s:
@@ -151,7 +151,7 @@ class MockProvider(Provider):
         with transaction(self.sessions) as s:
             return mock_machines.mark_dead(s, self.name, row_id)
 
-    def _machine(self, row: MockMachine, now: datetime) -> Machine:
+    def _machine(self, row: MockMachine, now: datetime) -> ProviderMachine:
         if row.status == mock_machines.DESTROYED:
             status = MachineStatus.GONE
         elif row.status == mock_machines.DEAD:
@@ -162,7 +162,7 @@ class MockProvider(Provider):
             status = MachineStatus.DEAD
         else:
             status = MachineStatus.RUNNING
-        return Machine(
+        return ProviderMachine(
             provider_instance_id=f"{ID_PREFIX}{row.id}",
             label=row.label,
             status=status,

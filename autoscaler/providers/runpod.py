@@ -27,13 +27,13 @@ from autoscaler.config.models import RunPodProvider as RunPodConfig
 from autoscaler.providers.base import (
     AmbiguousCreateError,
     CapacityError,
-    Launch,
-    Machine,
+    LaunchSpec,
     MachineStatus,
     NotOwnedError,
     Offer,
     Provider,
     ProviderError,
+    ProviderMachine,
     ProviderRequestError,
     find_after_ambiguous_create,
 )
@@ -174,7 +174,7 @@ class RunPodProvider(Provider):
 
     # ------------------------------------------------------------------ create
 
-    def create(self, offer: Offer, launch: Launch) -> Machine:
+    def create(self, offer: Offer, launch: LaunchSpec) -> ProviderMachine:
         self._check_launch(launch)
         spec = offer.spec
         body: dict[str, Any] = {
@@ -214,7 +214,7 @@ class RunPodProvider(Provider):
             f"{self.name}: create refused (HTTP {status}): {problem}", provider=self.name
         )
 
-    def _recover(self, label: str, why: str) -> Machine:
+    def _recover(self, label: str, why: str) -> ProviderMachine:
         return find_after_ambiguous_create(
             self,
             label,
@@ -226,7 +226,7 @@ class RunPodProvider(Provider):
 
     # ------------------------------------------------------------------ read
 
-    def list_owned(self) -> list[Machine]:
+    def list_owned(self) -> list[ProviderMachine]:
         resp = self._http.request("GET", "/v2/pods")
         self._raise_unexpected(resp, "GET /v2/pods")
         body = json_body(resp)
@@ -238,7 +238,7 @@ class RunPodProvider(Provider):
             )
         return [self._machine(p) for p in pods if isinstance(p, dict) and self.owns(p.get("name"))]
 
-    def get(self, provider_instance_id: str) -> Machine | None:
+    def get(self, provider_instance_id: str) -> ProviderMachine | None:
         pod = self._get_pod(provider_instance_id)
         if pod is None or not self.owns(pod.get("name")):
             return None
@@ -277,11 +277,11 @@ class RunPodProvider(Provider):
 
     # ------------------------------------------------------------------ helpers
 
-    def _machine(self, pod: dict[str, Any]) -> Machine:
+    def _machine(self, pod: dict[str, Any]) -> ProviderMachine:
         raw = pod.get("status")
         gpu = pod.get("gpu") if isinstance(pod.get("gpu"), dict) else {}
         cost = pod.get("cost")
-        return Machine(
+        return ProviderMachine(
             provider_instance_id=str(pod["id"]),
             label=str(pod.get("name") or ""),
             status=_STATUS.get(str(raw), MachineStatus.STARTING),

@@ -33,14 +33,14 @@ from autoscaler.config.models import VastProvider as VastConfig
 from autoscaler.providers.base import (
     AmbiguousCreateError,
     CapacityError,
-    Launch,
-    Machine,
+    LaunchSpec,
     MachineStatus,
     NotOwnedError,
     Offer,
     OfferGoneError,
     Provider,
     ProviderError,
+    ProviderMachine,
     ProviderRequestError,
     find_after_ambiguous_create,
 )
@@ -216,7 +216,7 @@ class VastProvider(Provider):
 
     # ------------------------------------------------------------------ create
 
-    def create(self, offer: Offer, launch: Launch) -> Machine:
+    def create(self, offer: Offer, launch: LaunchSpec) -> ProviderMachine:
         self._check_launch(launch)
         if not offer.offer_id.isdigit():
             raise ValueError(f"{offer.offer_id!r} is not a Vast offer id")
@@ -241,7 +241,7 @@ class VastProvider(Provider):
         success = isinstance(data, dict) and data.get("success") is True
         if status == 200 and success and contract is not None:
             log.info("%s: created instance %s (%s)", self.name, contract, launch.label)
-            return Machine(
+            return ProviderMachine(
                 provider_instance_id=str(contract),
                 label=launch.label,
                 status=MachineStatus.STARTING,
@@ -284,7 +284,7 @@ class VastProvider(Provider):
             f"{self.name}: create refused (HTTP {status}): {text}", provider=self.name
         )
 
-    def _recover(self, label: str, why: str) -> Machine:
+    def _recover(self, label: str, why: str) -> ProviderMachine:
         return find_after_ambiguous_create(
             self,
             label,
@@ -323,10 +323,10 @@ class VastProvider(Provider):
                 )
             seen.add(token)
 
-    def list_owned(self) -> list[Machine]:
+    def list_owned(self) -> list[ProviderMachine]:
         return [self._machine(i) for i in self._pages({}) if self.owns(i.get("label"))]
 
-    def find_by_label(self, label: str) -> Machine | None:
+    def find_by_label(self, label: str) -> ProviderMachine | None:
         if not self.owns(label):
             return None
         for inst in self._pages({"label": {"eq": label}}):
@@ -351,7 +351,7 @@ class VastProvider(Provider):
         inst = body["instances"]
         return inst if isinstance(inst, dict) and inst else None
 
-    def get(self, provider_instance_id: str) -> Machine | None:
+    def get(self, provider_instance_id: str) -> ProviderMachine | None:
         inst = self._get_instance(provider_instance_id)
         if inst is None or not self.owns(inst.get("label")):
             return None
@@ -403,9 +403,9 @@ class VastProvider(Provider):
             f"{self.name}: {what} answered HTTP {resp.status_code}: {text}", provider=self.name
         )
 
-    def _machine(self, inst: dict[str, Any]) -> Machine:
+    def _machine(self, inst: dict[str, Any]) -> ProviderMachine:
         price = inst.get("dph_total")
-        return Machine(
+        return ProviderMachine(
             provider_instance_id=str(inst["id"]),
             label=str(inst.get("label") or ""),
             status=machine_status(inst),

@@ -22,7 +22,7 @@ import pytest
 from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import MockProvider as MockConfig
 from autoscaler.policy.reconcile import INTENT_STALE, ORPHAN_GRACE
-from autoscaler.providers.base import Launch
+from autoscaler.providers.base import LaunchSpec
 from autoscaler.providers.mock import MockProvider
 from autoscaler.store import fleet
 from autoscaler.store.db import transaction
@@ -427,8 +427,8 @@ def test_chaos_orphans_are_destroyed_after_their_grace_and_not_before(pg_url, ma
     spec = InstanceSpec(gpu="RTX 4090", max_price_per_hour=1.0)
     offer = provider.find_offers(spec)[0]
     # Two machines with our label and no row (a launch whose row was lost), one seen long ago.
-    old = provider.create(offer, Launch.new(loop.installation_id, "orphanold", {}))
-    new = provider.create(offer, Launch.new(loop.installation_id, "orphannew", {}))
+    old = provider.create(offer, LaunchSpec.new(loop.installation_id, "orphanold", {}))
+    new = provider.create(offer, LaunchSpec.new(loop.installation_id, "orphannew", {}))
     with transaction(loop.sessions) as session:
         session.add(
             OrphanSighting(

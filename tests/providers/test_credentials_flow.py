@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from autoscaler.cli import main
 from autoscaler.credentials import registered_provider_configs, resolve_api_key
-from autoscaler.providers.base import AuthError, Launch, create_on_first_offer
+from autoscaler.providers.base import AuthError, LaunchSpec, create_on_first_offer
 from autoscaler.providers.registry import build_provider
 from autoscaler.settings import Settings
 from autoscaler.store import providers as store
@@ -61,7 +61,7 @@ def test_key_from_the_vault_reaches_the_provider_and_nowhere_else(kind, db_url, 
         provider = build_provider(
             "gpu", config, credential=key, installation_id=inst, sessions=sessions
         )
-        launch = Launch.new(inst, uuid.uuid4().hex, {"QUEUE": "q"})
+        launch = LaunchSpec.new(inst, uuid.uuid4().hex, {"QUEUE": "q"})
         machine = create_on_first_offer(
             provider, provider.find_offers(spec(max_price_per_hour=1.0)), launch
         )

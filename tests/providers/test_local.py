@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.config.models import LocalProvider as LocalConfig
-from autoscaler.providers import Launch, MachineStatus, NotOwnedError
+from autoscaler.providers import LaunchSpec, MachineStatus, NotOwnedError
 from autoscaler.providers.local import DEFAULT_COMMAND, LocalProvider
 from tests.providers.conftest import INSTALLATION, OTHER_INSTALLATION, spec
 
@@ -26,8 +26,8 @@ def local(
     return LocalProvider("here", config, installation, state, grace=grace)
 
 
-def launch(installation: str = INSTALLATION) -> Launch:
-    return Launch.new(installation, uuid.uuid4().hex, {"QUEUE": "local-q"})
+def launch(installation: str = INSTALLATION) -> LaunchSpec:
+    return LaunchSpec.new(installation, uuid.uuid4().hex, {"QUEUE": "local-q"})
 
 
 def wait_for(path: Path, timeout: float = 5.0) -> str:

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from autoscaler.config.models import MockProvider as MockConfig
 from autoscaler.providers import (
     CapacityError,
-    Launch,
+    LaunchSpec,
     MachineStatus,
     NotOwnedError,
     create_on_first_offer,
@@ -39,8 +39,8 @@ def mock(
     )
 
 
-def launch(installation: str = INSTALLATION) -> Launch:
-    return Launch.new(installation, uuid.uuid4().hex, {"QUEUE": "q"})
+def launch(installation: str = INSTALLATION) -> LaunchSpec:
+    return LaunchSpec.new(installation, uuid.uuid4().hex, {"QUEUE": "q"})
 
 
 def test_boot_delay_then_running_then_destroyed(sessions: sessionmaker[Session]) -> None:

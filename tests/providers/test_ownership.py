@@ -17,7 +17,7 @@ from autoscaler.config.models import LocalProvider as LocalConfig
 from autoscaler.config.models import MockProvider as MockConfig
 from autoscaler.config.models import RunPodProvider as RunPodConfig
 from autoscaler.config.models import VastProvider as VastConfig
-from autoscaler.providers import AuthError, Launch, NotOwnedError
+from autoscaler.providers import AuthError, LaunchSpec, NotOwnedError
 from autoscaler.providers.labels import is_owned, make_label, parse_label
 from autoscaler.providers.mock import MockProvider
 from autoscaler.providers.registry import build_provider
@@ -79,8 +79,16 @@ def labels(draw: st.DrawFn) -> tuple[str, bool, str]:
     `is_owned` itself; most are well-formed labels of another installation or near misses."""
     kind = draw(
         st.sampled_from(
-            ["ours", "another installation", "another installation", "prefixed", "suffixed",
-             "bent", "bent", "hand-made"]
+            [
+                "ours",
+                "another installation",
+                "another installation",
+                "prefixed",
+                "suffixed",
+                "bent",
+                "bent",
+                "hand-made",
+            ]
         )
     )
     lid = draw(launch_ids)
@@ -128,7 +136,7 @@ def test_only_our_exact_labels_are_ours(case: tuple[str, bool, str]) -> None:
 
 def test_launch_refuses_foreign_labels() -> None:
     with pytest.raises(ValueError):
-        Launch(label="my-notebook")
+        LaunchSpec(label="my-notebook")
     with pytest.raises(ValueError):
         make_label("has-dash", "x")
     with pytest.raises(ValueError):

@@ -12,7 +12,7 @@ from autoscaler.providers import (
     AmbiguousCreateError,
     AuthError,
     CapacityError,
-    Launch,
+    LaunchSpec,
     MachineStatus,
     NotOwnedError,
     RateLimitedError,
@@ -33,8 +33,8 @@ from tests.providers.conftest import (
 PREFS = ("NVIDIA GeForce RTX 4090", "NVIDIA RTX A5000", "NVIDIA GeForce RTX 3090")
 
 
-def launch(env: dict[str, str] | None = None) -> Launch:
-    return Launch.new(INSTALLATION, uuid.uuid4().hex, env or {"QUEUE": "inference"})
+def launch(env: dict[str, str] | None = None) -> LaunchSpec:
+    return LaunchSpec.new(INSTALLATION, uuid.uuid4().hex, env or {"QUEUE": "inference"})
 
 
 def names(fake: FakeRunPod) -> list[str]:

@@ -13,7 +13,7 @@ from autoscaler.providers import (
     AmbiguousCreateError,
     AuthError,
     CapacityError,
-    Launch,
+    LaunchSpec,
     MachineStatus,
     NotOwnedError,
     OfferGoneError,
@@ -41,8 +41,8 @@ FILTERS = {
 }
 
 
-def launch() -> Launch:
-    return Launch.new(INSTALLATION, uuid.uuid4().hex, {"QUEUE": "inference"})
+def launch() -> LaunchSpec:
+    return LaunchSpec.new(INSTALLATION, uuid.uuid4().hex, {"QUEUE": "inference"})
 
 
 def labels_at(fake: FakeVast) -> list[str | None]:
