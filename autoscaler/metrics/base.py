@@ -137,9 +137,16 @@ def parse_celery_envelope(raw: bytes | str) -> HeadInfo:
     return HeadInfo(str(msg_id) if msg_id is not None else None, stamp)
 
 
+Mark = tuple[str, datetime]
+"""What a reader keeps between reads about one queue key: a short text and a time (one row)."""
+
+MarksUpdate = Callable[[dict[str, Mark]], dict[str, "Mark | None"]]
+"""Given the stored marks of some keys, the marks to store (None: forget the key)."""
+
+
 @dataclass
 class SightingsMemo:
-    """In-memory head sightings (used when no store is given; lost on restart)."""
+    """In-memory head sightings and marks (used when no store is given; lost on restart)."""
 
     rows: dict[tuple[str, str], tuple[str, datetime]] = field(default_factory=dict)
 
@@ -158,12 +165,26 @@ class SightingsMemo:
             seen[key] = prev[1]
         return seen
 
+    def update_marks(self, source: str, keys: Sequence[str], update: MarksUpdate) -> None:
+        prior = {k: self.rows[(source, k)] for k in keys if (source, k) in self.rows}
+        for key, mark in update(prior).items():
+            if mark is None:
+                self.rows.pop((source, key), None)
+            else:
+                self.rows[(source, key)] = mark
+
 
 class Sightings(Protocol):
-    """Where first sightings of head message ids are kept (`store.head_sightings` persists)."""
+    """Where first sightings of head message ids, and the age marks of `metrics.marks`, are kept
+    (`store.head_sightings` persists them: restarts keep every bound)."""
 
     def observe(
         self, source: str, heads: dict[str, str | None], now: datetime
     ) -> dict[str, datetime]:
         """Record each key's current head id (None = empty); return first-seen times."""
+        ...
+
+    def update_marks(self, source: str, keys: Sequence[str], update: MarksUpdate) -> None:
+        """Read the marks of `keys`, call `update` with them and store what it returns
+        (None deletes), in one transaction."""
         ...

@@ -3,12 +3,15 @@
 A message seen at the head of a queue at time t was published before t, so `now - t` is a lower
 bound on its age. The sighting is persisted so that a restart of the control plane does not
 reset every age to zero. One row per (source, key): `key` is the watched list/priority key.
+
+The same rows hold the richer marks of `metrics.marks` (a few sightings deeper than the head, or
+RabbitMQ delivery counters) as an opaque text of at most 200 characters: `update_marks`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from sqlalchemy import delete, select
@@ -16,6 +19,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.metrics.base import Mark, MarksUpdate
 from autoscaler.store.models import QueueHeadSighting
 
 _MAX = 200  # column width of queue and message_id
@@ -90,6 +94,51 @@ def observe_heads(
     return out
 
 
+def update_marks(
+    session: Session, source: str, keys: Sequence[str], update: MarksUpdate
+) -> None:
+    """Marks of `keys` read, passed to `update`, and what it returns written back: one SELECT,
+    at most one DELETE and one upsert, whatever the number of keys."""
+    src = _fit(source, 300)
+    fitted = {_fit(k): k for k in keys}
+    prior: dict[str, Mark] = {}
+    if fitted:
+        for q, mid, at in session.execute(
+            select(
+                QueueHeadSighting.queue,
+                QueueHeadSighting.message_id,
+                QueueHeadSighting.first_seen_at,
+            ).where(QueueHeadSighting.source == src, QueueHeadSighting.queue.in_(list(fitted)))
+        ).all():
+            if q in fitted:
+                prior[fitted[q]] = (mid, at)
+    new = update(prior)
+    gone = [_fit(k) for k, mark in new.items() if mark is None and k in prior]
+    if gone:
+        session.execute(
+            delete(QueueHeadSighting).where(
+                QueueHeadSighting.source == src, QueueHeadSighting.queue.in_(gone)
+            )
+        )
+    rows = [
+        {"source": src, "queue": _fit(k), "message_id": _fit(mark[0]), "first_seen_at": mark[1]}
+        for k, mark in new.items()
+        if mark is not None and prior.get(k) != mark
+    ]
+    if rows:
+        dialect = session.get_bind().dialect.name
+        ins = pg_insert if dialect == "postgresql" else sqlite_insert
+        stmt = ins(QueueHeadSighting)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[QueueHeadSighting.source, QueueHeadSighting.queue],
+            set_={
+                "message_id": stmt.excluded.message_id,
+                "first_seen_at": stmt.excluded.first_seen_at,
+            },
+        )
+        session.execute(stmt, rows)
+
+
 def forget_source(session: Session, source: str) -> int:
     """Drop every sighting of a source (its queues were removed from the config)."""
     result = session.execute(
@@ -109,3 +158,7 @@ class StoredSightings:
     ) -> dict[str, datetime]:
         with self._factory() as session, session.begin():
             return observe_heads(session, source, heads, now)
+
+    def update_marks(self, source: str, keys: Sequence[str], update: MarksUpdate) -> None:
+        with self._factory() as session, session.begin():
+            update_marks(session, source, keys, update)

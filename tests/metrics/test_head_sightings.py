@@ -91,3 +91,34 @@ def test_two_ticks_racing_for_the_same_first_sighting_agree_and_neither_fails(en
             select(QueueHeadSighting.message_id, QueueHeadSighting.first_seen_at)
         ).all()
     assert [tuple(r) for r in rows] == [("m1", first)]
+
+
+def test_marks_round_trip_update_and_forget_in_one_transaction(sessions):
+    """`update_marks`: the stored marks of the keys asked are handed over, what comes back is
+    written (None deletes), other keys and sources are untouched; an old head row is readable."""
+    store = StoredSightings(sessions)
+    long_key = "q\x06\x169" + "y" * 400
+    store.observe("src", {"old": "m1"}, T0)  # a row the head-only tracker wrote
+    seen: list[dict] = []
+
+    def first(prior):
+        seen.append(dict(prior))
+        return {"a": ("w1|abc:0", T0), long_key: ("w1|def:0;0123456789:5000", T0), "b": None}
+
+    store.update_marks("src", ["a", long_key, "old", "b"], first)
+    assert seen[-1] == {"old": ("m1", T0)}
+
+    def second(prior):
+        seen.append(dict(prior))
+        return {"a": None, long_key: ("w1|def:0", T0 + timedelta(seconds=1))}
+
+    store.update_marks("src", ["a", long_key, "old"], second)
+    assert seen[-1] == {
+        "a": ("w1|abc:0", T0),
+        long_key: ("w1|def:0;0123456789:5000", T0),
+        "old": ("m1", T0),
+    }
+    store.update_marks("src", ["a", long_key], lambda prior: seen.append(dict(prior)) or {})
+    assert seen[-1] == {long_key: ("w1|def:0", T0 + timedelta(seconds=1))}
+    store.update_marks("other", [long_key], lambda prior: seen.append(dict(prior)) or {})
+    assert seen[-1] == {}
