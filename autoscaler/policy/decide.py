@@ -14,8 +14,13 @@ Per queue, in this order:
    `metric` trigger has a current value (a failing Prometheus blocks scale-down, not scale-up):
    idle machines (most idle first), then a due scale-down schedule (idle now, busy when idle),
    never below the floor, never a machine with a running task (busy ones only get
-   `when_idle=True`, and only from the schedule). Machines already asked to drain that are now
-   idle are drained (completing an earlier decision, not a new scale-down).
+   `when_idle=True`, and only from the schedule), never the last one while jobs scheduled for
+   later fall due within a boot time. Machines already asked to drain that are now idle are
+   drained (completing an earlier decision, not a new scale-down).
+
+Jobs scheduled for later (`QueueMetrics.scheduled`) are no load; `no_workers` asks for one
+machine for an empty queue one boot time (`QueueSnapshot.boot_estimate`, else
+`triggers.DEFAULT_BOOT_ESTIMATE`, never above the boot timeout) before the first falls due.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class _Up:
     notes: tuple[str, ...]
     waits: tuple[Wait, ...]
     manual: ManualTarget | None = None
+    keep_one: bool = False
 
 
 def decide(snapshot: Snapshot, config: Config, now: datetime) -> Plan:
@@ -147,6 +153,7 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
             and (trig.query in qs.metrics.external_degraded or trig.query not in have)
         )
     votes: list[t.UpVote] = []
+    keep_one = False
     if manual is not None:
         notes.append("manual target: load triggers and idle timeouts are not evaluated")
     elif qs.metrics is None:
@@ -157,12 +164,18 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
             "evaluated, no scale-down"
         )
     else:
-        view = t.make_view(qs.metrics, machines, qs.manual_workers)
+        view = t.make_view(qs.metrics, machines, qs.manual_workers, now, _lead(auto, qs, config))
         for trig in auto.scale_up:
             vote = _vote(trig, view)
             if vote is not None:
                 votes.append(vote)
                 notes.append(vote.reason)
+        if view.due_soon is not None:
+            keep_one = True
+            notes.append(
+                f"{qs.metrics.scheduled} scheduled job(s) fall due within the {view.lead:.0f}s a "
+                "machine takes to boot: the last machine is kept for them"
+            )
 
     fired = [v for v in votes if v.fired]
     best = max(fired, key=lambda v: v.wants, default=None)
@@ -231,7 +244,16 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
         notes=tuple(notes),
         waits=tuple(waits),
         manual=manual,
+        keep_one=keep_one,
     )
+
+
+def _lead(auto: Autoscale, qs: QueueSnapshot, config: Config) -> float:
+    """How long before scheduled jobs fall due a machine is asked for: the queue's recent boot
+    time, else `DEFAULT_BOOT_ESTIMATE`; never more than the boot timeout."""
+    timeout = auto.boot_timeout or config.boot_timeout
+    estimate = qs.boot_estimate if qs.boot_estimate is not None else t.DEFAULT_BOOT_ESTIMATE
+    return min(max(0.0, estimate), timeout)
 
 
 def _grants(ups: list[_Up], snapshot: Snapshot, config: Config) -> dict[str, Grant]:
@@ -342,7 +364,8 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
 
 
 def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
-    budget = u.capacity - u.floor
+    # scheduled jobs about to fall due keep the last machine (it would be rented again at once)
+    budget = u.capacity - max(u.floor, 1 if u.keep_one else 0)
     if budget <= 0:
         return []
     machines = u.qs.machines

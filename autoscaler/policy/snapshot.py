@@ -11,9 +11,26 @@ from autoscaler.lifecycle import LIVE_STATES, InstanceState
 
 @dataclass(frozen=True)
 class QueueMetrics:
-    """One queue's numbers as read by a metrics source at `read_at`.
+    """One queue's numbers as read by a metrics source at `read_at`, as a person would count them.
 
-    `oldest_pending_age` is seconds (None when nothing is pending or the age is unknown).
+    - `pending`: jobs waiting in the broker that are due now (jobs scheduled for later are in
+      `scheduled`, where the source can see them: see the README's "Queue metrics").
+    - `oldest_pending_age`: seconds the oldest *due* pending job has waited (since its due time
+      for a job that had one); None when nothing is pending or the age is unknown. A lower bound
+      for unstamped producers.
+    - `in_flight`: what the broker itself counts delivered and not acknowledged, due jobs only:
+      kombu's `unacked` hash on Redis, `messages_unacknowledged` on RabbitMQ, asynq's active list,
+      a stream group's pending entries. With Celery's default early acks these are prefetched
+      jobs that have not started (a running job is acked already); with `acks_late` they include
+      the running ones. It is NOT the number of running jobs.
+    - `running` / `reserved`: jobs running now and jobs prefetched by a worker and not started,
+      as the *workers* report them (Celery's `active` / `reserved` through the worker-status port,
+      agent heartbeats); None where no worker report exists.
+    - `scheduled`: jobs whose due time (ETA / countdown) has not come, waiting in the broker or
+      held by a worker; `next_due_at` the earliest due time (epoch seconds); `scheduled_held`:
+      how many of them a worker holds (the broker counts those unacked; not in `in_flight`).
+    - `paused`: the queue is paused at the source (asynq): its pending jobs are not served.
+
     `broker_workers` are worker names seen serving the queue through the broker (heartbeats or
     ping) — this is how hand-made machines count as capacity. `stale` is True when the source
     failed and these are the last known numbers; `error` says why (redacted, no secrets).
@@ -32,6 +49,22 @@ class QueueMetrics:
     external_degraded: tuple[str, ...] = ()
     stale: bool = False
     error: str | None = None
+    scheduled: int = 0
+    next_due_at: float | None = None
+    scheduled_held: int = 0
+    running: int | None = None
+    reserved: int | None = None
+    paused: bool = False
+
+    @property
+    def started_or_held(self) -> int:
+        """Jobs handed to workers and due: running plus prefetched-not-started.
+
+        Two lower bounds of the same set: the workers' own report (misses a worker that did not
+        answer) and the broker's unacked count (misses running jobs under early acks). The
+        larger is the better count; without any worker report it is the broker's alone."""
+        reported = (self.running or 0) + (self.reserved or 0)
+        return max(self.in_flight, reported)
 
 
 # --------------------------------------------------------------------------- decide() input
@@ -117,7 +150,9 @@ class QueueSnapshot:
     """One queue: its numbers (None when never read), our machines, hand-made workers, backoffs.
 
     `manual_workers` counts workers serving the queue that this installation did not rent (the
-    GPU under the desk); they count as capacity but are never drained.
+    GPU under the desk); they count as capacity but are never drained. `boot_estimate` is how
+    long a machine of this queue took from decision to ready lately (seconds; None when none has
+    booted yet): scheduled jobs are pre-warmed for that long before they fall due.
     """
 
     name: str
@@ -126,6 +161,7 @@ class QueueSnapshot:
     manual_workers: int = 0
     backoffs: tuple[BackoffState, ...] = ()
     manual_target: ManualTarget | None = None
+    boot_estimate: float | None = None
 
     def backoff_for(self, provider: str) -> BackoffState | None:
         for b in self.backoffs:

@@ -8,6 +8,12 @@ Scale-up triggers return an `UpVote`: the capacity they want (absolute) and why.
   ceil(load / target) machines; booting machines already count as capacity, so a launch only
   happens when the load grew past what is already on its way.
 Scale-down triggers pick machines; `decide()` applies the floor and the other guards.
+
+The load is due pending jobs plus the jobs handed to workers (`QueueMetrics.started_or_held`:
+the workers' running + prefetched report, or the broker's unacked count where that is larger
+or no worker reported). Jobs scheduled for later are not load; `no_workers` pre-warms one
+machine for them a boot time (`QueueView.lead`) before the first falls due. A queue its source
+paused (asynq) has no pending load: nobody would serve it.
 """
 
 from __future__ import annotations
@@ -30,10 +36,17 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.schedule import firing_due, window_active
 from autoscaler.policy.snapshot import Machine, QueueMetrics
 
+DEFAULT_BOOT_ESTIMATE = 300.0
+"""Seconds a machine is assumed to take from decision to ready when none of its queue has booted
+yet (capped by the queue's boot timeout): how early scheduled jobs are pre-warmed."""
+
 
 @dataclass(frozen=True)
 class QueueView:
-    """Derived numbers of one queue at `now`, shared by every trigger."""
+    """Derived numbers of one queue at `now`, shared by every trigger.
+
+    `lead` is how long before a scheduled job falls due a machine must be asked for so that it
+    is ready in time (the queue's recent boot time)."""
 
     metrics: QueueMetrics
     machines: tuple[Machine, ...]
@@ -41,18 +54,36 @@ class QueueView:
     booting: int
     manual: int
     leaving_running: int
+    now: float = 0.0
+    lead: float = DEFAULT_BOOT_ESTIMATE
 
     @property
     def capacity(self) -> int:
         return self.serving + self.booting + self.manual
 
     @property
+    def pending(self) -> int:
+        """Due jobs waiting for a worker; none on a queue its source has paused (nobody would
+        serve them, so no machine is rented for them)."""
+        return 0 if self.metrics.paused else self.metrics.pending
+
+    @property
     def load(self) -> int:
-        """Jobs that need a worker: pending plus those running on capacity that stays.
+        """Jobs that need a worker: due pending jobs plus those handed to workers (running or
+        prefetched, `QueueMetrics.started_or_held`) on capacity that stays.
 
         Jobs finishing on machines already asked to leave are not counted: they need no new
-        machine (otherwise a night-time drain of busy workers would launch replacements)."""
-        return self.metrics.pending + max(0, self.metrics.in_flight - self.leaving_running)
+        machine (otherwise a night-time drain of busy workers would launch replacements).
+        Jobs scheduled for later are not load until they fall due."""
+        return self.pending + max(0, self.metrics.started_or_held - self.leaving_running)
+
+    @property
+    def due_soon(self) -> float | None:
+        """The earliest due time (epoch s) of scheduled jobs if it falls within `lead` of now."""
+        m = self.metrics
+        if m.paused or m.scheduled <= 0 or m.next_due_at is None:
+            return None
+        return m.next_due_at if m.next_due_at - self.lead <= self.now else None
 
     def have(self) -> str:
         return (
@@ -61,7 +92,13 @@ class QueueView:
         )
 
 
-def make_view(metrics: QueueMetrics, machines: tuple[Machine, ...], manual: int) -> QueueView:
+def make_view(
+    metrics: QueueMetrics,
+    machines: tuple[Machine, ...],
+    manual: int,
+    now: datetime | None = None,
+    lead: float = DEFAULT_BOOT_ESTIMATE,
+) -> QueueView:
     return QueueView(
         metrics=metrics,
         machines=machines,
@@ -71,6 +108,8 @@ def make_view(metrics: QueueMetrics, machines: tuple[Machine, ...], manual: int)
         leaving_running=sum(
             m.running_tasks for m in machines if m.billing and not m.serving and not m.booting
         ),
+        now=now.timestamp() if now is not None else metrics.read_at.timestamp(),
+        lead=max(0.0, lead),
     )
 
 
@@ -103,7 +142,7 @@ def _quiet(trigger: str, why: str) -> UpVote:
 
 
 def no_workers(_: NoWorkersTrigger, view: QueueView) -> UpVote:
-    pending = view.metrics.pending
+    pending = view.pending
     if pending > 0 and view.capacity == 0:
         return UpVote(
             "no_workers",
@@ -111,17 +150,31 @@ def no_workers(_: NoWorkersTrigger, view: QueueView) -> UpVote:
             1,
             f"no_workers: {pending} pending and no live, booting or hand-made worker → one machine",
         )
-    return _quiet("no_workers", f"{pending} pending, capacity {view.capacity}")
+    due = view.due_soon
+    if due is not None and view.capacity == 0:
+        left = due - view.now
+        when = f"in {left:.0f}s" if left > 0 else f"{-left:.0f}s ago"
+        return UpVote(
+            "no_workers",
+            True,
+            1,
+            f"no_workers: {view.metrics.scheduled} scheduled job(s), the first due {when}, "
+            f"within the {view.lead:.0f}s a machine takes to boot, and no live, booting or "
+            "hand-made worker → one machine now so that it is ready when they fall due",
+        )
+    paused = " (queue paused at its source: not served)" if view.metrics.paused else ""
+    later = f", {view.metrics.scheduled} scheduled for later" if view.metrics.scheduled else ""
+    return _quiet("no_workers", f"{pending} pending{later}{paused}, capacity {view.capacity}")
 
 
 def queue_depth(trig: QueueDepthTrigger, view: QueueView) -> UpVote:
-    pending = view.metrics.pending
+    pending = view.pending
     if trig.target_per_worker is not None:
         target = trig.target_per_worker
         wants = math.ceil(view.load / target)
         text = (
-            f"{pending} pending + {view.load - pending} running = {view.load} jobs at "
-            f"{target}/worker → want {wants}"
+            f"{pending} pending + {view.load - pending} running or prefetched = {view.load} "
+            f"jobs at {target}/worker → want {wants}"
         )
         if wants > view.capacity:
             return UpVote("queue_depth", True, wants, f"queue_depth: {text}, {view.have()}")
@@ -133,9 +186,9 @@ def queue_depth(trig: QueueDepthTrigger, view: QueueView) -> UpVote:
 
 
 def latency(trig: LatencyTrigger, view: QueueView) -> UpVote:
-    age = view.metrics.oldest_pending_age
+    age = view.metrics.oldest_pending_age if view.pending > 0 else None
     limit = format_duration(trig.max_latency)
-    if age is not None and view.metrics.pending > 0 and age > trig.max_latency:
+    if age is not None and age > trig.max_latency:
         return _plus_one("latency", view, f"oldest pending job waited {age:.0f}s > {limit}")
     shown = "none pending" if age is None else f"oldest pending {age:.0f}s"
     return _quiet("latency", f"{shown} ≤ {limit}")
