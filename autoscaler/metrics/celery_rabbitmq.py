@@ -1,9 +1,20 @@
 """Celery queues on RabbitMQ: the management API first, passive declare as the fallback.
 
 One GET of `/api/queues/{vhost}?columns=...` answers every queue of the vhost: ready
-(`messages_ready`), in flight (`messages_unacknowledged`), `consumers`, and
+(`messages_ready`), in flight (`messages_unacknowledged`: with Celery's default early acks the
+prefetched jobs that have not started, never the running ones; ETA jobs a worker holds are in
+it too, and the workers' report moves them to `scheduled`), `consumers`,
 `head_message_timestamp` (the AMQP `timestamp` property of the head message, which
-`metrics.stamp` sets). A queue missing from the answer or with incomplete statistics (the
+`metrics.stamp` sets) and the cumulative deliveries (`message_stats.deliver_get`).
+
+Unstamped producers: RabbitMQ shows no message without consuming it (a peek with requeue would
+reorder the queue and count deliveries on quorum queues), so the age of the oldest ready message
+is bounded from the counters alone (`metrics.marks.DeliveryMarks`): having seen D messages ready
+at t, while fewer than D have been delivered since, one of them still waits, so the oldest is at
+least now - t old. The marks are kept through `Sightings` (restart-proof). What RabbitMQ cannot
+show: ETA / countdown jobs still in a queue (no worker has fetched them) count as pending.
+
+A queue missing from the answer or with incomplete statistics (the
 management database samples every few seconds, so a brand-new queue has none yet) is asked by
 `queue_declare(passive=True)`: ready + consumers, no unacked count, no head age. If the
 management API fails altogether, every queue is read by passive declare: the ready count is
@@ -19,8 +30,9 @@ as HTTP basic auth and never appear in an error text.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -29,10 +41,26 @@ import amqp
 import requests
 from kombu.utils.url import parse_url
 
-from autoscaler.metrics.base import Clock, Secrets, SourceError, safe_error, utc_now
+from autoscaler.metrics.base import (
+    Clock,
+    Mark,
+    Secrets,
+    SightingsMemo,
+    SourceError,
+    safe_error,
+    utc_now,
+)
+from autoscaler.metrics.base import Sightings as SightingsPort
+from autoscaler.metrics.marks import DeliveryMarks, advance_deliveries
 from autoscaler.policy.snapshot import QueueMetrics
 
-_COLUMNS = "name,messages_ready,messages_unacknowledged,consumers,head_message_timestamp"
+_COLUMNS = (
+    "name,messages_ready,messages_unacknowledged,consumers,head_message_timestamp,"
+    "message_stats.deliver_get,message_stats.deliver_get_details.rate"
+)
+STATS_INTERVAL = 10.0
+"""Seconds of deliveries that may fall between the management API's samples of a queue's depth
+and of its counters (its collection interval is 5 s): subtracted from each delivery mark."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +77,7 @@ class CeleryRabbitMQReader:
         url: str,
         *,
         management_url: str | None = None,
+        sightings: SightingsPort | None = None,
         clock: Clock = utc_now,
         timeout: float = 5.0,
     ) -> None:
@@ -62,6 +91,7 @@ class CeleryRabbitMQReader:
         self._ssl = url.startswith(("amqps://", "pyamqps://"))
         self._timeout = timeout
         self._clock = clock
+        self._sightings: SightingsPort = sightings or SightingsMemo()
         mgmt = management_url or f"http://{self._host}:15672"
         m = urlsplit(mgmt)
         if m.username is not None:
@@ -131,12 +161,15 @@ class CeleryRabbitMQReader:
 
         out: dict[str, QueueMetrics] = {}
         ask: list[str] = []
+        counted: dict[str, dict[str, Any]] = {}
         for q in queues:
             row = rows.get(q) if rows is not None else None
             if row is None or not isinstance(row.get("messages_ready"), int):
                 ask.append(q)
                 continue
             out[q] = self._from_row(q, row, now)
+            counted[q] = row
+        self._bound_unstamped_ages(out, counted, now)
         if ask:
             try:
                 passive = self._passive(ask)
@@ -174,8 +207,57 @@ class CeleryRabbitMQReader:
         return QueueMetrics(queue=q, pending=ready, oldest_pending_age=age,
                             in_flight=int(row.get("messages_unacknowledged") or 0), read_at=now)
 
+    def _bound_unstamped_ages(
+        self, out: dict[str, QueueMetrics], rows: dict[str, dict[str, Any]], now: datetime
+    ) -> None:
+        """Ages of queues without a head timestamp, bounded from the delivery counters (one
+        store transaction for every queue of the read)."""
+        if not rows:
+            return
+        now_ts = now.timestamp()
+        bounds: dict[str, float] = {}
+
+        def update(prior: dict[str, Mark]) -> dict[str, Mark | None]:
+            new: dict[str, Mark | None] = {}
+            for q, row in rows.items():
+                stats = row.get("message_stats")
+                stats = stats if isinstance(stats, dict) else {}
+                delivered = _int(stats.get("deliver_get"))
+                details = stats.get("deliver_get_details")
+                rate = details.get("rate") if isinstance(details, dict) else None
+                margin = (
+                    int(rate * STATS_INTERVAL) + 1
+                    if isinstance(rate, int | float) and not isinstance(rate, bool) and rate > 0
+                    else 0
+                )
+                text, at = prior.get(q, (None, None))
+                marks, since = advance_deliveries(
+                    DeliveryMarks.decode(text, at), out[q].pending, delivered, now_ts, margin
+                )
+                new[q] = marks.encode() if out[q].pending > 0 else None
+                if since is not None:
+                    bounds[q] = since
+            return new
+
+        try:
+            self._sightings.update_marks(self.source_id, list(rows), update)
+        except Exception as exc:  # the store is down: ages unknown, counts kept
+            logging.getLogger(__name__).warning(
+                "delivery marks of %s unavailable: %s", self.source_id, type(exc).__name__
+            )
+            return
+        for q, since in bounds.items():
+            m = out[q]
+            age = max(0.0, now_ts - since)
+            if m.oldest_pending_age is None or age > m.oldest_pending_age:
+                out[q] = replace(m, oldest_pending_age=age)
+
     def close(self) -> None:
         self._http.close()
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _missing(queue: str, now: datetime, error: str) -> QueueMetrics:

@@ -42,6 +42,26 @@ def source_url(source: MetricsSource, env: Mapping[str, str] | None = None) -> s
     return url
 
 
+def redis_layout(source: MetricsSource) -> CeleryRedisLayout:
+    """kombu's Redis key layout a `metrics:` block describes."""
+    return CeleryRedisLayout(
+        global_keyprefix=source.global_keyprefix,
+        sep=source.sep,
+        priority_steps=source.priority_steps,
+    )
+
+
+def transport_options(source: MetricsSource, url: str) -> dict[str, object]:
+    """The `broker_transport_options` a Celery app on the watched broker needs, from the same
+    `metrics:` block the reader uses: on Redis the key prefix, separator and priority steps
+    (remote-control replies are pushed to priority-step lists like any message, so a probe with
+    other steps never sees them); nothing on RabbitMQ."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in ("redis", "rediss", "unix"):
+        return redis_layout(source).transport_options()
+    return {}
+
+
 def build_reader(
     source: MetricsSource,
     *,
@@ -74,17 +94,14 @@ def build_reader(
             timeout=timeout,
         )
     if scheme in ("redis", "rediss", "unix"):
-        layout = CeleryRedisLayout(
-            global_keyprefix=source.global_keyprefix,
-            sep=source.sep,
-            priority_steps=source.priority_steps,
-        )
+        layout = redis_layout(source)
         return CeleryRedisReader(
             url, layout=layout, sightings=sightings, clock=clock, timeout=timeout
         )
     if scheme in ("amqp", "amqps", "pyamqp", "pyamqps"):
         return CeleryRabbitMQReader(
-            url, management_url=source.management_url, clock=clock, timeout=timeout
+            url, management_url=source.management_url, sightings=sightings, clock=clock,
+            timeout=timeout,
         )
     if scheme.startswith("sqla+"):
         return CelerySqlaReader(url, sightings=sightings, clock=clock, timeout=timeout)
