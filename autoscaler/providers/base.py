@@ -24,8 +24,9 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from autoscaler.config.models import InstanceSpec
 from autoscaler.lifecycle import MachineStatus as MachineStatus
@@ -114,6 +115,19 @@ class ProviderMachine:
     def launch_id(self) -> str | None:
         parsed = labels.parse_label(self.label)
         return parsed.launch_id if parsed else None
+
+
+class HostsToAvoid(Protocol):
+    """Where a provider remembers hosts that failed it (the store keeps them across restarts:
+    `store.avoided_hosts.StoredHostsToAvoid`). A port, so providers hold no database code."""
+
+    def active(self, provider: str, now: datetime) -> list[str]:
+        """Host ids of `provider` still to be avoided at `now`."""
+        ...
+
+    def avoid(self, provider: str, host_id: str, reason: str, until: datetime) -> None:
+        """Avoid `host_id` until `until` (never shortening an earlier entry)."""
+        ...
 
 
 # --------------------------------------------------------------------------- errors

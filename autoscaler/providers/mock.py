@@ -3,17 +3,17 @@
 Users test their triggers with it. Machines boot after `boot_delay`, a share of them fails to
 boot (`boot_failure_rate`: they turn DEAD instead of RUNNING), a share of creates is refused
 for capacity (`capacity_error_rate`), and every machine costs `price_per_hour`. The state lives
-in the `mock_machines` table (store/mock_machines.py), so beat, workers, the CLI and the API —
-separate processes — all see the same machines.
+behind the `MockMachines` port; production keeps it in the `mock_machines` table
+(store/mock_machines.py), so beat, workers, the CLI and the API — separate processes — all
+see the same machines.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-
-from sqlalchemy.orm import Session, sessionmaker
+from typing import TYPE_CHECKING, Protocol
 
 from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import MockProvider as MockConfig
@@ -26,9 +26,9 @@ from autoscaler.providers.base import (
     Provider,
     ProviderMachine,
 )
-from autoscaler.store import mock_machines
-from autoscaler.store.db import transaction
-from autoscaler.store.models import MockMachine
+
+if TYPE_CHECKING:
+    from autoscaler.store.mock_machines import MockRecord
 
 ID_PREFIX = "mock-"
 
@@ -40,6 +40,36 @@ def _row_id(provider_instance_id: str) -> int | None:
     return int(rest) if rest.isdigit() else None
 
 
+class MockMachines(Protocol):
+    """Where the mock's machines live (`store.mock_machines.StoredMockMachines`: the state
+    store, so beat, workers and the CLI share them). A port: the provider holds no SQL."""
+
+    def by_label(self, label: str) -> MockRecord | None: ...
+
+    def insert(
+        self,
+        *,
+        provider: str,
+        label: str,
+        env: Mapping[str, str],
+        gpu: str,
+        price_per_hour: float,
+        boots_at: datetime,
+        will_fail: bool,
+        now: datetime,
+    ) -> MockRecord:
+        """Create the machine for `label`, or return the one already there."""
+        ...
+
+    def get(self, provider: str, machine_id: int) -> MockRecord | None: ...
+
+    def live(self, provider: str) -> list[MockRecord]: ...
+
+    def destroy(self, provider: str, machine_id: int, now: datetime) -> bool: ...
+
+    def kill(self, provider: str, machine_id: int) -> bool: ...
+
+
 class MockProvider(Provider):
     kind = "mock"
 
@@ -48,14 +78,14 @@ class MockProvider(Provider):
         name: str,
         config: MockConfig,
         installation_id: str,
-        sessions: sessionmaker[Session],
+        machines: MockMachines,
         *,
         rng: random.Random | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         super().__init__(name, installation_id)
         self.config = config
-        self.sessions = sessions
+        self.machines = machines
         self._rng = rng or random.Random()
         self._clock = clock or (lambda: datetime.now(UTC))
 
@@ -78,83 +108,70 @@ class MockProvider(Provider):
     def create(self, offer: Offer, launch: LaunchSpec) -> ProviderMachine:
         self._check_launch(launch)
         now = self._clock()
-        with transaction(self.sessions) as s:
-            existing = mock_machines.by_label(s, launch.label)
-            if existing is not None and existing.status != mock_machines.DESTROYED:
-                return self._machine(existing, now)
-            if self._rng.random() < self.config.capacity_error_rate:
-                raise CapacityError(
-                    f"{self.name}: simulated capacity error for {offer.gpu}", provider=self.name
-                )
-            row, _ = mock_machines.insert(
-                s,
-                provider=self.name,
-                label=launch.label,
-                env=launch.env,
-                gpu=offer.gpu,
-                price_per_hour=offer.price_per_hour,
-                boots_at=now + timedelta(seconds=self.config.boot_delay),
-                will_fail=self._rng.random() < self.config.boot_failure_rate,
-                now=now,
+        existing = self.machines.by_label(launch.label)
+        if existing is not None and not existing.destroyed:
+            return self._machine(existing, now)
+        if self._rng.random() < self.config.capacity_error_rate:
+            raise CapacityError(
+                f"{self.name}: simulated capacity error for {offer.gpu}", provider=self.name
             )
-            return self._machine(row, now)
+        row = self.machines.insert(
+            provider=self.name,
+            label=launch.label,
+            env=launch.env,
+            gpu=offer.gpu,
+            price_per_hour=offer.price_per_hour,
+            boots_at=now + timedelta(seconds=self.config.boot_delay),
+            will_fail=self._rng.random() < self.config.boot_failure_rate,
+            now=now,
+        )
+        return self._machine(row, now)
 
     def get(self, provider_instance_id: str) -> ProviderMachine | None:
         row_id = _row_id(provider_instance_id)
         if row_id is None:
             return None
-        with transaction(self.sessions) as s:
-            row = mock_machines.get(s, self.name, row_id)
-            if row is None or row.status == mock_machines.DESTROYED or not self.owns(row.label):
-                return None
-            return self._machine(row, self._clock())
+        row = self.machines.get(self.name, row_id)
+        if row is None or row.destroyed or not self.owns(row.label):
+            return None
+        return self._machine(row, self._clock())
 
     def list_owned(self) -> list[ProviderMachine]:
         now = self._clock()
-        with transaction(self.sessions) as s:
-            return [
-                self._machine(r, now)
-                for r in mock_machines.list_live(s, self.name)
-                if self.owns(r.label)
-            ]
+        return [self._machine(r, now) for r in self.machines.live(self.name) if self.owns(r.label)]
 
     def find_by_label(self, label: str) -> ProviderMachine | None:
         if not self.owns(label):
             return None
-        with transaction(self.sessions) as s:
-            row = mock_machines.by_label(s, label)
-            if row is None or row.provider != self.name or row.status == mock_machines.DESTROYED:
-                return None
-            return self._machine(row, self._clock())
+        row = self.machines.by_label(label)
+        if row is None or row.provider != self.name or row.destroyed:
+            return None
+        return self._machine(row, self._clock())
 
     def destroy(self, provider_instance_id: str) -> None:
         row_id = _row_id(provider_instance_id)
         if row_id is None:
             return
-        with transaction(self.sessions) as s:
-            row = mock_machines.get(s, self.name, row_id)
-            if row is None or row.status == mock_machines.DESTROYED:
-                return
-            if not self.owns(row.label):
-                raise NotOwnedError(
-                    f"{self.name}: machine {provider_instance_id} was not created by this "
-                    "installation; it is left alone",
-                    provider=self.name,
-                )
-            mock_machines.mark_destroyed(s, self.name, row_id, self._clock())
+        row = self.machines.get(self.name, row_id)
+        if row is None or row.destroyed:
+            return
+        if not self.owns(row.label):
+            raise NotOwnedError(
+                f"{self.name}: machine {provider_instance_id} was not created by this "
+                "installation; it is left alone",
+                provider=self.name,
+            )
+        self.machines.destroy(self.name, row_id, self._clock())
 
     def kill(self, provider_instance_id: str) -> bool:
         """Simulate the machine dying (demos, reconciler tests)."""
         row_id = _row_id(provider_instance_id)
-        if row_id is None:
-            return False
-        with transaction(self.sessions) as s:
-            return mock_machines.mark_dead(s, self.name, row_id)
+        return row_id is not None and self.machines.kill(self.name, row_id)
 
-    def _machine(self, row: MockMachine, now: datetime) -> ProviderMachine:
-        if row.status == mock_machines.DESTROYED:
+    def _machine(self, row: MockRecord, now: datetime) -> ProviderMachine:
+        if row.destroyed:
             status = MachineStatus.GONE
-        elif row.status == mock_machines.DEAD:
+        elif row.dead:
             status = MachineStatus.DEAD
         elif now < row.boots_at:
             status = MachineStatus.STARTING

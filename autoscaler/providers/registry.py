@@ -13,6 +13,8 @@ from autoscaler.providers.local import LocalProvider
 from autoscaler.providers.mock import MockProvider
 from autoscaler.providers.runpod import RunPodProvider
 from autoscaler.providers.vast import VastProvider
+from autoscaler.store.avoided_hosts import StoredHostsToAvoid
+from autoscaler.store.mock_machines import StoredMockMachines
 
 
 def build_provider(
@@ -46,10 +48,16 @@ def build_provider(
     if isinstance(config, cfg.VastProvider):
         assert credential is not None
         return VastProvider(
-            name, config, credential, installation_id, sessions, timeout=timeout, retry=retry
+            name,
+            config,
+            credential,
+            installation_id,
+            StoredHostsToAvoid(sessions),
+            timeout=timeout,
+            retry=retry,
         )
     if isinstance(config, cfg.MockProvider):
-        return MockProvider(name, config, installation_id, sessions)
+        return MockProvider(name, config, installation_id, StoredMockMachines(sessions))
     if isinstance(config, cfg.LocalProvider):
         if state_dir is None:
             raise ValueError(f"provider {name!r} (local) needs a state directory for its pid files")

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import logging
 import re
-import time
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 import requests
 
 from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import RunPodProvider as RunPodConfig
+from autoscaler.providers.api import ApiOptions, ApiProvider
 from autoscaler.providers.base import (
     AmbiguousCreateError,
     CapacityError,
@@ -31,13 +30,11 @@ from autoscaler.providers.base import (
     MachineStatus,
     NotOwnedError,
     Offer,
-    Provider,
     ProviderError,
     ProviderMachine,
     ProviderRequestError,
-    find_after_ambiguous_create,
 )
-from autoscaler.providers.http import HttpClient, RetryPolicy, json_body
+from autoscaler.providers.http import json_body
 
 log = logging.getLogger("autoscaler.providers.runpod")
 
@@ -70,8 +67,9 @@ def _problem(resp: requests.Response) -> str:
     return ": ".join(p for p in parts if p)
 
 
-class RunPodProvider(Provider):
+class RunPodProvider(ApiProvider):
     kind = "runpod"
+    display = "RunPod"
 
     def __init__(
         self,
@@ -79,27 +77,11 @@ class RunPodProvider(Provider):
         config: RunPodConfig,
         api_key: str,
         installation_id: str,
-        *,
-        timeout: tuple[float, float] = (5.0, 30.0),
-        retry: RetryPolicy | None = None,
-        lookup_attempts: int = 3,
-        lookup_delay: float = 2.0,
-        sleep: Callable[[float], None] = time.sleep,
+        **options: Unpack[ApiOptions],
     ) -> None:
-        super().__init__(name, installation_id)
+        """`options`: the HTTP timeout, retry policy and label-lookup settings of `ApiProvider`."""
+        super().__init__(name, config.base_url, api_key, installation_id, **options)
         self.config = config
-        self.lookup_attempts = max(1, lookup_attempts)
-        self.lookup_delay = lookup_delay
-        self._sleep = sleep
-        self._http = HttpClient(
-            name,
-            config.base_url,
-            api_key,
-            timeout=timeout,
-            retry=retry,
-            sleep=sleep,
-            label=f"RunPod ({name})",
-        )
 
     # ------------------------------------------------------------------ offers
 
@@ -212,16 +194,6 @@ class RunPodProvider(Provider):
             )
         raise ProviderRequestError(
             f"{self.name}: create refused (HTTP {status}): {problem}", provider=self.name
-        )
-
-    def _recover(self, label: str, why: str) -> ProviderMachine:
-        return find_after_ambiguous_create(
-            self,
-            label,
-            why,
-            attempts=self.lookup_attempts,
-            delay=self.lookup_delay,
-            sleep=self._sleep,
         )
 
     # ------------------------------------------------------------------ read

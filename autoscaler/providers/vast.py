@@ -20,33 +20,29 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Unpack
 
 import requests
-from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import VastProvider as VastConfig
+from autoscaler.providers.api import ApiOptions, ApiProvider
 from autoscaler.providers.base import (
     AmbiguousCreateError,
     CapacityError,
+    HostsToAvoid,
     LaunchSpec,
     MachineStatus,
     NotOwnedError,
     Offer,
     OfferGoneError,
-    Provider,
     ProviderError,
     ProviderMachine,
     ProviderRequestError,
-    find_after_ambiguous_create,
 )
-from autoscaler.providers.http import HttpClient, RetryPolicy, json_body
-from autoscaler.store import avoided_hosts
-from autoscaler.store.db import transaction
+from autoscaler.providers.http import json_body
 
 log = logging.getLogger("autoscaler.providers.vast")
 
@@ -92,8 +88,9 @@ def machine_status(instance: dict[str, Any]) -> MachineStatus:
     return status
 
 
-class VastProvider(Provider):
+class VastProvider(ApiProvider):
     kind = "vast"
+    display = "Vast.ai"
 
     def __init__(
         self,
@@ -101,31 +98,16 @@ class VastProvider(Provider):
         config: VastConfig,
         api_key: str,
         installation_id: str,
-        sessions: sessionmaker[Session],
+        hosts: HostsToAvoid,
         *,
-        timeout: tuple[float, float] = (5.0, 30.0),
-        retry: RetryPolicy | None = None,
-        lookup_attempts: int = 3,
-        lookup_delay: float = 2.0,
-        sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], datetime] | None = None,
+        **options: Unpack[ApiOptions],
     ) -> None:
-        super().__init__(name, installation_id)
+        """`options`: the HTTP timeout, retry policy and label-lookup settings of `ApiProvider`."""
+        super().__init__(name, config.base_url, api_key, installation_id, **options)
         self.config = config
-        self.sessions = sessions
-        self.lookup_attempts = max(1, lookup_attempts)
-        self.lookup_delay = lookup_delay
-        self._sleep = sleep
+        self.hosts = hosts
         self._clock = clock or (lambda: datetime.now(UTC))
-        self._http = HttpClient(
-            name,
-            config.base_url,
-            api_key,
-            timeout=timeout,
-            retry=retry,
-            sleep=sleep,
-            label=f"Vast.ai ({name})",
-        )
 
     # ------------------------------------------------------------------ offers
 
@@ -158,8 +140,7 @@ class VastProvider(Provider):
         return q
 
     def find_offers(self, spec: InstanceSpec) -> list[Offer]:
-        with transaction(self.sessions) as s:
-            avoid = avoided_hosts.active_host_ids(s, self.name, self._clock())
+        avoid = self.hosts.active(self.name, self._clock())
         query = self.search_query(spec, avoid)
         resp = self._http.request("POST", "/api/v0/bundles/", json=query)
         body = self._ok_json(resp, "search offers")
@@ -210,8 +191,7 @@ class VastProvider(Provider):
 
     def avoid_host(self, host_id: str, reason: str) -> None:
         until = self._clock() + timedelta(seconds=self.config.avoid_host_for)
-        with transaction(self.sessions) as s:
-            avoided_hosts.avoid(s, self.name, host_id, reason[:2000], until)
+        self.hosts.avoid(self.name, host_id, reason[:2000], until)
         log.info("%s: avoiding host %s until %s: %s", self.name, host_id, until.isoformat(), reason)
 
     # ------------------------------------------------------------------ create
@@ -282,16 +262,6 @@ class VastProvider(Provider):
             )
         raise ProviderRequestError(
             f"{self.name}: create refused (HTTP {status}): {text}", provider=self.name
-        )
-
-    def _recover(self, label: str, why: str) -> ProviderMachine:
-        return find_after_ambiguous_create(
-            self,
-            label,
-            why,
-            attempts=self.lookup_attempts,
-            delay=self.lookup_delay,
-            sleep=self._sleep,
         )
 
     # ------------------------------------------------------------------ read

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.store.models import AvoidedHost
 
@@ -49,3 +49,18 @@ def purge_expired(session: Session, now: datetime) -> int:
     """Forget every expired entry; returns how many."""
     result = session.execute(delete(AvoidedHost).where(AvoidedHost.until <= now))
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+class StoredHostsToAvoid:
+    """`providers.base.HostsToAvoid` backed by the state store: survives restarts."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self._factory = factory
+
+    def active(self, provider: str, now: datetime) -> list[str]:
+        with self._factory() as session, session.begin():
+            return active_host_ids(session, provider, now)
+
+    def avoid(self, provider: str, host_id: str, reason: str, until: datetime) -> None:
+        with self._factory() as session, session.begin():
+            avoid(session, provider, host_id, reason, until)

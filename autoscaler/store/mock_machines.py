@@ -7,11 +7,12 @@ created machine is still booting is read from `boots_at` against the caller's cl
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.store.models import MockMachine
 
@@ -103,3 +104,93 @@ def mark_dead(session: Session, provider: str, machine_id: int) -> bool:
         .values(status=DEAD)
     )
     return bool(getattr(result, "rowcount", 0))
+
+
+@dataclass(frozen=True)
+class MockRecord:
+    """One mock machine as plain data (what `providers.mock` sees)."""
+
+    id: int
+    provider: str
+    label: str
+    gpu: str
+    price_per_hour: float
+    status: str
+    boots_at: datetime
+    will_fail: bool
+
+    @property
+    def destroyed(self) -> bool:
+        return self.status == DESTROYED
+
+    @property
+    def dead(self) -> bool:
+        return self.status == DEAD
+
+
+def _record(row: MockMachine) -> MockRecord:
+    return MockRecord(
+        row.id,
+        row.provider,
+        row.label,
+        row.gpu,
+        row.price_per_hour,
+        row.status,
+        row.boots_at,
+        row.will_fail,
+    )
+
+
+class StoredMockMachines:
+    """`providers.mock.MockMachines` in the state store: every process sees the same ones."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self._factory = factory
+
+    def by_label(self, label: str) -> MockRecord | None:
+        with self._factory() as session, session.begin():
+            row = by_label(session, label)
+            return _record(row) if row is not None else None
+
+    def insert(
+        self,
+        *,
+        provider: str,
+        label: str,
+        env: Mapping[str, str],
+        gpu: str,
+        price_per_hour: float,
+        boots_at: datetime,
+        will_fail: bool,
+        now: datetime,
+    ) -> MockRecord:
+        with self._factory() as session, session.begin():
+            row, _ = insert(
+                session,
+                provider=provider,
+                label=label,
+                env=env,
+                gpu=gpu,
+                price_per_hour=price_per_hour,
+                boots_at=boots_at,
+                will_fail=will_fail,
+                now=now,
+            )
+            return _record(row)
+
+    def get(self, provider: str, machine_id: int) -> MockRecord | None:
+        with self._factory() as session, session.begin():
+            row = get(session, provider, machine_id)
+            return _record(row) if row is not None else None
+
+    def live(self, provider: str) -> list[MockRecord]:
+        with self._factory() as session, session.begin():
+            return [_record(r) for r in list_live(session, provider)]
+
+    def destroy(self, provider: str, machine_id: int, now: datetime) -> bool:
+        with self._factory() as session, session.begin():
+            return mark_destroyed(session, provider, machine_id, now)
+
+    def kill(self, provider: str, machine_id: int) -> bool:
+        with self._factory() as session, session.begin():
+            return mark_dead(session, provider, machine_id)

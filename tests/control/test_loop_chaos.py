@@ -26,6 +26,7 @@ from autoscaler.providers.base import LaunchSpec
 from autoscaler.providers.mock import MockProvider
 from autoscaler.store import fleet
 from autoscaler.store.db import transaction
+from autoscaler.store.mock_machines import StoredMockMachines
 from autoscaler.store.models import OrphanSighting
 from tests.control.loopkit import (
     AtProvider,
@@ -317,7 +318,7 @@ def test_chaos_a_dead_machine_is_terminated_and_replaced_while_load_remains(pg_u
         "sandbox",
         MockConfig.model_validate({"kind": "mock"}),
         loop.installation_id,
-        loop.sessions,
+        StoredMockMachines(loop.sessions),
     )
     assert provider.kill(first["provider_instance_id"])
 
@@ -422,7 +423,10 @@ def test_chaos_orphans_are_destroyed_after_their_grace_and_not_before(pg_url, ma
     q = watched.queue
     loop.setup(mock_config({q: mock_queue(watched, max_workers=2, scale_down=[])}))
     provider = MockProvider(
-        "sandbox", MockConfig.model_validate({"kind": "mock"}), loop.installation_id, loop.sessions
+        "sandbox",
+        MockConfig.model_validate({"kind": "mock"}),
+        loop.installation_id,
+        StoredMockMachines(loop.sessions),
     )
     spec = InstanceSpec(gpu="RTX 4090", max_price_per_hour=1.0)
     offer = provider.find_offers(spec)[0]

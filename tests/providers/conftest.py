@@ -20,6 +20,7 @@ from autoscaler.config.models import VastProvider as VastConfig
 from autoscaler.providers.http import RetryPolicy
 from autoscaler.providers.runpod import RunPodProvider
 from autoscaler.providers.vast import VastProvider
+from autoscaler.store.avoided_hosts import StoredHostsToAvoid
 from autoscaler.store.db import make_engine, session_factory
 from autoscaler.store.models import Base
 from tests.fakes.runpod_server import FakeRunPod
@@ -104,7 +105,7 @@ def make_vast(
         config,
         key,
         installation,
-        sessions,
+        StoredHostsToAvoid(sessions),
         timeout=TIMEOUT,
         retry=FAST,
         lookup_attempts=3,

@@ -21,6 +21,7 @@ from autoscaler.providers import (
 from autoscaler.providers.mock import MockProvider
 from autoscaler.store import mock_machines
 from autoscaler.store.db import make_engine, session_factory, transaction
+from autoscaler.store.mock_machines import StoredMockMachines
 from tests.providers.conftest import INSTALLATION, OTHER_INSTALLATION, spec
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -35,7 +36,12 @@ def mock(
 ) -> MockProvider:
     config = MockConfig.model_validate({"kind": "mock", **cfg})
     return MockProvider(
-        "demo", config, installation, sessions, rng=random.Random(seed), clock=lambda: now[0]
+        "demo",
+        config,
+        installation,
+        StoredMockMachines(sessions),
+        rng=random.Random(seed),
+        clock=lambda: now[0],
     )
 
 

@@ -23,6 +23,7 @@ from autoscaler.providers.mock import MockProvider
 from autoscaler.providers.registry import build_provider
 from autoscaler.store import mock_machines
 from autoscaler.store.db import transaction
+from autoscaler.store.mock_machines import StoredMockMachines
 from autoscaler.store.models import MockMachine
 from tests.fakes.runpod_server import FakeRunPod
 from tests.providers.conftest import INSTALLATION, OTHER_INSTALLATION, make_runpod
@@ -171,7 +172,7 @@ def test_mock_list_owned_never_returns_a_foreign_label(
         provider,
         MockConfig(kind="mock"),
         INSTALLATION,
-        sessions,
+        StoredMockMachines(sessions),
         rng=random.Random(0),
         clock=lambda: T0,
     )
