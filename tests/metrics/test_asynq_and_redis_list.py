@@ -36,6 +36,54 @@ def asynq_queue(rclient):
         rclient.delete(*keys)
 
 
+# asynq's scheduleCmd (KEYS: task key, scheduled set; ARGV: msg, process_at unix s, id)
+SCHEDULE = """
+if redis.call("EXISTS", KEYS[1]) == 1 then return 0 end
+redis.call("HSET", KEYS[1], "msg", ARGV[1], "state", "scheduled")
+redis.call("ZADD", KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+
+# asynq's dequeueCmd (KEYS: pending, paused, active, lease; ARGV: lease expiry, task key prefix)
+DEQUEUE = """
+if redis.call("EXISTS", KEYS[2]) == 0 then
+  local id = redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
+  if id then
+    local key = ARGV[2] .. id
+    redis.call("HSET", key, "state", "active")
+    redis.call("HDEL", key, "pending_since")
+    redis.call("ZADD", KEYS[4], ARGV[1], id)
+    return id
+  end
+end
+return nil
+"""
+
+# asynq's forwardCmd (KEYS: scheduled or retry set, pending; ARGV: now s, task key prefix, now ns)
+FORWARD = """
+local ids = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, 100)
+for _, id in ipairs(ids) do
+  redis.call("LPUSH", KEYS[2], id)
+  redis.call("ZREM", KEYS[1], id)
+  redis.call("HSET", ARGV[2] .. id, "state", "pending", "pending_since", ARGV[3])
+end
+return table.getn(ids)
+"""
+
+
+def schedule(r: redis.Redis, q: str, at: float) -> str:
+    task_id = str(uuid.uuid4())
+    r.eval(SCHEDULE, 2, f"asynq:{{{q}}}:t:{task_id}", f"asynq:{{{q}}}:scheduled",
+           b"\x0a\x03foo", str(int(at)), task_id)
+    return task_id
+
+
+def dequeue(r: redis.Redis, q: str) -> bytes | None:
+    return r.eval(DEQUEUE, 4, f"asynq:{{{q}}}:pending", f"asynq:{{{q}}}:paused",
+                  f"asynq:{{{q}}}:active", f"asynq:{{{q}}}:lease", str(int(time.time()) + 30),
+                  f"asynq:{{{q}}}:t:")
+
+
 def enqueue(r: redis.Redis, q: str, at: float) -> str:
     task_id = str(uuid.uuid4())
     r.eval(ENQUEUE, 2, f"asynq:{{{q}}}:t:{task_id}", f"asynq:{{{q}}}:pending",
@@ -59,6 +107,37 @@ def test_asynq_pending_oldest_and_active(asynq_queue, rclient):
     empty = got[f"{q}-missing"]
     assert (empty.pending, empty.in_flight, empty.oldest_pending_age, empty.stale) == (
         0, 0, None, False)
+
+
+def test_asynq_paused_queue_and_tasks_scheduled_for_later(asynq_queue, rclient):
+    """asynq's own scripts: a paused queue keeps its pending tasks (its dequeue serves none),
+    tasks scheduled for later are counted apart until due, and a due one not yet forwarded is
+    pending since its due time."""
+    q = asynq_queue
+    now = time.time()
+    enqueue(rclient, q, now - 40)
+    enqueue(rclient, q, now - 20)
+    schedule(rclient, q, now + 600)
+    schedule(rclient, q, now + 900)
+    schedule(rclient, q, now - 120)  # due two minutes ago; asynq's forwarder has not run yet
+    clock = datetime.fromtimestamp(now, UTC)
+    reader = AsynqReader(REDIS_URL, clock=lambda: clock)
+    m = reader.read([q])[q]
+    assert (m.pending, m.scheduled, m.in_flight, m.running, m.paused) == (3, 2, 0, 0, False)
+    assert m.next_due_at == pytest.approx(int(now + 600))
+    assert m.oldest_pending_age == pytest.approx(120, abs=1)
+    # asynq pauses the queue (its Pause: SETNX paused <unix time>): nothing is dequeued
+    rclient.setnx(f"asynq:{{{q}}}:paused", int(now))
+    assert dequeue(rclient, q) is None
+    m = reader.read([q])[q]
+    assert m.paused and m.pending == 3
+    # resumed: a worker takes one, the forwarder moves the due one
+    rclient.delete(f"asynq:{{{q}}}:paused")
+    assert dequeue(rclient, q) is not None
+    rclient.eval(FORWARD, 2, f"asynq:{{{q}}}:scheduled", f"asynq:{{{q}}}:pending", str(int(now)),
+                 f"asynq:{{{q}}}:t:", str(int(now * 1e9)))
+    m = reader.read([q])[q]
+    assert (m.pending, m.scheduled, m.running, m.paused) == (2, 2, 1, False)
 
 
 def test_asynq_wrong_type_fails_one_queue(asynq_queue, rclient):
