@@ -556,6 +556,16 @@ def vault_rotate() -> None:
 
 main.add_command(simulate)
 
+
+def _add_api_commands() -> None:
+    from autoscaler.api.cli import keys, serve
+
+    main.add_command(keys)
+    main.add_command(serve)
+
+
+_add_api_commands()
+
 __all__ = ["CredentialError", "main"]
 
 if __name__ == "__main__":  # pragma: no cover

@@ -31,6 +31,10 @@ class Settings:
     config_path: Path | None
     vault_key: str | None
     vault_key_file: Path | None
+    api_url: str = "http://127.0.0.1:8480"
+    """The server API as a rented machine reaches it (AUTOSCALER_API_URL)."""
+    api_bind: str = "127.0.0.1:8480"
+    """Where `autoscaler serve` listens (AUTOSCALER_API_BIND, host:port)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -48,6 +52,9 @@ class Settings:
             config_path=Path(config) if config else None,
             vault_key=e.get("AUTOSCALER_VAULT_KEY") or None,
             vault_key_file=Path(key_file) if key_file else None,
+            api_url=e.get("AUTOSCALER_API_URL", "").strip()
+            or f"http://{e.get('AUTOSCALER_API_BIND', '127.0.0.1:8480').strip()}",
+            api_bind=e.get("AUTOSCALER_API_BIND", "127.0.0.1:8480").strip(),
         )
 
     def ensure_home(self) -> None:

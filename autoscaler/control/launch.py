@@ -16,6 +16,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import update
+
+from autoscaler.api import broker_users, keys
 from autoscaler.control.runtime import Runtime, log, utc_now
 from autoscaler.credentials import CredentialError
 from autoscaler.lifecycle import InstanceState
@@ -33,9 +36,22 @@ from autoscaler.store.models import Instance
 S = InstanceState
 
 
-def machine_env(queue: str, loaded_queue: Any) -> dict[str, str]:
-    """What a rented machine is told (no secret of ours): its queue and its deployment."""
+ENV_API_URL = "AUTOSCALER_API_URL"
+ENV_WORKER_TOKEN = "AUTOSCALER_WORKER_TOKEN"
+
+
+def machine_env(
+    queue: str, loaded_queue: Any, api_url: str | None = None, token: str | None = None
+) -> dict[str, str]:
+    """What a rented machine is told: its queue, its deployment, the API URL and its own worker
+    token (which opens the worker endpoints for this machine only). Never an admin key, a
+    provider key, the vault key, a database or broker URL: the agent asks the API for its
+    broker connection (a per-machine user where the broker allows one)."""
     env = {"AUTOSCALER_QUEUE": queue}
+    if api_url:
+        env[ENV_API_URL] = api_url
+    if token:
+        env[ENV_WORKER_TOKEN] = token
     deployment = getattr(loaded_queue, "deployment", None)
     if deployment is not None:
         env["AUTOSCALER_GIT_URL"] = deployment.git_url
@@ -48,6 +64,7 @@ def machine_env(queue: str, loaded_queue: Any) -> dict[str, str]:
 def run_launch(rt: Runtime, launch_id: str) -> str:
     """Carry out one launch intent; returns what happened (for the task's result)."""
     now = utc_now()
+    token = keys.new_secret()  # the machine's worker token: only its hash is stored
     with rt.transaction() as session:
         loaded = rt.load(session)
         claimed = fleet.move(
@@ -58,6 +75,7 @@ def run_launch(rt: Runtime, launch_id: str) -> str:
             now,
             "creating",
             attempts=Instance.attempts + 1,
+            worker_token_hash=keys.digest(token),
         )
         if not claimed:
             return "not pending (claimed already, or closed)"
@@ -73,7 +91,9 @@ def run_launch(rt: Runtime, launch_id: str) -> str:
         provider = rt.provider(provider_name)
     except (CredentialError, ProviderError, KeyError, ValueError) as exc:
         return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff)
-    launch = LaunchSpec.new(install, launch_id, machine_env(queue, queue_cfg))
+    _broker_user(rt, launch_id, queue, queue_cfg, token)
+    env = machine_env(queue, queue_cfg, rt.settings.api_url, token)
+    launch = LaunchSpec.new(install, launch_id, env)
     try:
         offers = provider.find_offers(auto.instance)
         machine = create_on_first_offer(provider, offers, launch)
@@ -124,6 +144,28 @@ def run_launch(rt: Runtime, launch_id: str) -> str:
             utc_now(),
         )
     return f"booting: {machine.provider_instance_id}"
+
+
+def _broker_user(rt: Runtime, launch_id: str, queue: str, queue_cfg: Any, token: str) -> None:
+    """Make this launch's own broker user where the watched broker allows it (Redis ≥ 6), its
+    password derived from the worker token; recorded on the row so terminate deletes it."""
+    try:
+        plan = broker_users.plan_for(queue_cfg.metrics, queue, rt.env)
+    except broker_users.NoBrokerUser:
+        return
+    user = plan.user(launch_id)
+    try:
+        broker_users.create_user(plan, user, keys.derive(token, "broker"))
+    except Exception as exc:  # the machine then gets no broker URL; the agent says so
+        log.warning("launch %s: no broker user (%s)", launch_id, type(exc).__name__)
+        return
+    with rt.transaction() as session:
+        session.execute(
+            update(Instance)
+            .where(Instance.launch_id == launch_id)
+            .values(broker_user=user)
+            .execution_options(synchronize_session=False)
+        )
 
 
 def _text(exc: BaseException) -> str:

@@ -7,6 +7,7 @@ terminating; reconcile enqueues this step again until the provider no longer lis
 
 from __future__ import annotations
 
+from autoscaler.api import broker_users, keys
 from autoscaler.control.runtime import Runtime, log, utc_now
 from autoscaler.credentials import CredentialError
 from autoscaler.lifecycle import InstanceState, MachineStatus
@@ -19,11 +20,13 @@ S = InstanceState
 
 def run_terminate(rt: Runtime, launch_id: str) -> str:
     with rt.transaction() as session:
-        rt.load(session)
+        loaded = rt.load(session)
         row = fleet.get(session, launch_id)
         if row is None or row.state != S.TERMINATING:
             return f"not terminating ({row.state.value if row else 'no such machine'})"
         queue, provider_name, pid = row.queue, row.provider, row.provider_instance_id
+        broker_user = row.broker_user
+        keys.revoke_worker_token(session, launch_id)  # the machine can call nothing any more
         label = make_label(rt.installation_id(session), launch_id)
     try:
         provider = rt.provider(provider_name)
@@ -38,9 +41,22 @@ def run_terminate(rt: Runtime, launch_id: str) -> str:
     except (ProviderError, CredentialError, KeyError) as exc:
         log.warning("terminate %s: %s", launch_id, exc)
         return f"waiting: {str(exc)[:300]}"
+    if broker_user:
+        queue_cfg = loaded.config.queues.get(queue) if loaded else None
+        try:
+            plan = broker_users.plan_for(queue_cfg.metrics, queue, rt.env) if queue_cfg else None
+            if plan is None:  # its broker is no longer known: cannot be reached from here
+                log.error("terminate %s: broker user %s left behind", launch_id, broker_user)
+            else:
+                broker_users.delete_user(plan.url, broker_user)
+        except Exception as exc:
+            log.warning("terminate %s: broker user not deleted yet: %s", launch_id, exc)
+            return "waiting: its broker user is not deleted yet"
     now = utc_now()
     with rt.transaction() as session:
-        if fleet.move(session, launch_id, S.TERMINATING, S.TERMINATED, now, "destroyed"):
+        if fleet.move(
+            session, launch_id, S.TERMINATING, S.TERMINATED, now, "destroyed", broker_user=None
+        ):
             fleet.record_events(
                 session,
                 [

@@ -157,6 +157,8 @@ class Instance(Base):
     running_tasks: Mapped[int] = mapped_column(Integer, default=0)
     worker_name: Mapped[str | None] = mapped_column(String(200), default=None)
     worker_token_hash: Mapped[str | None] = mapped_column(String(128), default=None, unique=True)
+    broker_user: Mapped[str | None] = mapped_column(String(100), default=None)
+    agent_registered_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
@@ -310,3 +312,18 @@ class OrphanSighting(Base):
     provider_instance_id: Mapped[str] = mapped_column(String(100), primary_key=True)
     label: Mapped[str] = mapped_column(String(200))
     first_seen_at: Mapped[datetime] = mapped_column()
+
+
+class ApiKey(Base):
+    """A key of the server API: `admin` (every admin endpoint) or `enrolment` (a hand-made
+    machine's agent registers with it). Only the SHA-256 of the key is stored; a revoked key
+    keeps its row (audit) and opens nothing."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    name: Mapped[str] = mapped_column(String(200))
+    key_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)

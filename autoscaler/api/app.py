@@ -1,0 +1,546 @@
+"""The server API (FastAPI): what machines and operators talk to. `autoscaler serve` runs it.
+
+Three kinds of caller, three kinds of key (all `Authorization: Bearer <key>`):
+
+- a rented machine's agent, with the worker token minted at its launch: only the worker
+  endpoints `/v1/worker/{launch_id}/…` of its own launch (another launch's id is 403);
+- a hand-made machine's agent, with an enrolment key: `/v1/hand-made/…` only;
+- an operator, with an admin key: `/v1/admin/…`.
+
+`/healthz` and `/metrics` (Prometheus) need no key and say nothing secret. Bad input is a 4xx
+naming the field and the reason; an unexpected error is a 500 with one generic line (never a
+trace); a store that cannot be reached is a 503.
+"""
+
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from autoscaler.api import broker_users, keys
+from autoscaler.config.errors import ConfigError
+from autoscaler.config.isolation import check_broker_isolation
+from autoscaler.config.loader import load_config_text
+from autoscaler.control.runtime import Runtime, log
+from autoscaler.credentials import describe_credentials, registered_provider_configs
+from autoscaler.lifecycle import InstanceState
+from autoscaler.metrics.registry import source_url
+from autoscaler.settings import CONTROL_KEYPREFIX, redact_url
+from autoscaler.store import config_versions, fleet
+from autoscaler.store.models import Instance, QueueStatus, ScaleEvent, WorkerSighting
+from autoscaler.store.models import Provider as ProviderRow
+
+S = InstanceState
+HEARTBEAT_INTERVAL = 10.0
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@\-]+$")]
+LaunchId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Register(Strict):
+    worker_name: Name
+    hostname: Name | None = None
+
+
+class Registered(BaseModel):
+    launch_id: str
+    queue: str
+    heartbeat_interval: float
+
+
+class Heartbeat(Strict):
+    state: Literal["starting", "idle", "busy", "draining", "crashed"]
+    running_tasks: int = Field(default=0, ge=0, le=100_000)
+    last_task_at: datetime | None = None
+    gpu_utilisation: float | None = Field(default=None, ge=0, le=100)
+    detail: str | None = Field(default=None, max_length=500)
+
+
+class HeartbeatAnswer(BaseModel):
+    drain: bool
+    state: str
+
+
+class Deployment(BaseModel):
+    queue: str
+    git_url: str | None
+    git_ref: str | None
+    startup_cmd: str | None
+    env: dict[str, str]
+    broker_url: str | None
+    broker_note: str | None
+
+
+class Drained(BaseModel):
+    state: str
+
+
+class HandMadeBeat(Strict):
+    name: Name
+    queues: list[Name] = Field(min_length=1, max_length=50)
+    state: Literal["starting", "idle", "busy", "draining", "crashed"] = "idle"
+    running_tasks: int = Field(default=0, ge=0, le=100_000)
+
+
+class ConfigUpdate(Strict):
+    yaml: str = Field(min_length=1, max_length=1_000_000)
+    comment: str | None = Field(default=None, max_length=2000)
+    changed_by: str = Field(default="api", min_length=1, max_length=200)
+
+
+class ScaleRequest(Strict):
+    workers: int | None = Field(ge=0, le=10_000)
+    for_: str | None = Field(default=None, alias="for", max_length=40)
+
+
+class Message(BaseModel):
+    message: str
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _bearer(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
+def _unauthorised() -> HTTPException:
+    return HTTPException(401, "a valid key is needed", headers={"WWW-Authenticate": "Bearer"})
+
+
+def create_app(rt: Runtime | None = None) -> FastAPI:
+    """The API on `rt` (this process's runtime by default: the loop's session factory)."""
+    app = FastAPI(
+        title="gpu-queue-autoscaler",
+        version="1",
+        description="Worker endpoints (worker token or enrolment key), admin endpoints (admin "
+        "key), /metrics and /healthz.",
+    )
+    state: dict[str, Runtime] = {}
+
+    def runtime() -> Runtime:
+        if "rt" not in state:
+            state["rt"] = rt if rt is not None else Runtime()
+        return state["rt"]
+
+    def db() -> Iterator[Session]:
+        with runtime().transaction() as session:
+            yield session
+
+    DB = Annotated[Session, Depends(db, scope="function")]
+
+    def admin(request: Request, session: DB) -> str:
+        found = keys.check_key(session, _bearer(request), keys.ADMIN)
+        if found is None:
+            raise _unauthorised()
+        return found.name
+
+    def enrolled(request: Request, session: DB) -> str:
+        found = keys.check_key(session, _bearer(request), keys.ENROLMENT)
+        if found is None:
+            raise _unauthorised()
+        return found.name
+
+    def worker(request: Request, launch_id: LaunchId, session: DB) -> Instance:
+        row = keys.instance_of_token(session, _bearer(request))
+        if row is None:
+            raise _unauthorised()
+        if row.launch_id != launch_id:
+            raise HTTPException(403, "this token belongs to another machine")
+        return row
+
+    Admin = Annotated[str, Depends(admin)]
+    Worker = Annotated[Instance, Depends(worker)]
+    Enrolled = Annotated[str, Depends(enrolled)]
+
+    # ------------------------------------------------------------------ errors
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_input(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            {
+                "field": ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body",
+                "reason": str(e.get("msg", "invalid")),
+            }
+            for e in exc.errors()
+        ]
+        return JSONResponse({"detail": problems}, status_code=422)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def store_down(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        log.warning("api: store error %s", type(exc).__name__)
+        return JSONResponse({"detail": "the state store cannot be reached"}, status_code=503)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        log.error("api: unexpected %s on %s", type(exc).__name__, request.url.path)
+        return JSONResponse({"detail": "internal error"}, status_code=500)
+
+    # ------------------------------------------------------------------ public
+
+    @app.get("/healthz", response_model=Message)
+    def healthz(session: DB) -> Message:
+        config_versions.current_version(session)
+        return Message(message="ok")
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics(session: DB) -> PlainTextResponse:
+        from autoscaler.api.metrics import render
+
+        return PlainTextResponse(render(session, runtime()), media_type="text/plain")
+
+    # ------------------------------------------------------------------ worker
+
+    @app.post("/v1/worker/{launch_id}/register", response_model=Registered)
+    def register(body: Register, row: Worker, session: DB) -> Registered:
+        now = _now()
+        name = body.worker_name
+        session.execute(
+            update(Instance)
+            .where(Instance.launch_id == row.launch_id)
+            .values(worker_name=name, last_heartbeat_at=now, agent_registered_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        fleet.record_events(
+            session,
+            [
+                fleet.event(
+                    "agent",
+                    "register",
+                    f"agent {name} registered",
+                    queue=row.queue,
+                    launch_id=row.launch_id,
+                )
+            ],
+            now,
+        )
+        return Registered(
+            launch_id=row.launch_id, queue=row.queue, heartbeat_interval=HEARTBEAT_INTERVAL
+        )
+
+    @app.get("/v1/worker/{launch_id}/deployment", response_model=Deployment)
+    def deployment(request: Request, row: Worker, session: DB) -> Deployment:
+        loaded = runtime().load(session)
+        queue_cfg = loaded.config.queues.get(row.queue) if loaded else None
+        dep = getattr(queue_cfg, "deployment", None)
+        broker_url, note = None, None
+        if queue_cfg is not None:
+            try:
+                plan = broker_users.plan_for(queue_cfg.metrics, row.queue, runtime().env)
+                if row.broker_user:
+                    password = keys.derive(_bearer(request), "broker")
+                    broker_url = plan.machine_url(row.broker_user, password)
+                else:
+                    note = "no broker user was made for this machine at its launch"
+            except broker_users.NoBrokerUser as exc:
+                note = str(exc)
+        return Deployment(
+            queue=row.queue,
+            git_url=dep.git_url if dep else None,
+            git_ref=dep.git_ref if dep else None,
+            startup_cmd=dep.startup_cmd if dep else None,
+            env={"AUTOSCALER_QUEUE": row.queue},
+            broker_url=broker_url,
+            broker_note=note,
+        )
+
+    @app.post("/v1/worker/{launch_id}/heartbeat", response_model=HeartbeatAnswer)
+    def heartbeat(body: Heartbeat, row: Worker, session: DB) -> HeartbeatAnswer:
+        now = _now()
+        values: dict[str, Any] = {"last_heartbeat_at": now, "running_tasks": body.running_tasks}
+        if not row.worker_name:
+            values["worker_name"] = f"agent@{row.launch_id}"
+        busy = body.running_tasks > 0 or row.running_tasks > 0
+        if body.last_task_at is not None:
+            last = body.last_task_at
+            last = last if last.tzinfo else last.replace(tzinfo=UTC)
+            values["last_task_at"] = min(last.astimezone(UTC), now)
+        elif busy:
+            values["last_task_at"] = now
+        if body.state == "crashed":
+            # the worker process died: no sign of life from it; reconcile replaces the machine
+            values.pop("last_heartbeat_at")
+            values["running_tasks"] = 0
+            fleet.record_events(
+                session,
+                [
+                    fleet.event(
+                        "agent",
+                        "crashed",
+                        f"the worker process crashed: {body.detail or 'no detail'}",
+                        queue=row.queue,
+                        launch_id=row.launch_id,
+                    )
+                ],
+                now,
+            )
+        session.execute(
+            update(Instance)
+            .where(Instance.launch_id == row.launch_id)
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        drain = row.state in (S.DRAINING, S.DRAINED)
+        return HeartbeatAnswer(drain=drain, state=row.state.value)
+
+    @app.post("/v1/worker/{launch_id}/drained", response_model=Drained)
+    def drained(row: Worker, session: DB) -> Drained:
+        now = _now()
+        if row.state not in (S.DRAINING, S.DRAINED):
+            raise HTTPException(409, f"this machine is {row.state.value}: nobody asked it to drain")
+        why = "its agent reports its worker stopped after its last task"
+        if fleet.move(session, row.launch_id, S.DRAINING, S.DRAINED, now, why) or (
+            row.state == S.DRAINED
+        ):
+            fleet.move(session, row.launch_id, S.DRAINED, S.TERMINATING, now, f"drained: {why}")
+            fleet.record_events(
+                session,
+                [fleet.event("drain", "drained", why, queue=row.queue, launch_id=row.launch_id)],
+                now,
+            )
+        return Drained(state="terminating")
+
+    # ------------------------------------------------------------------ hand-made machines
+
+    @app.post("/v1/hand-made/heartbeat", response_model=HeartbeatAnswer)
+    def hand_made_heartbeat(body: HandMadeBeat, who: Enrolled, session: DB) -> HeartbeatAnswer:
+        now = _now()
+        ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        stmt = ins(WorkerSighting).values(
+            worker=f"agent@{body.name}"[:200],
+            queues={"queues": list(body.queues), "enrolled_by": who},
+            running=body.running_tasks,
+            seen_at=now,
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[WorkerSighting.worker],
+            set_={
+                "queues": stmt.excluded.queues,
+                "running": stmt.excluded.running,
+                "seen_at": stmt.excluded.seen_at,
+            },
+        )
+        session.execute(stmt)
+        return HeartbeatAnswer(drain=False, state="hand-made")
+
+    @app.get("/v1/hand-made/deployment", response_model=Deployment)
+    def hand_made_deployment(
+        who: Enrolled, session: DB, queue: Annotated[str, Query(min_length=1, max_length=200)]
+    ) -> Deployment:
+        loaded = runtime().load(session)
+        queue_cfg = loaded.config.queues.get(queue) if loaded else None
+        if queue_cfg is None:
+            raise HTTPException(404, f"no queue {queue!r} in the running config")
+        dep = queue_cfg.deployment
+        try:
+            url: str | None = source_url(queue_cfg.metrics, runtime().env)
+        except ValueError:
+            url = None
+        return Deployment(
+            queue=queue,
+            git_url=dep.git_url if dep else None,
+            git_ref=dep.git_ref if dep else None,
+            startup_cmd=dep.startup_cmd if dep else None,
+            env={"AUTOSCALER_QUEUE": queue},
+            broker_url=url,
+            broker_note="a hand-made machine holds the broker's own credentials",
+        )
+
+    # ------------------------------------------------------------------ admin
+
+    @app.get("/v1/admin/queues")
+    def queues(who: Admin, session: DB) -> list[dict[str, Any]]:
+        loaded = runtime().load(session)
+        status = {r.queue: r for r in session.scalars(select(QueueStatus))}
+        rows = fleet.live_rows(session)
+        names = sorted(set(loaded.config.queues if loaded else ()) | set(status))
+        out = []
+        for q in names:
+            st = status.get(q)
+            by_state: dict[str, int] = {}
+            for r in rows:
+                if r.queue == q:
+                    by_state[r.state.value] = by_state.get(r.state.value, 0) + 1
+            out.append(
+                {
+                    "queue": q,
+                    "evaluated_at": st.evaluated_at.isoformat() if st else None,
+                    "status": st.status if st else None,
+                    "machines": by_state,
+                }
+            )
+        return out
+
+    @app.get("/v1/admin/instances")
+    def instances(
+        who: Admin,
+        session: DB,
+        queue: Annotated[str | None, Query(max_length=200)] = None,
+        state: InstanceState | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    ) -> list[dict[str, Any]]:
+        q = select(Instance).order_by(Instance.id.desc()).limit(limit)
+        if queue is not None:
+            q = q.where(Instance.queue == queue)
+        if state is not None:
+            q = q.where(Instance.state == state)
+        return [_instance(r) for r in session.scalars(q)]
+
+    @app.get("/v1/admin/events")
+    def events(
+        who: Admin,
+        session: DB,
+        queue: Annotated[str | None, Query(max_length=200)] = None,
+        kind: Annotated[str | None, Query(max_length=40)] = None,
+        launch_id: Annotated[str | None, Query(max_length=64)] = None,
+        since: datetime | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[dict[str, Any]]:
+        q = select(ScaleEvent).order_by(ScaleEvent.id.desc()).limit(limit)
+        if queue is not None:
+            q = q.where(ScaleEvent.queue == queue)
+        if kind is not None:
+            q = q.where(ScaleEvent.kind == kind)
+        if launch_id is not None:
+            q = q.where(ScaleEvent.launch_id == launch_id)
+        if since is not None:
+            q = q.where(ScaleEvent.at >= (since if since.tzinfo else since.replace(tzinfo=UTC)))
+        return [
+            {
+                "id": e.id,
+                "at": e.at.isoformat(),
+                "queue": e.queue,
+                "kind": e.kind,
+                "action": e.action,
+                "launch_id": e.launch_id,
+                "reason": e.reason,
+                "details": e.details,
+            }
+            for e in session.scalars(q)
+        ]
+
+    @app.get("/v1/admin/config")
+    def get_config(who: Admin, session: DB) -> dict[str, Any]:
+        row = config_versions.latest(session)
+        if row is None:
+            raise HTTPException(404, "no config applied yet")
+        return {
+            "version": row.version,
+            "changed_by": row.changed_by,
+            "changed_at": row.changed_at.isoformat(),
+            "comment": row.comment,
+            "document": row.document,
+        }
+
+    @app.put("/v1/admin/config")
+    def put_config(body: ConfigUpdate, who: Admin, session: DB) -> dict[str, Any]:
+        settings = runtime().settings
+        try:
+            registered = registered_provider_configs(session)
+            config = load_config_text(body.yaml, "config", registered, runnable=True)
+            refusals = check_broker_isolation(
+                config, settings.broker_url, CONTROL_KEYPREFIX, os.environ
+            )
+            if refusals:
+                raise ConfigError(refusals, "config")
+        except ConfigError as exc:
+            return JSONResponse(  # type: ignore[return-value]
+                {
+                    "detail": [
+                        {"field": r.path, "reason": r.cause, "fix": r.fix} for r in exc.refusals
+                    ]
+                },
+                status_code=422,
+            )
+        row = config_versions.record(
+            session,
+            config.model_dump(mode="json"),
+            f"{body.changed_by} (admin key {who})",
+            _now(),
+            body.comment,
+        )
+        version = row.version if row else config_versions.current_version(session)
+        return {"version": version, "changed": row is not None}
+
+    @app.post("/v1/admin/queues/{queue}/scale", response_model=Message)
+    def scale(
+        body: ScaleRequest,
+        who: Admin,
+        queue: Annotated[str, Path(min_length=1, max_length=200)],
+    ) -> Message:
+        from autoscaler.control.manual import ManualError, set_target
+
+        try:
+            reason = set_target(runtime(), queue, body.workers, body.for_, by=f"api:{who}")
+        except ManualError as exc:
+            raise HTTPException(409, str(exc)) from None
+        return Message(message=reason)
+
+    @app.post("/v1/admin/instances/{launch_id}/drain", response_model=Message)
+    def drain(who: Admin, launch_id: LaunchId) -> Message:
+        from autoscaler.control.drain import run_drain
+        from autoscaler.control.manual import ManualError, request_drain
+
+        try:
+            request_drain(runtime(), launch_id, by=f"api:{who}")
+        except ManualError as exc:
+            raise HTTPException(409, str(exc)) from None
+        return Message(message=run_drain(runtime(), launch_id, f"api:{who} asked to drain it"))
+
+    @app.get("/v1/admin/providers")
+    def providers(who: Admin, session: DB) -> list[dict[str, Any]]:
+        out = []
+        for row in session.scalars(select(ProviderRow).order_by(ProviderRow.name)):
+            opts = {k: v for k, v in (row.options or {}).items() if k != "api_key_env"}
+            out.append(
+                {
+                    "name": row.name,
+                    "kind": row.kind,
+                    "credentials": describe_credentials(row),
+                    "options": opts,
+                }
+            )
+        return out
+
+    return app
+
+
+def _instance(r: Instance) -> dict[str, Any]:
+    def t(v: datetime | None) -> str | None:
+        return v.isoformat() if v else None
+
+    return {
+        "launch_id": r.launch_id,
+        "queue": r.queue,
+        "provider": r.provider,
+        "state": r.state.value,
+        "state_reason": r.state_reason,
+        "provider_instance_id": r.provider_instance_id,
+        "gpu": r.gpu,
+        "price_per_hour": r.price_per_hour,
+        "worker_name": r.worker_name,
+        "running_tasks": r.running_tasks,
+        "last_heartbeat_at": t(r.last_heartbeat_at),
+        "last_task_at": t(r.last_task_at),
+        "created_at": t(r.created_at),
+        "has_broker_user": r.broker_user is not None,
+    }
+
+
+__all__ = ["create_app", "redact_url"]

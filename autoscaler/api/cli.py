@@ -1,0 +1,113 @@
+"""`autoscaler keys …` and `autoscaler serve`: added to the main command in autoscaler/cli.py."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import click
+from sqlalchemy.orm import Session, sessionmaker
+
+from autoscaler.api import keys as api_keys
+from autoscaler.boundary import Refused
+from autoscaler.settings import Settings
+from autoscaler.store.db import make_engine, session_factory, transaction
+
+
+def _sessions() -> sessionmaker[Session]:
+    from autoscaler.cli import _sessions as checked
+
+    return checked(Settings.from_env())
+
+
+@click.group("keys")
+def keys() -> None:
+    """Admin keys (every admin endpoint) and enrolment keys (hand-made machines' agents).
+
+    A key is printed once, when it is made; only its SHA-256 is stored."""
+
+
+def _create(kind: str, name: str) -> None:
+    try:
+        with transaction(_sessions()) as session:
+            info, key = api_keys.create_key(session, kind, name, datetime.now(UTC))
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
+    click.echo(f"{kind} key {info.id} ({info.name}) created; it is shown once, keep it secret:")
+    click.echo(key)
+
+
+@keys.command("create-admin")
+@click.option("--name", required=True, help="Who or what holds it (shown by 'keys list').")
+def create_admin(name: str) -> None:
+    """A new admin key."""
+    _create(api_keys.ADMIN, name)
+
+
+@keys.command("create-enrolment")
+@click.option("--name", required=True, help="Which hand-made machine(s) will use it.")
+def create_enrolment(name: str) -> None:
+    """A new enrolment key: a hand-made machine's agent registers with it."""
+    _create(api_keys.ENROLMENT, name)
+
+
+@keys.command("list")
+def list_keys() -> None:
+    """Every key: id, kind, name, created, revoked (never the key)."""
+    with transaction(_sessions()) as session:
+        rows = api_keys.list_keys(session)
+    if not rows:
+        click.echo("no key yet; make one with 'autoscaler keys create-admin --name NAME'")
+    for r in rows:
+        revoked = (
+            f"revoked {r.revoked_at.isoformat(timespec='seconds')}" if r.revoked_at else "live"
+        )
+        click.echo(
+            f"{r.id}\t{r.kind}\t{r.name}\tcreated {r.created_at.isoformat(timespec='seconds')}"
+            f"\t{revoked}"
+        )
+
+
+@keys.command("revoke")
+@click.argument("key_id_or_name")
+def revoke(key_id_or_name: str) -> None:
+    """Revoke the key with this id, or every live key with this name."""
+    with transaction(_sessions()) as session:
+        done = api_keys.revoke_key(session, key_id_or_name, datetime.now(UTC))
+    if not done:
+        raise Refused(f"no live key with id or name {key_id_or_name!r} ('autoscaler keys list')")
+    for r in done:
+        click.echo(f"{r.kind} key {r.id} ({r.name}) revoked")
+
+
+@click.command("serve")
+@click.option(
+    "--bind", help="host:port to listen on (default $AUTOSCALER_API_BIND, 127.0.0.1:8480)"
+)
+@click.option("--log-level", default="info", show_default=True)
+def serve(bind: str | None, log_level: str) -> None:
+    """Run the server API (worker and admin endpoints, /metrics, /healthz; OpenAPI at
+    /openapi.json)."""
+    import uvicorn
+
+    from autoscaler.api.app import create_app
+    from autoscaler.control.runtime import Runtime
+
+    settings = Settings.from_env()
+    _sessions()  # refuses a store that is not set up, with the fix
+    host, _, port = (bind or settings.api_bind).rpartition(":")
+    if not host or not port.isdigit():
+        raise Refused(f"--bind must be host:port, not {bind or settings.api_bind!r}")
+    rt = Runtime(settings)
+    try:
+        uvicorn.run(
+            create_app(rt),
+            host=host.strip("[]"),
+            port=int(port),
+            log_level=log_level,
+            server_header=False,
+        )
+    finally:
+        rt.close()
+
+
+__all__ = ["keys", "make_engine", "serve", "session_factory"]

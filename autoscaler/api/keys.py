@@ -1,0 +1,122 @@
+"""Keys of the server API: admin and enrolment keys (a table) and per-launch worker tokens (a
+column of the instance row). Only SHA-256 hex digests are stored; a key is shown once, when it
+is made. Lookups go through the digest (a unique index) and are confirmed with a constant-time
+compare, so a wrong key reveals nothing about a right one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from autoscaler.lifecycle import InstanceState
+from autoscaler.store.models import ApiKey, Instance
+
+ADMIN = "admin"
+ENROLMENT = "enrolment"
+KINDS = (ADMIN, ENROLMENT)
+
+TOKEN_STATES = (
+    InstanceState.CREATING,
+    InstanceState.BOOTING,
+    InstanceState.READY,
+    InstanceState.DRAINING,
+    InstanceState.DRAINED,
+)
+"""A worker token opens the worker endpoints only while its machine is in one of these states:
+from the create to the drained report. Terminating, terminated, failed or lost: revoked."""
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def derive(token: str, purpose: str) -> str:
+    """A secret derived from a worker token (e.g. its broker password): the server recomputes
+    it from the token the machine presents and stores nothing."""
+    return hmac.new(token.encode("utf-8", "surrogatepass"), purpose.encode(), "sha256").hexdigest()
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    id: int
+    kind: str
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+def _info(row: ApiKey) -> KeyInfo:
+    return KeyInfo(row.id, row.kind, row.name, row.created_at, row.revoked_at)
+
+
+def create_key(session: Session, kind: str, name: str, now: datetime) -> tuple[KeyInfo, str]:
+    """A new key of `kind`: its record and the key itself (shown once, never stored)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}")
+    name = name.strip()
+    if not name or len(name) > 200:
+        raise ValueError("a key needs a name of 1 to 200 characters")
+    key = f"asg{kind[0]}_{new_secret()}"
+    row = ApiKey(kind=kind, name=name, key_hash=digest(key), created_at=now)
+    session.add(row)
+    session.flush()
+    return _info(row), key
+
+
+def list_keys(session: Session) -> list[KeyInfo]:
+    return [_info(r) for r in session.scalars(select(ApiKey).order_by(ApiKey.id))]
+
+
+def revoke_key(session: Session, ident: str, now: datetime) -> list[KeyInfo]:
+    """Revoke the key with this id, or every live key with this name; returns those revoked."""
+    where = ApiKey.id == int(ident) if ident.isdigit() else ApiKey.name == ident
+    rows = list(session.scalars(select(ApiKey).where(where, ApiKey.revoked_at.is_(None))))
+    for row in rows:
+        row.revoked_at = now
+    session.flush()
+    return [_info(r) for r in rows]
+
+
+def check_key(session: Session, key: str, kind: str) -> KeyInfo | None:
+    """The live key of `kind` matching `key`, or None."""
+    if not key:
+        return None
+    wanted = digest(key)
+    row = session.scalar(select(ApiKey).where(ApiKey.key_hash == wanted, ApiKey.kind == kind))
+    if row is None or row.revoked_at is not None or not hmac.compare_digest(row.key_hash, wanted):
+        return None
+    return _info(row)
+
+
+def instance_of_token(session: Session, token: str) -> Instance | None:
+    """The machine whose worker token this is, while the token is valid (see TOKEN_STATES)."""
+    if not token:
+        return None
+    wanted = digest(token)
+    row = session.scalar(select(Instance).where(Instance.worker_token_hash == wanted))
+    if row is None or row.worker_token_hash is None:
+        return None
+    if not hmac.compare_digest(row.worker_token_hash, wanted) or row.state not in TOKEN_STATES:
+        return None
+    return row
+
+
+def revoke_worker_token(session: Session, launch_id: str) -> None:
+    """Forget a machine's token hash (at destroy); the state rule revokes it already."""
+    session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id)
+        .values(worker_token_hash=None)
+        .execution_options(synchronize_session=False)
+    )

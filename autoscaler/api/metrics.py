@@ -1,0 +1,89 @@
+"""`/metrics`: the autoscaler's own numbers in Prometheus' text format, read from the store on
+each scrape (a fresh registry per scrape, so every API process answers the same).
+
+Per queue: pending jobs and the oldest one's age (the last good reading), machines by state,
+desired machines (the latest evaluation), launches and launch failures (from the audit trail),
+and the spend rate (Σ price of every machine that may still bill). Nothing secret: queue names,
+states and numbers only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from autoscaler.store import fleet
+from autoscaler.store.models import MetricReading, QueueStatus, ScaleEvent
+
+
+def render(session: Session, rt: Any = None) -> str:
+    reg = CollectorRegistry()
+    pending = Gauge(
+        "autoscaler_queue_pending", "Jobs waiting (last good reading)", ["queue"], registry=reg
+    )
+    oldest = Gauge(
+        "autoscaler_queue_oldest_pending_age_seconds",
+        "Age of the oldest waiting job (last good reading)",
+        ["queue"],
+        registry=reg,
+    )
+    stale = Gauge(
+        "autoscaler_queue_reading_stale",
+        "1 when the last reading is stale",
+        ["queue"],
+        registry=reg,
+    )
+    workers = Gauge(
+        "autoscaler_workers", "Machines by lifecycle state", ["queue", "state"], registry=reg
+    )
+    desired = Gauge(
+        "autoscaler_queue_desired_workers",
+        "Machines the latest evaluation wants",
+        ["queue"],
+        registry=reg,
+    )
+    launches = Gauge(
+        "autoscaler_launches_total", "Machines rented (audit trail)", ["queue"], registry=reg
+    )
+    failures = Gauge(
+        "autoscaler_launch_failures_total",
+        "Launches that failed (audit trail)",
+        ["queue"],
+        registry=reg,
+    )
+    spend = Gauge(
+        "autoscaler_spend_rate_dollars_per_hour",
+        "Σ price per hour of every machine that may still bill",
+        ["queue"],
+        registry=reg,
+    )
+    for queue, reading in session.execute(select(MetricReading.queue, MetricReading.reading)):
+        data = reading if isinstance(reading, dict) else {}
+        pending.labels(queue).set(float(data.get("pending") or 0))
+        age = data.get("oldest_pending_age")
+        oldest.labels(queue).set(float(age) if isinstance(age, int | float) else 0.0)
+        stale.labels(queue).set(1.0 if data.get("stale") else 0.0)
+    for queue, status in session.execute(select(QueueStatus.queue, QueueStatus.status)):
+        value = (status or {}).get("desired") if isinstance(status, dict) else None
+        if isinstance(value, int | float):
+            desired.labels(queue).set(float(value))
+    counts: dict[tuple[str, str], int] = {}
+    rates: dict[str, float] = {}
+    for row in fleet.live_rows(session):
+        key = (row.queue, row.state.value)
+        counts[key] = counts.get(key, 0) + 1
+        rates[row.queue] = rates.get(row.queue, 0.0) + (row.price_per_hour or 0.0)
+    for (queue, state), n in counts.items():
+        workers.labels(queue, state).set(n)
+    for queue, rate in rates.items():
+        spend.labels(queue).set(rate)
+    for queue, action, n in session.execute(
+        select(ScaleEvent.queue, ScaleEvent.action, func.count())
+        .where(ScaleEvent.kind == "launch", ScaleEvent.action.in_(("created", "failed")))
+        .group_by(ScaleEvent.queue, ScaleEvent.action)
+    ):
+        (launches if action == "created" else failures).labels(queue or "").set(n)
+    return generate_latest(reg).decode()

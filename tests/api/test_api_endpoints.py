@@ -1,0 +1,158 @@
+"""What the API does: heartbeats write the columns reconcile reads, the answer carries "drain
+now", drained hands the machine over to be destroyed, bad input is a 4xx naming the field,
+config updates validate like `autoscaler validate` and version like `apply`, /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from autoscaler.lifecycle import InstanceState as S
+from tests.api.apikit import World, make_world
+
+
+@pytest.fixture
+def world(db_url, tmp_path) -> Iterator[World]:
+    w = make_world(db_url, tmp_path)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def test_register_and_heartbeat_write_the_columns_observe_writes(world):
+    tok = world.h(world.tokens["m1"])
+    r = world.client.post("/v1/worker/m1/register", json={"worker_name": "agent@m1"}, headers=tok)
+    assert r.status_code == 200 and r.json()["queue"] == "q1"
+    row = world.row("m1")
+    assert row.worker_name == "agent@m1" and row.agent_registered_at is not None
+    last = (datetime.now(UTC) - timedelta(seconds=30)).isoformat()
+    r = world.client.post(
+        "/v1/worker/m1/heartbeat",
+        json={"state": "busy", "running_tasks": 2, "last_task_at": last, "gpu_utilisation": 80},
+        headers=tok,
+    )
+    assert r.status_code == 200 and r.json() == {"drain": False, "state": "ready"}
+    row = world.row("m1")
+    assert row.running_tasks == 2 and row.last_heartbeat_at is not None
+    assert abs((row.last_task_at - datetime.fromisoformat(last)).total_seconds()) < 1
+    # a last task time in the future is clamped to now
+    future = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    world.client.post(
+        "/v1/worker/m1/heartbeat", json={"state": "idle", "last_task_at": future}, headers=tok
+    )
+    assert world.row("m1").last_task_at <= datetime.now(UTC)
+
+
+def test_heartbeat_answers_drain_now_once_draining_and_drained_hands_it_over(world):
+    tok = world.h(world.tokens["m1"])
+    r = world.client.post("/v1/worker/m1/drained", headers=tok)
+    assert r.status_code == 409 and "nobody asked" in r.json()["detail"]
+    world.set_state("m1", S.DRAINING)
+    r = world.client.post(
+        "/v1/worker/m1/heartbeat", json={"state": "busy", "running_tasks": 1}, headers=tok
+    )
+    assert r.json()["drain"] is True
+    r = world.client.post("/v1/worker/m1/drained", headers=tok)
+    assert r.status_code == 200
+    assert world.row("m1").state == S.TERMINATING
+    # its token is now dead: terminating machines call nothing
+    r = world.client.post("/v1/worker/m1/heartbeat", json={"state": "idle"}, headers=tok)
+    assert r.status_code == 401
+
+
+def test_a_crashed_worker_is_reported_in_the_events(world):
+    tok = world.h(world.tokens["m1"])
+    r = world.client.post(
+        "/v1/worker/m1/heartbeat", json={"state": "crashed", "detail": "exit 3"}, headers=tok
+    )
+    assert r.status_code == 200
+    events = world.client.get(
+        "/v1/admin/events?kind=agent&launch_id=m1", headers=world.h(world.admin)
+    ).json()
+    assert any(e["action"] == "crashed" and "exit 3" in e["reason"] for e in events)
+
+
+def test_bad_input_is_a_4xx_naming_the_field(world):
+    tok = world.h(world.tokens["m1"])
+    r = world.client.post(
+        "/v1/worker/m1/heartbeat", json={"state": "dancing", "running_tasks": -1}, headers=tok
+    )
+    assert r.status_code == 422
+    fields = {p["field"] for p in r.json()["detail"]}
+    assert fields == {"state", "running_tasks"}, r.json()
+    r = world.client.post("/v1/worker/m1/heartbeat", content=b"{not json", headers=tok)
+    assert r.status_code == 422 and "Traceback" not in r.text
+    r = world.client.get("/v1/admin/instances?state=nonsense", headers=world.h(world.admin))
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "query.state"
+
+
+def test_deployment_gives_the_broker_through_the_machines_own_user_only(world):
+    tok = world.h(world.tokens["m1"])
+    dep = world.client.get("/v1/worker/m1/deployment", headers=tok).json()
+    assert dep["git_url"] == "file:///nowhere/repo.git" and dep["git_ref"] == "main"
+    assert dep["startup_cmd"] == "celery -A tasks worker"
+    # no user was made at this (hand-written) launch: no URL, and it says why
+    assert dep["broker_url"] is None and "no broker user" in dep["broker_note"]
+
+
+def test_config_update_is_validated_and_versioned(world):
+    adm = world.h(world.admin)
+    r = world.client.put(
+        "/v1/admin/config", json={"yaml": "queues:\n  q1:\n    bogus: 1\n"}, headers=adm
+    )
+    assert r.status_code == 422
+    problem = r.json()["detail"][0]
+    assert "bogus" in problem["field"] and problem["reason"] and problem["fix"]
+    assert world.client.get("/v1/admin/config", headers=adm).json()["version"] == 1
+    import yaml
+
+    from tests.api.apikit import CONFIG
+
+    doc = {**CONFIG, "poll_interval": 7}
+    r = world.client.put(
+        "/v1/admin/config", json={"yaml": yaml.safe_dump(doc), "comment": "x"}, headers=adm
+    )
+    assert r.status_code == 200 and r.json() == {"version": 2, "changed": True}, r.text
+    got = world.client.get("/v1/admin/config", headers=adm).json()
+    assert got["version"] == 2 and got["document"]["poll_interval"] == 7.0
+    assert "ops" in got["changed_by"]
+
+
+def test_scale_drain_and_providers_for_admins(world):
+    adm = world.h(world.admin)
+    r = world.client.post("/v1/admin/queues/q1/scale", json={"workers": 9}, headers=adm)
+    assert r.status_code == 409 and "max_workers" in r.json()["detail"]
+    r = world.client.post(
+        "/v1/admin/queues/q1/scale", json={"workers": 2, "for": "10m"}, headers=adm
+    )
+    assert r.status_code == 200 and "pinned q1 at 2" in r.json()["message"]
+    r = world.client.post("/v1/admin/instances/m2/drain", headers=adm)
+    assert r.status_code == 200, r.text
+    assert world.row("m2").state in (S.DRAINING, S.TERMINATING)
+    provs = world.client.get("/v1/admin/providers", headers=adm).json()
+    assert isinstance(provs, list)
+
+
+def test_metrics_and_healthz(world):
+    r = world.client.get("/healthz")
+    assert r.status_code == 200
+    text = world.client.get("/metrics").text
+    assert 'autoscaler_workers{queue="q1",state="ready"} 2.0' in text
+    assert 'autoscaler_spend_rate_dollars_per_hour{queue="q1"} 0.2' in text
+
+
+def test_hand_made_heartbeat_counts_as_capacity(world):
+    from autoscaler.control.observe import hand_made_workers
+
+    r = world.client.post(
+        "/v1/hand-made/heartbeat",
+        json={"name": "desk-1", "queues": ["q1"], "running_tasks": 1},
+        headers=world.h(world.enrolment),
+    )
+    assert r.status_code == 200 and r.json()["drain"] is False
+    with world.rt.transaction() as session:
+        seen = hand_made_workers(session, "inst", set(), datetime.now(UTC), 60)
+    assert seen == {"q1": ("agent@desk-1",)}

@@ -1,0 +1,127 @@
+"""What a machine holds: the launch mints its worker token (only the hash is stored) and puts
+in its environment only its queue, its label, the API URL, its token and the deployment —
+never an admin key, a provider key, the vault key, a database or broker URL. Where the watched
+broker is Redis ≥ 6 the launch makes the machine's own ACL user (limited to its queue's keys);
+the machine's deployment answer carries that user, and destroy deletes it and kills the token."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import redis
+
+from autoscaler.api import keys
+from autoscaler.control.launch import run_launch
+from autoscaler.control.runtime import Runtime
+from autoscaler.control.terminate import run_terminate
+from autoscaler.lifecycle import InstanceState as S
+from autoscaler.settings import Settings
+from autoscaler.store import config_versions, fleet, migrate
+from tests.api.apikit import REDIS
+
+ALLOWED = {
+    "AUTOSCALER_QUEUE",
+    "AUTOSCALER_API_URL",
+    "AUTOSCALER_WORKER_TOKEN",
+    "AUTOSCALER_GIT_URL",
+    "AUTOSCALER_GIT_REF",
+    "AUTOSCALER_STARTUP_CMD",
+    "AUTOSCALER_INSTALLATION_ID",
+    "AUTOSCALER_LAUNCH_ID",
+    "AUTOSCALER_LABEL",
+}
+
+
+@pytest.mark.timeout(60)
+def test_machine_env_holds_only_its_own_token_and_the_acl_user_dies_with_it(
+    sqlite_url, tmp_path: Path, monkeypatch
+):
+    secrets_here = {
+        "AUTOSCALER_VAULT_KEY": "vault-key-secret-123",
+        "RUNPOD_API_KEY": "provider-key-secret-456",
+        "AUTOSCALER_ADMIN_KEY": "admin-key-secret-789",
+        "AUTOSCALER_DATABASE_URL": sqlite_url,
+        "AUTOSCALER_HOME": str(tmp_path / "home"),
+    }
+    for k, v in secrets_here.items():
+        monkeypatch.setenv(k, v)
+    migrate.upgrade(sqlite_url)
+    out = tmp_path / "machine-env.txt"
+    queue = f"envq-{time.time_ns()}"
+    config = {
+        "poll_interval": 5,
+        "providers": {"desk": {"kind": "local", "command": f"env > {out}; exec sleep 30"}},
+        "queues": {
+            queue: {
+                "deployment": {"git_url": "file:///x.git", "startup_cmd": "true"},
+                "metrics": {"source": "celery", "url": f"{REDIS}/11"},
+                "autoscale": {
+                    "provider": "desk",
+                    "max_workers": 1,
+                    "scale_up": [{"trigger": "no_workers"}],
+                    "scale_down": [{"trigger": "idle", "timeout": "5m"}],
+                    "instance": {"gpu": "RTX 4090", "max_price_per_hour": 1.0},
+                },
+            }
+        },
+    }
+    rt = Runtime(Settings.from_env())
+    admin = redis.Redis.from_url(f"{REDIS}/11")
+    user = "asg-envtest1"
+    try:
+        now = datetime.now(UTC)
+        with rt.transaction() as session:
+            config_versions.record(session, config, "test", now, None)
+            fleet.add_intents(session, [("envtest1", queue, "desk", "test")], now)
+        assert run_launch(rt, "envtest1").startswith("booting"), rt
+        deadline = time.monotonic() + 10
+        while not (out.exists() and out.read_text()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        env = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+        ours = {k for k in env if k.startswith("AUTOSCALER_")}
+        assert ours <= ALLOWED, ours - ALLOWED
+        blob = out.read_text()
+        for secret in secrets_here.values():
+            if secret != secrets_here["AUTOSCALER_HOME"]:
+                assert secret not in blob
+        assert "RUNPOD_API_KEY" not in env and "redis://" not in blob
+        token = env["AUTOSCALER_WORKER_TOKEN"]
+        with rt.transaction() as session:
+            row = fleet.get(session, "envtest1")
+            assert row is not None
+            assert row.worker_token_hash == keys.digest(token)
+            assert row.broker_user == user
+        # the per-machine ACL user exists, with the queue's keys only
+        rules = admin.execute_command("ACL", "GETUSER", user)
+        text = str(rules)
+        assert (
+            queue in text
+            and "unacked" in text
+            and "-@all" in str(admin.execute_command("ACL", "LIST"))
+        )
+        # it can read its queue and cannot read another key
+        password = keys.derive(token, "broker")
+        mine = redis.Redis.from_url(f"{REDIS}/11", username=user, password=password)
+        mine.llen(queue)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            mine.get("some-other-key")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            mine.keys("*")
+        mine.close()
+        # destroy: token dead, user gone
+        with rt.transaction() as session:
+            fleet.move(session, "envtest1", S.BOOTING, S.TERMINATING, datetime.now(UTC), "t")
+        assert run_terminate(rt, "envtest1") == "terminated"
+        with rt.transaction() as session:
+            row = fleet.get(session, "envtest1")
+            assert row is not None and row.worker_token_hash is None and row.broker_user is None
+            assert keys.instance_of_token(session, token) is None
+        assert user not in str(admin.execute_command("ACL", "USERS"))
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+        rt.close()
