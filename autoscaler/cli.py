@@ -558,10 +558,12 @@ main.add_command(simulate)
 
 
 def _add_api_commands() -> None:
+    from autoscaler.agent.cli import agent
     from autoscaler.api.cli import keys, serve
 
     main.add_command(keys)
     main.add_command(serve)
+    main.add_command(agent)
 
 
 _add_api_commands()

@@ -53,6 +53,10 @@ def _step(rt: Runtime, launch_id: str, reason: str) -> str:
         elif row.state != S.DRAINING:
             return f"not draining ({row.state.value})"
         queue, worker = row.queue, row.worker_name
+        if row.agent_registered_at is not None:
+            # its agent saw DRAINING in its heartbeat answer: it stops the worker (warm
+            # shutdown, the running task finishes) and reports drained through the API
+            return "waiting: the agent drains its worker and reports drained"
     queue_cfg = loaded.config.queues.get(queue) if loaded else None
     probe = rt.worker_probe(queue_cfg.metrics) if queue_cfg is not None else None
     if worker and probe is not None:

@@ -11,9 +11,9 @@ may carry the worker's token) holding the pid, the process start time (so a recy
 never signalled) and the label and env. Any process with the same `state_dir` — beat, a worker,
 the CLI — can therefore find and destroy machines started by another.
 
-The default command (`DEFAULT_COMMAND`) is a placeholder that sleeps until it is stopped: it
-stands for the worker agent until the agent exists, and is replaced by setting `command` in the
-provider's config.
+The default command (`DEFAULT_COMMAND`) is the worker agent (`autoscaler agent`), so the whole
+loop (register, deploy from Git, heartbeat, drain) runs on one computer; `command` in the
+provider's config replaces it.
 """
 
 from __future__ import annotations
@@ -49,10 +49,9 @@ BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "VIRTUAL_ENV", "PY
 
 log = logging.getLogger("autoscaler.providers.local")
 
-DEFAULT_COMMAND = f"exec {shlex.quote(sys.executable)} -c " + shlex.quote(
-    "import signal, time\nwhile True:\n    time.sleep(3600)"
-)
-"""Sleep until stopped: the stand-in for the worker agent on a 'machine'."""
+DEFAULT_COMMAND = f"exec {shlex.quote(sys.executable)} -m autoscaler.cli agent"
+"""The worker agent, as on a rented machine: it registers with the API named in the launch's
+environment, deploys the queue's Git repository and runs its worker (`autoscaler agent`)."""
 
 
 def _start_time(pid: int) -> str | None:

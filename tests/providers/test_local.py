@@ -100,8 +100,10 @@ def test_exited_process_reads_dead(tmp_path: Path) -> None:
 
 def test_default_command_runs_until_stopped(tmp_path: Path) -> None:
     p = local(tmp_path / "state")
-    assert p.command == DEFAULT_COMMAND
-    m = p.create(p.find_offers(spec())[0], launch())
+    assert p.command == DEFAULT_COMMAND and "autoscaler.cli agent" in DEFAULT_COMMAND
+    # the agent: with an API that does not answer (yet), it keeps trying to register
+    api = {"AUTOSCALER_API_URL": "http://127.0.0.1:9", "AUTOSCALER_WORKER_TOKEN": "t"}
+    m = p.create(p.find_offers(spec())[0], LaunchSpec.new(INSTALLATION, uuid.uuid4().hex, api))
     time.sleep(0.2)
     assert p.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
     p.destroy(m.provider_instance_id)

@@ -1,0 +1,36 @@
+"""`autoscaler agent`: added to the main command in autoscaler/cli.py."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from autoscaler.boundary import Refused
+
+
+@click.command("agent")
+@click.option("--api-url", help="The server API (default $AUTOSCALER_API_URL).")
+@click.option("--queue", help="Hand-made machines: the queue to serve ($AUTOSCALER_QUEUE).")
+@click.option("--name", help="Hand-made machines: this machine's name (default: host name).")
+@click.option("--workdir", help="Where the repository is cloned (default: a new temp dir).")
+def agent(api_url: str | None, queue: str | None, name: str | None, workdir: str | None) -> None:
+    """Run the worker agent: register, deploy from Git, run the worker, heartbeat, drain.
+
+    A rented machine gets AUTOSCALER_API_URL, AUTOSCALER_WORKER_TOKEN and AUTOSCALER_LAUNCH_ID
+    from its launch. A hand-made machine is given AUTOSCALER_ENROLMENT_KEY (from 'autoscaler
+    keys create-enrolment') and --queue: it counts as capacity and is never drained by us."""
+    from autoscaler.agent.run import AgentConfig, AgentError, run_agent
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    over = {
+        k: v
+        for k, v in {"api_url": api_url, "queue": queue, "name": name, "workdir": workdir}.items()
+        if v
+    }
+    try:
+        cfg = AgentConfig.from_env(None, **over)
+        code = run_agent(cfg)
+    except AgentError as exc:
+        raise Refused(f"agent: {exc}") from None
+    raise SystemExit(code)

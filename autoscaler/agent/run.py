@@ -1,0 +1,340 @@
+"""The worker agent: register, deploy from Git, run the worker, heartbeat, drain.
+
+On a rented machine it reads from its environment only what the launch put there:
+`AUTOSCALER_API_URL`, `AUTOSCALER_WORKER_TOKEN`, `AUTOSCALER_LAUNCH_ID` (and the queue). On a
+hand-made machine it is given an enrolment key, a name and the queue instead; it then counts
+as capacity and is never drained or destroyed by the control plane.
+
+    register -> GET deployment -> git clone (at its ref) -> pip install -r requirements.txt
+    (when the repository has one) -> start the startup command in its own process group ->
+    heartbeat every few seconds (running tasks and last task time from the status file the
+    Celery hook or any worker writes; GPU utilisation from nvidia-smi where there is one).
+    A heartbeat answered "drain": SIGTERM to the worker (Celery's warm shutdown: it takes no
+    new job and finishes the running one) -> wait for it to exit -> report drained -> exit 0.
+    The worker exiting on its own: reported as crashed (with its exit code), agent exits 1.
+
+The worker's environment: the agent's own minus the worker token, plus `AUTOSCALER_BROKER_URL`
+(and `CELERY_BROKER_URL`) with the machine's own broker user, `AUTOSCALER_STATUS_FILE`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+log = logging.getLogger("autoscaler.agent")
+
+SHELL_CHARS = set(";&|<>$`()*?[]{}~#\n\\'\"=")
+SECRET_ENV = ("AUTOSCALER_WORKER_TOKEN", "AUTOSCALER_ENROLMENT_KEY")
+
+
+class AgentError(Exception):
+    """The agent cannot go on; the message says why (never a token)."""
+
+
+@dataclass
+class AgentConfig:
+    api_url: str
+    token: str
+    launch_id: str | None = None  # None: a hand-made machine (token is an enrolment key)
+    name: str | None = None
+    queue: str | None = None
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="asg-agent-")))
+    heartbeat_interval: float | None = None
+    stop_grace: float = 3600.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **over: str) -> AgentConfig:
+        e = os.environ if env is None else env
+        api = over.pop("api_url", None) or e.get("AUTOSCALER_API_URL", "")
+        token = e.get("AUTOSCALER_WORKER_TOKEN") or e.get("AUTOSCALER_ENROLMENT_KEY") or ""
+        launch = None if e.get("AUTOSCALER_ENROLMENT_KEY") else e.get("AUTOSCALER_LAUNCH_ID")
+        if not api or not token:
+            raise AgentError(
+                "the agent needs AUTOSCALER_API_URL and AUTOSCALER_WORKER_TOKEN (a rented "
+                "machine gets both at launch) or AUTOSCALER_ENROLMENT_KEY (a hand-made one)"
+            )
+        interval = e.get("AUTOSCALER_HEARTBEAT_INTERVAL")
+        cfg = cls(
+            api_url=api.rstrip("/"),
+            token=token,
+            launch_id=launch,
+            name=over.pop("name", None) or e.get("AUTOSCALER_AGENT_NAME") or os.uname().nodename,
+            queue=over.pop("queue", None) or e.get("AUTOSCALER_QUEUE"),
+            heartbeat_interval=float(interval) if interval else None,
+        )
+        workdir = over.pop("workdir", None) or e.get("AUTOSCALER_AGENT_WORKDIR")
+        if workdir:
+            cfg.workdir = Path(workdir)
+        if cfg.launch_id is None and not cfg.queue:
+            raise AgentError("a hand-made machine's agent needs --queue (or AUTOSCALER_QUEUE)")
+        return cfg
+
+
+class Api:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.http = requests.Session()
+        self.http.headers["Authorization"] = f"Bearer {cfg.token}"
+
+    def _url(self, tail: str) -> str:
+        if self.cfg.launch_id is None:
+            return f"{self.cfg.api_url}/v1/hand-made/{tail}"
+        return f"{self.cfg.api_url}/v1/worker/{self.cfg.launch_id}/{tail}"
+
+    def call(self, method: str, tail: str, **kw: Any) -> dict[str, Any]:
+        try:
+            r = self.http.request(method, self._url(tail), timeout=10, **kw)
+        except requests.RequestException as exc:
+            raise AgentError(f"the API cannot be reached ({type(exc).__name__})") from None
+        if r.status_code >= 400:
+            raise AgentError(f"{method} {tail}: HTTP {r.status_code} {r.text[:300]}")
+        data = r.json()
+        return data if isinstance(data, dict) else {}
+
+    def call_retrying(self, method: str, tail: str, tries: int = 30, **kw: Any) -> dict[str, Any]:
+        for attempt in range(tries):
+            try:
+                return self.call(method, tail, **kw)
+            except AgentError as exc:
+                if attempt == tries - 1 or "HTTP 4" in str(exc):
+                    raise
+                log.warning("%s; retrying", exc)
+                time.sleep(min(10.0, 0.5 * 2**attempt))
+        raise AgentError("unreachable")
+
+
+def read_status(path: str) -> tuple[int, float | None]:
+    """Running tasks and last task time from the status file(s): `path` and `path.<pid>`."""
+    running, last = 0, None
+    for p in glob.glob(glob.escape(path) + "*"):
+        if p.endswith(".tmp"):
+            continue
+        try:
+            data = json.loads(Path(p).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        with contextlib.suppress(TypeError, ValueError):
+            running += max(0, int(data.get("running") or 0))
+        t = data.get("last_task_at")
+        if isinstance(t, int | float):
+            last = t if last is None else max(last, t)
+    return running, last
+
+
+def gpu_utilisation() -> float | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.split()
+        values = [float(v) for v in out]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return sum(values) / len(values) if values else None
+
+
+def deploy(dep: Mapping[str, Any], workdir: Path) -> Path:
+    """Clone the deployment's repository at its ref; install its requirements if it has any."""
+    url = dep.get("git_url")
+    if not url:
+        raise AgentError("the deployment has no git_url")
+    repo = workdir / "repo"
+    if repo.exists():
+        shutil.rmtree(repo)
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    run: list[tuple[str, ...]] = [("git", "clone", "--quiet", str(url), str(repo))]
+    ref = dep.get("git_ref")
+    if ref:
+        run.append(("git", "-C", str(repo), "checkout", "--quiet", str(ref)))
+    for cmd in run:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise AgentError(f"{' '.join(cmd[:2])} failed: {done.stderr.strip()[:300]}")
+    req = repo / "requirements.txt"
+    if req.is_file():
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "-r", str(req)],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        if done.returncode != 0:
+            raise AgentError(f"pip install -r requirements.txt failed: {done.stderr[-300:]}")
+    return repo
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.api = Api(cfg)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.status_file = str(cfg.workdir / "status.json")
+        self.stopping = threading.Event()
+        self.draining = False
+
+    def start_worker(self, dep: Mapping[str, Any], repo: Path) -> None:
+        cmd = dep.get("startup_cmd")
+        if not cmd:
+            raise AgentError("the deployment has no startup_cmd")
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env.update({str(k): str(v) for k, v in (dep.get("env") or {}).items()})
+        env["AUTOSCALER_STATUS_FILE"] = self.status_file
+        # the name a Celery worker should take (`-n "$AUTOSCALER_WORKER_NAME"`): a rented
+        # machine's worker after its launch label (remote control then knows it as ours), a
+        # hand-made one's as its agent reports it (one sighting, not two)
+        if self.cfg.launch_id is not None:
+            label = os.environ.get("AUTOSCALER_LABEL") or f"agent-{self.cfg.launch_id}"
+            env["AUTOSCALER_WORKER_NAME"] = f"{label}@{os.uname().nodename}"
+        else:
+            env["AUTOSCALER_WORKER_NAME"] = f"agent@{self.cfg.name}"
+        broker = dep.get("broker_url")
+        if broker:
+            env["AUTOSCALER_BROKER_URL"] = str(broker)
+            env["CELERY_BROKER_URL"] = str(broker)
+        elif dep.get("broker_note"):
+            log.warning("no broker connection from the API: %s", dep["broker_note"])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+        # a plain command runs as the group's leader itself, so the drain's SIGTERM reaches
+        # the worker's main process only (Celery's warm shutdown; its pool children are not
+        # signalled and finish their task); a shell command line runs under /bin/sh: give it
+        # `exec` in front of the worker for the same effect
+        argv = shlex.split(str(cmd)) if not SHELL_CHARS & set(str(cmd)) else None
+        self.proc = subprocess.Popen(
+            argv or ["/bin/sh", "-c", str(cmd)], cwd=repo, env=env, start_new_session=True
+        )
+        log.info("worker started (pid %d)", self.proc.pid)
+
+    def stop_worker(self, sig: int = signal.SIGTERM) -> int | None:
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)
+            try:
+                proc.wait(timeout=self.cfg.stop_grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        # the rest of its group (pool children) must not outlive it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return proc.returncode
+
+    def beat(self, state: str, detail: str | None = None) -> dict[str, Any]:
+        running, last = read_status(self.status_file)
+        if state == "auto":
+            state = "busy" if running else "idle"
+        body: dict[str, Any] = {"state": state, "running_tasks": running}
+        if self.cfg.launch_id is None:
+            body = {
+                "name": self.cfg.name,
+                "queues": [self.cfg.queue],
+                "state": state,
+                "running_tasks": running,
+            }
+            return self.api.call("POST", "heartbeat", json=body)
+        if last is not None:
+            body["last_task_at"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(last))
+        gpu = gpu_utilisation()
+        if gpu is not None:
+            body["gpu_utilisation"] = max(0.0, min(100.0, gpu))
+        if detail:
+            body["detail"] = detail[:500]
+        return self.api.call("POST", "heartbeat", json=body)
+
+    def run(self) -> int:
+        cfg = self.cfg
+        if cfg.launch_id is not None:
+            reg = self.api.call_retrying(
+                "POST", "register", json={"worker_name": f"agent@{cfg.launch_id}"}
+            )
+            dep = self.api.call_retrying("GET", "deployment")
+            interval = cfg.heartbeat_interval or float(reg.get("heartbeat_interval") or 10.0)
+        else:
+            self.beat("starting")
+            dep = self.api.call_retrying("GET", f"deployment?queue={cfg.queue}")
+            interval = cfg.heartbeat_interval or 10.0
+        repo = deploy(dep, cfg.workdir)
+        self.start_worker(dep, repo)
+        assert self.proc is not None
+        while True:
+            if self.stopping.wait(interval):
+                log.info("stopping: the machine is going away")
+                self.stop_worker()
+                return 0
+            code = self.proc.poll()
+            if code is not None:
+                log.error("the worker exited on its own (code %s)", code)
+                with contextlib.suppress(AgentError):
+                    self.beat("crashed", f"the worker process exited with code {code}")
+                self.stop_worker()
+                return 1
+            try:
+                answer = self.beat("auto")
+            except AgentError as exc:
+                log.warning("heartbeat not sent: %s", exc)
+                continue
+            if answer.get("drain") and cfg.launch_id is not None:
+                return self.drain(interval)
+
+    def drain(self, interval: float) -> int:
+        """Warm shutdown: SIGTERM once (Celery stops taking jobs and finishes the running
+        one), heartbeats while it finishes, then report drained."""
+        assert self.proc is not None
+        log.info("drain: warm shutdown of the worker (running tasks finish)")
+        self.draining = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGTERM)  # the leader only: a warm shutdown
+        while self.proc.poll() is None and not self.stopping.wait(min(interval, 1.0)):
+            with contextlib.suppress(AgentError):
+                self.beat("draining")
+        code = self.stop_worker(signal.SIGTERM)
+        log.info("worker stopped (code %s); reporting drained", code)
+        self.api.call_retrying("POST", "drained")
+        return 0
+
+
+def run_agent(cfg: AgentConfig) -> int:
+    agent = Agent(cfg)
+
+    def on_term(signum: int, frame: object) -> None:
+        agent.stopping.set()
+        if agent.proc is None:  # still registering or deploying: nothing to wind down
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    try:
+        return agent.run()
+    finally:
+        agent.stop_worker()

@@ -1,0 +1,120 @@
+"""Helpers of the agent tests: the API served for real (uvicorn in a thread) on the API tests'
+small world, Git repositories made by the test, the agent as a process in its own group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from tests.api.apikit import World
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve(world: World) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(world.client.app, host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "the API did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def git_repo(path: Path, files: Mapping[str, str]) -> str:
+    """A Git repository at `path` holding `files` (one commit on `main`); its file:// URL."""
+    path.mkdir(parents=True)
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
+    for cmd in (
+        ["git", "init", "-q", "-b", "main"],
+        ["git", "add", "."],
+        ["git", "commit", "-q", "-m", "worker"],
+    ):
+        subprocess.run(cmd, cwd=path, env=env, check=True, capture_output=True)
+    return f"file://{path}"
+
+
+class AgentProc:
+    def __init__(self, env: Mapping[str, str], log: Path, *args: str) -> None:
+        self.log = log
+        out = open(log, "ab")  # noqa: SIM115 - the child keeps it
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "autoscaler.cli", "agent", *args],
+                env={**_base_env(), **env},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            out.close()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the agent did not exit:\n{self.text()[-3000:]}") from None
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+
+
+def _base_env() -> dict[str, str]:
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH")
+    return {k: os.environ[k] for k in keep if k in os.environ} | {"PYTHONUNBUFFERED": "1"}
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, dump: Callable[[], str]) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{dump()}")
+        time.sleep(0.1)

@@ -1,0 +1,187 @@
+"""The agent against the real API (uvicorn) and a Git repository made by the test: register,
+clone at the ref, install requirements, run the worker, heartbeat its status file, drain with
+a warm shutdown (the running task finishes), report a crash; a hand-made machine's agent is
+counted as capacity and never told to drain."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from autoscaler.control.observe import hand_made_workers
+from autoscaler.lifecycle import InstanceState as S
+from autoscaler.store import config_versions
+from autoscaler.store.models import ScaleEvent
+from tests.agent.agentkit import AgentProc, git_repo, serve, wait_for
+from tests.api.apikit import CONFIG, World, make_world
+
+WORKER = """
+import json, os, signal, sys, time
+path = os.environ["AUTOSCALER_STATUS_FILE"]
+out = os.path.join(os.environ["MARKS"], "marks.jsonl")
+assert "AUTOSCALER_WORKER_TOKEN" not in os.environ  # the worker never holds the token
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(time.time()))
+
+def mark(what):
+    with open(out, "a") as fh:
+        fh.write(json.dumps({"what": what, "at": time.time()}) + "\\n")
+
+def status(running, last=None):
+    with open(path + ".tmp", "w") as fh:
+        json.dump({"running": running, "last_task_at": last}, fh)
+    os.replace(path + ".tmp", path)
+
+if os.path.exists("crash"):
+    mark("crashing")
+    time.sleep(0.5)
+    sys.exit(3)
+mark("start-task")
+status(1)
+end = time.time() + float(open("task_seconds").read())
+while time.time() < end:
+    time.sleep(0.05)
+status(0, time.time())
+mark("end-task")
+while not stop:
+    time.sleep(0.05)
+mark("stopped")
+"""
+
+
+@pytest.fixture
+def world(sqlite_url, tmp_path) -> Iterator[World]:
+    w = make_world(sqlite_url, tmp_path)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def deploy(world: World, tmp_path: Path, *, crash: bool = False, seconds: float = 3.0) -> Path:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    files = {
+        "worker.py": WORKER,
+        "task_seconds": str(seconds),
+        "requirements.txt": "# nothing to install\n",
+    }
+    if crash:
+        files["crash"] = ""
+    url = git_repo(tmp_path / "repo", files)
+    doc = json.loads(json.dumps(CONFIG))
+    doc["queues"]["q1"]["deployment"] = {
+        "git_url": url,
+        "git_ref": "main",
+        "startup_cmd": f"{sys.executable} worker.py",
+    }
+    with world.rt.transaction() as session:
+        config_versions.record(session, doc, "test", datetime.now(UTC), "agent test")
+    return marks
+
+
+def agent_env(world: World, api: str, tmp_path: Path, marks: Path) -> dict[str, str]:
+    return {
+        "AUTOSCALER_API_URL": api,
+        "AUTOSCALER_WORKER_TOKEN": world.tokens["m1"],
+        "AUTOSCALER_LAUNCH_ID": "m1",
+        "AUTOSCALER_QUEUE": "q1",
+        "AUTOSCALER_HEARTBEAT_INTERVAL": "0.3",
+        "AUTOSCALER_AGENT_WORKDIR": str(tmp_path / "work"),
+        "MARKS": str(marks),
+    }
+
+
+def marks_of(marks: Path) -> list[str]:
+    f = marks / "marks.jsonl"
+    return [json.loads(x)["what"] for x in f.read_text().splitlines()] if f.exists() else []
+
+
+@pytest.mark.timeout(60)
+def test_agent_registers_deploys_heartbeats_and_drains_after_its_task(world, tmp_path):
+    marks = deploy(world, tmp_path, seconds=3.0)
+    with serve(world) as api:
+        agent = AgentProc(agent_env(world, api, tmp_path, marks), tmp_path / "agent.log")
+        try:
+            dump = agent.text
+            wait_for(lambda: world.row("m1").running_tasks == 1, 30, "busy", dump)
+            row = world.row("m1")
+            assert row.worker_name == "agent@m1" and row.agent_registered_at is not None
+            # the control plane drains it while its task runs
+            world.set_state("m1", S.DRAINING)
+            assert agent.wait_exit(30) == 0, agent.text()
+            assert world.row("m1").state == S.TERMINATING
+            got = marks_of(marks)
+            # the task was not cut short: it ended, then the worker stopped
+            assert got == ["start-task", "end-task", "stopped"], (got, agent.text())
+            assert world.row("m1").last_task_at is not None
+            assert (tmp_path / "work" / "repo" / "worker.py").is_file()
+        finally:
+            agent.stop()
+
+
+@pytest.mark.timeout(60)
+def test_agent_reports_a_crashed_worker_and_exits(world, tmp_path):
+    marks = deploy(world, tmp_path, crash=True)
+    with serve(world) as api:
+        agent = AgentProc(agent_env(world, api, tmp_path, marks), tmp_path / "agent.log")
+        try:
+            assert agent.wait_exit(30) == 1, agent.text()
+            with world.rt.transaction() as session:
+                crashed = session.scalars(
+                    select(ScaleEvent).where(
+                        ScaleEvent.kind == "agent", ScaleEvent.action == "crashed"
+                    )
+                ).all()
+                assert crashed and "code 3" in crashed[0].reason
+            assert "exited on its own (code 3)" in agent.text()
+        finally:
+            agent.stop()
+
+
+@pytest.mark.timeout(60)
+def test_agent_refuses_a_wrong_token_and_says_why(world, tmp_path):
+    marks = deploy(world, tmp_path)
+    with serve(world) as api:
+        env = agent_env(world, api, tmp_path, marks) | {"AUTOSCALER_WORKER_TOKEN": "nope"}
+        agent = AgentProc(env, tmp_path / "agent.log")
+        try:
+            assert agent.wait_exit(30) == 2
+            assert "HTTP 401" in agent.text() and world.tokens["m1"] not in agent.text()
+        finally:
+            agent.stop()
+
+
+@pytest.mark.timeout(60)
+def test_hand_made_agent_is_counted_and_never_drained(world, tmp_path):
+    marks = deploy(world, tmp_path, seconds=0.2)
+    with serve(world) as api:
+        env = {
+            "AUTOSCALER_API_URL": api,
+            "AUTOSCALER_ENROLMENT_KEY": world.enrolment,
+            "AUTOSCALER_HEARTBEAT_INTERVAL": "0.3",
+            "AUTOSCALER_AGENT_WORKDIR": str(tmp_path / "work"),
+            "MARKS": str(marks),
+        }
+        agent = AgentProc(env, tmp_path / "agent.log", "--queue", "q1", "--name", "desk-7")
+
+        def counted() -> bool:
+            with world.rt.transaction() as session:
+                seen = hand_made_workers(session, "x", set(), datetime.now(UTC), 60)
+            return seen.get("q1") == ("agent@desk-7",)
+
+        try:
+            wait_for(counted, 30, "the hand-made machine counted", agent.text)
+            wait_for(lambda: "end-task" in marks_of(marks), 30, "its task", agent.text)
+            assert agent.popen.poll() is None  # never told to drain
+            agent.stop()
+            assert agent.popen.returncode == 0, agent.text()
+            assert marks_of(marks)[-1] == "stopped"
+        finally:
+            agent.stop()
