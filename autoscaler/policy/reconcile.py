@@ -41,7 +41,9 @@ ORPHAN_GRACE = 300.0
 launch that is writing its row right now must not lose its machine)."""
 
 INTENT_STALE = 30.0
-"""Seconds after which a launch intent nobody claimed (its task lost) is enqueued again."""
+"""Seconds after which a launch intent nobody claimed (its task lost) is enqueued again (or
+three poll intervals, if shorter: a second launch task for one intent is harmless, its claim
+fails)."""
 
 STEP_RETRY = 30.0
 """Seconds after which an unfinished drain or destroy is enqueued again (or one poll interval,
@@ -230,7 +232,7 @@ def _row(
     host = machine.host_id if machine is not None else row.host_id
 
     if state == S.PENDING:
-        if age >= INTENT_STALE:
+        if age >= min(INTENT_STALE, 3 * config.poll_interval):
             return Retry(row.launch_id, row.queue, "launch", f"intent unclaimed for {age:.0f}s")
         return None
     if state == S.CREATING:
