@@ -249,6 +249,10 @@ def validate(file: str) -> None:
             registered=registered,
         )
     )
+    from autoscaler.api.broker_users import machine_access  # asks the watched Redis versions
+
+    for line in machine_access(config):
+        click.echo(line)
 
 
 @main.command()

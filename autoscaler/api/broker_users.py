@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from autoscaler.config.models import MetricsSource
@@ -160,7 +161,7 @@ def plan_for(source: MetricsSource, queue: str, env: Mapping[str, str] | None = 
     scheme = url.split("://", 1)[0].lower()
     if scheme not in ("redis", "rediss"):
         raise NoBrokerUser(
-            f"a {scheme} broker gets no per-machine user from us: the machine would hold the "
+            f"the {scheme} broker gets no per-machine user from us: the machine would hold the "
             "credentials of the broker URL it is given (use a RabbitMQ user limited to this "
             "queue's vhost)"
         )
@@ -188,7 +189,7 @@ def plan_for(source: MetricsSource, queue: str, env: Mapping[str, str] | None = 
 def _client(url: str) -> object:
     import redis
 
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=3)
 
 
 def _redis_version(url: str) -> tuple[int, ...]:
@@ -228,3 +229,29 @@ def delete_user(url: str, user: str) -> None:
     finally:
         with contextlib.suppress(Exception):
             client.close()  # type: ignore[attr-defined]
+
+
+def machine_access(config: Any, env: Mapping[str, str] | None = None) -> list[str]:
+    """What `autoscaler validate` says each autoscaled queue's machines will hold to reach
+    their broker (asks each watched Redis its version; never prints a URL)."""
+    lines = []
+    known: dict[object, str | None] = {}  # one question per watched broker
+    for name, queue in config.queues.items():
+        if queue.autoscale is None or not queue.autoscale.enabled:
+            continue
+        key = queue.metrics.model_copy(update={"queue": None})
+        if key not in known:
+            try:
+                plan_for(queue.metrics, name, env)
+                known[key] = None
+            except NoBrokerUser as exc:
+                known[key] = str(exc)
+        if known[key] is not None:
+            lines.append(f"machines of {name} will hold: {known[key]}")
+            continue
+        lines.append(
+            f"machines of {name} will hold: their own Redis user (asg-<launch>), limited to "
+            "this queue's keys and Celery's unacked, binding, remote-control and event keys; "
+            "deleted when the machine is destroyed"
+        )
+    return lines

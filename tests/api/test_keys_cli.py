@@ -3,6 +3,7 @@ uvicorn process answering /healthz, the OpenAPI document and an admin call)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -92,3 +93,23 @@ def test_serve_runs_the_api(sqlite_url, tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_validate_says_what_each_queues_machines_will_hold(sqlite_url, tmp_path):
+    import yaml
+
+    from tests.api.apikit import CONFIG
+
+    doc = json.loads(json.dumps(CONFIG))
+    other = json.loads(json.dumps(doc["queues"]["q1"]))
+    other["metrics"] = {"source": "celery", "url": "amqp://guest:secretpw@127.0.0.1:1//"}
+    doc["queues"]["q2"] = other
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = {"AUTOSCALER_DATABASE_URL": sqlite_url, "AUTOSCALER_HOME": str(tmp_path)}
+    migrate.upgrade(sqlite_url)
+    r = run(["validate", str(path)], env)
+    assert r.exit_code == 0, r.output
+    assert "machines of q1 will hold: their own Redis user" in r.output
+    assert "machines of q2 will hold: the amqp broker gets no per-machine user" in r.output
+    assert "secretpw" not in r.output
