@@ -168,6 +168,31 @@ def _broker_user(rt: Runtime, launch_id: str, queue: str, queue_cfg: Any, token:
         )
 
 
+def _drop_broker_user(rt: Runtime, launch_id: str, queue: str) -> None:
+    """A launch that failed for sure leaves no broker user behind (best effort: a failure to
+    delete it is logged; the user holds the keys of one queue and no machine knows it)."""
+    with rt.transaction() as session:
+        row = fleet.get(session, launch_id)
+        user = row.broker_user if row is not None else None
+        loaded = rt.load(session)
+    queue_cfg = loaded.config.queues.get(queue) if loaded else None
+    if not user or queue_cfg is None:
+        return
+    try:
+        plan = broker_users.plan_for(queue_cfg.metrics, queue, rt.env)
+        broker_users.delete_user(plan.url, user)
+    except Exception as exc:
+        log.error("launch %s failed; its broker user %s is left: %s", launch_id, user, exc)
+        return
+    with rt.transaction() as session:
+        session.execute(
+            update(Instance)
+            .where(Instance.launch_id == launch_id)
+            .values(broker_user=None)
+            .execution_options(synchronize_session=False)
+        )
+
+
 def _text(exc: BaseException) -> str:
     return str(exc)[:500] or type(exc).__name__
 
@@ -181,9 +206,10 @@ def _fail(
     backoff: Any,
     retry_after: float | None = None,
 ) -> str:
+    _drop_broker_user(rt, launch_id, queue)
     now = utc_now()
     with rt.transaction() as session:
-        fleet.move(session, launch_id, S.CREATING, S.FAILED, now, reason)
+        fleet.move(session, launch_id, S.CREATING, S.FAILED, now, reason, worker_token_hash=None)
         details: dict[str, Any] = {"provider": provider}
         if backoff is not None:
             state = fleet.record_rental_failure(session, queue, provider, now, backoff, reason)

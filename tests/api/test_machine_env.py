@@ -125,3 +125,46 @@ def test_machine_env_holds_only_its_own_token_and_the_acl_user_dies_with_it(
         admin.execute_command("ACL", "DELUSER", user)
         admin.close()
         rt.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_launch_leaves_no_broker_user_and_no_token(
+    sqlite_url, tmp_path: Path, monkeypatch
+):
+    monkeypatch.setenv("AUTOSCALER_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("AUTOSCALER_HOME", str(tmp_path / "home"))
+    migrate.upgrade(sqlite_url)
+    queue = f"failq-{time.time_ns()}"
+    config = {
+        "poll_interval": 5,
+        # dearer than the queue's cap: no offer, the launch fails for sure
+        "providers": {"desk": {"kind": "local", "command": "exec sleep 30", "price_per_hour": 0.5}},
+        "queues": {
+            queue: {
+                "metrics": {"source": "celery", "url": f"{REDIS}/11"},
+                "autoscale": {
+                    "provider": "desk",
+                    "max_workers": 1,
+                    "scale_up": [{"trigger": "no_workers"}],
+                    "scale_down": [{"trigger": "idle", "timeout": "5m"}],
+                    "instance": {"gpu": "RTX 4090", "max_price_per_hour": 0.4},
+                },
+            }
+        },
+    }
+    rt = Runtime(Settings.from_env())
+    admin = redis.Redis.from_url(f"{REDIS}/11", decode_responses=True)
+    try:
+        with rt.transaction() as session:
+            config_versions.record(session, config, "test", datetime.now(UTC), None)
+            fleet.add_intents(session, [("failtest1", queue, "desk", "test")], datetime.now(UTC))
+        assert run_launch(rt, "failtest1").startswith("failed"), "the launch should fail"
+        with rt.transaction() as session:
+            row = fleet.get(session, "failtest1")
+            assert row is not None and row.state == S.FAILED
+            assert row.broker_user is None and row.worker_token_hash is None
+        assert "asg-failtest1" not in admin.execute_command("ACL", "USERS")
+    finally:
+        admin.execute_command("ACL", "DELUSER", "asg-failtest1")
+        admin.close()
+        rt.close()
