@@ -8,8 +8,9 @@ import click
 
 from autoscaler.boundary import Refused
 from autoscaler.config import ConfigError
-from autoscaler.sim.report import HEADER, LEGEND, fmt_bound, fmt_row
-from autoscaler.sim.run import compare, jobs_for, load_sim_config, pick_queue, warnings_for
+from autoscaler.sim.engine import World
+from autoscaler.sim.report import LEGEND
+from autoscaler.sim.run import compare, jobs_for, load_sim_config, pick_queue, table, warnings_for
 from autoscaler.sim.trace import TraceError, load_trace
 
 
@@ -40,14 +41,23 @@ from autoscaler.sim.trace import TraceError, load_trace
     type=int,
     help="Seed of boot times, failures and worker races.",
 )
+@click.option(
+    "--realistic",
+    is_flag=True,
+    help="A harder world: 5 s metric lag, 2 s drain race, $0.02 per rental, failed boots "
+    "reported dead by the provider.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def simulate(trace: str, config_path: str, queue: str | None, seed: int, as_json: bool) -> None:
-    """Replay TRACE on a virtual clock through decide() and two baselines; print the cost."""
+def simulate(
+    trace: str, config_path: str, queue: str | None, seed: int, realistic: bool, as_json: bool
+) -> None:
+    """Replay TRACE on a virtual clock through decide() and fair baselines; print the cost."""
+    world = World.realistic() if realistic else World()
     try:
         config = load_sim_config(config_path)
         name = pick_queue(config, queue)
         jobs = jobs_for(load_trace(trace), name, name)
-        reports, price = compare(config, name, jobs, seed)
+        reports, price = compare(config, name, jobs, seed, world)
     except (ConfigError, TraceError, ValueError) as exc:  # refusals: exit 2, like validate
         raise Refused(str(exc)) from None
     warnings = warnings_for(config, name, reports)
@@ -69,9 +79,7 @@ def simulate(trace: str, config_path: str, queue: str | None, seed: int, as_json
     click.echo(f"queue {name}: {reports[0].jobs} jobs, ${price:.2f}/h per machine")
     for line in warnings:
         click.echo(line)
-    click.echo(HEADER)
-    for r in reports:
-        click.echo(fmt_row(r))
-    click.echo(fmt_bound(reports[0], price))
+    for line in table(config, name, jobs, reports, price, world):
+        click.echo(line)
     click.echo("")
     click.echo(LEGEND)

@@ -1,16 +1,26 @@
 """The virtual world: a queue of jobs, simulated machines, and a policy called every poll.
 
 Discrete events on a virtual clock (no sleeping, no wall clock): job arrivals, boots, boot
-failures caught at the boot timeout, job completions and policy ticks. The policy is any
-`decide`-shaped callable, so our decide() runs unchanged and the baselines run beside it.
-A worker runs one job at a time and takes the oldest pending job (FIFO); which idle worker
-takes it is drawn from the seeded generator, like workers racing to pull from a broker.
-Billing runs from the rental until the machine is destroyed: boot and idle tails are paid.
+failures, job completions and policy ticks. The policy is any `decide`-shaped callable, so our
+decide() runs unchanged and the baselines run beside it. A worker runs up to
+`World.worker_concurrency` jobs at a time and takes the oldest pending job (FIFO); which free
+worker takes it is drawn from the seeded generator, like workers racing to pull from a broker.
+Billing runs from the rental until the machine is destroyed: boot and idle tails are paid, plus
+`World.per_rental_dollars` per rental (disk, image pull).
+
+`World` holds what makes the world harder than exact and instant (all off by default, so the
+default run is the one the tests pin): metrics read `metric_lag_s` late, the source's blind
+spots (no in-flight/running count, no job age), a drain that races a job pickup for
+`drain_race_s` (a job taken in the window is finished first, then the machine goes), a failed
+boot seen when the provider reports the machine dead rather than at the boot timeout, and a
+node kept `release_delay_s` after its worker left (a cluster's scale-in delay).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -42,7 +52,32 @@ TAIL_S = 4 * 3600.0
 """After the last arrival (or the day's end), the run continues this long at most so that idle
 tails are billed and late jobs may still be served; then it stops."""
 
-_ARRIVE, _BOOTED, _BOOT_FAILED, _FINISH, _TICK = range(5)
+_ARRIVE, _BOOTED, _BOOT_FAILED, _FINISH, _TICK, _DRAINED = range(6)
+
+
+@dataclass(frozen=True)
+class World:
+    """How hard the simulated world is; the defaults are the exact, instant world."""
+
+    metric_lag_s: float = 0.0
+    blind_in_flight: bool = False
+    blind_age: bool = False
+    drain_race_s: float = 0.0
+    worker_concurrency: int = 1
+    per_rental_dollars: float = 0.0
+    failure_seen_at_boot: bool = False
+    release_delay_s: float = 0.0
+
+    @classmethod
+    def realistic(cls) -> World:
+        """A 5 s metric lag, a 2 s drain race, $0.02 per rental, failed boots reported dead by
+        the provider after about a boot time (what `benchmarks/cost.py --realistic` runs)."""
+        return cls(
+            metric_lag_s=5.0,
+            drain_race_s=2.0,
+            per_rental_dollars=0.02,
+            failure_seen_at_boot=True,
+        )
 
 
 @dataclass
@@ -53,8 +88,8 @@ class SimMachine:
     state: InstanceState = InstanceState.BOOTING
     ready_s: float | None = None
     ended_s: float | None = None
-    job: int | None = None
-    job_started_s: float = 0.0
+    jobs: dict[int, float] = field(default_factory=dict)
+    """Jobs running now and when each started."""
     last_task_s: float | None = None
     drain_requested: bool = False
     launched_for: str = ""
@@ -76,6 +111,7 @@ class Result:
     peak_machines: int = 0
     max_over_limit: int = 0
     evaluations: int = 0
+    per_rental_dollars: float = 0.0
     log: list[str] = field(default_factory=list)
 
 
@@ -93,6 +129,7 @@ class Simulation:
         keep_log: bool = False,
         day_s: float = DAY_S,
         tail_s: float = TAIL_S,
+        world: World | None = None,
     ) -> None:
         q = config.queues.get(queue)
         if q is None or q.autoscale is None:
@@ -107,6 +144,7 @@ class Simulation:
         self.keep_log = keep_log
         self.day_s = day_s
         self.tail_s = tail_s
+        self.world = world or World()
         self.rng = random.Random(seed)
         self.params = ProviderParams.for_queue(config, self.auto)
         self.provider = SimProvider(self.params, random.Random(seed + 1))
@@ -118,9 +156,23 @@ class Simulation:
         self.seq = 0
         self.pending: deque[int] = deque()
         self.machines: dict[str, SimMachine] = {}
+        self.live: dict[str, SimMachine] = {}
+        self.racing: set[str] = set()
+        """Machines not yet destroyed (insertion order = rental order)."""
+        self.samples: list[tuple[float, int, int, int]] = []
+        """(time, pending, index of the oldest pending job or -1, running) at each change,
+        for metrics read late."""
         self.backoff: BackoffState | None = None
         self.launch_seq = 0
-        self.result = Result(name, jobs, {}, [], 0.0, self.params.price_per_hour)
+        self.result = Result(
+            name,
+            jobs,
+            {},
+            [],
+            0.0,
+            self.params.price_per_hour,
+            per_rental_dollars=self.world.per_rental_dollars,
+        )
 
     # ------------------------------------------------------------------ events
     def _push(self, at: float, kind: int, payload: int | str) -> None:
@@ -152,13 +204,15 @@ class Simulation:
                 self._boot_failed(str(payload))
             elif kind == _FINISH:
                 self._finish(str(payload))
+            elif kind == _DRAINED:
+                self._drained(str(payload))
             elif kind == _TICK:
                 self._evaluate()
                 if arrivals_left == 0 and not self.pending and not self._live():
                     break
                 self._push(self.now + self.poll, _TICK, 0)
         self.result.end_s = min(self.now, horizon)
-        for m in self.machines.values():
+        for m in self.live.values():
             if m.ended_s is None:
                 m.ended_s = self.result.end_s
         self.result.machines = list(self.machines.values())
@@ -166,31 +220,42 @@ class Simulation:
 
     # ------------------------------------------------------------------ world
     def _live(self) -> list[SimMachine]:
-        return [m for m in self.machines.values() if m.ended_s is None]
+        return list(self.live.values())
 
     def _capacity(self) -> int:
         return sum(
             1
-            for m in self._live()
+            for m in self.live.values()
             if m.state == InstanceState.BOOTING
             or (m.state == InstanceState.READY and not m.drain_requested)
         )
 
+    def _running(self) -> int:
+        return sum(len(m.jobs) for m in self.live.values())
+
+    def _sample(self) -> None:
+        if self.world.metric_lag_s <= 0:
+            return
+        head = self.pending[0] if self.pending else -1
+        self.samples.append((self.now, len(self.pending), head, self._running()))
+
+    def _takes_jobs(self, m: SimMachine) -> bool:
+        if m.state != InstanceState.READY or len(m.jobs) >= self.world.worker_concurrency:
+            return False
+        # a drain racing a pickup: until the worker stops consuming, it may take a job
+        return not m.drain_requested or m.launch_id in self.racing
+
     def _dispatch(self) -> None:
         while self.pending:
-            idle = [
-                m
-                for m in self._live()
-                if m.state == InstanceState.READY and m.job is None and not m.drain_requested
-            ]
-            if not idle:
-                return
-            m = idle[self.rng.randrange(len(idle))]
+            free = [m for m in self.live.values() if self._takes_jobs(m)]
+            if not free:
+                break
+            m = free[self.rng.randrange(len(free))]
             job = self.pending.popleft()
-            m.job = job
-            m.job_started_s = self.now
+            m.jobs[job] = self.now
             self.result.starts[job] = self.now
-            self._push(self.now + self.jobs[job].runtime_s, _FINISH, m.launch_id)
+            self._push(self.now + self.jobs[job].runtime_s, _FINISH, f"{m.launch_id}#{job}")
+        self._sample()
 
     def _booted(self, launch_id: str) -> None:
         m = self.machines[launch_id]
@@ -206,7 +271,11 @@ class Simulation:
         if m.ended_s is not None:
             return
         self._destroy(m)
-        self._rental_failed("machine never became ready before the boot timeout")
+        self._rental_failed(
+            "the provider reports the machine dead"
+            if self.world.failure_seen_at_boot
+            else "machine never became ready before the boot timeout"
+        )
 
     def _rental_failed(self, error: str) -> None:
         self.result.failed_rentals += 1
@@ -219,41 +288,68 @@ class Simulation:
             error,
         )
 
-    def _finish(self, launch_id: str) -> None:
+    def _finish(self, payload: str) -> None:
+        launch_id, _, job_s = payload.rpartition("#")
+        job = int(job_s)
         m = self.machines[launch_id]
-        if m.job is None or m.ended_s is not None:
+        started = m.jobs.get(job)
+        if started is None or m.ended_s is not None:
             return  # the job was killed with its machine
-        if self.now < m.job_started_s + self.jobs[m.job].runtime_s - 1e-6:
+        if self.now < started + self.jobs[job].runtime_s - 1e-6:
             return  # a stale completion of a killed-and-restarted job
-        m.job = None
+        del m.jobs[job]
         m.last_task_s = self.now
-        if m.drain_requested:
-            self._destroy(m)
+        if m.drain_requested and not m.jobs and launch_id not in self.racing:
+            self._destroy(m, released=True)
         self._dispatch()
 
-    def _destroy(self, m: SimMachine) -> None:
-        if m.job is not None:
+    def _drained(self, launch_id: str) -> None:
+        """The race window of a drain closed: the worker consumes no more."""
+        self.racing.discard(launch_id)
+        m = self.machines[launch_id]
+        if m.ended_s is None and m.drain_requested and not m.jobs:
+            self._destroy(m, released=True)
+
+    def _destroy(self, m: SimMachine, released: bool = False) -> None:
+        for job in sorted(m.jobs, reverse=True):
             # Only a baseline can get here: the job is lost and goes back to the queue.
             self.result.killed += 1
-            self.result.starts.pop(m.job, None)
-            self.pending.appendleft(m.job)
-            m.job = None
+            self.result.starts.pop(job, None)
+            self.pending.appendleft(job)
+        m.jobs = {}
         m.state = InstanceState.TERMINATED
-        m.ended_s = self.now
+        # a node kept after its worker left (a cluster's scale-in delay) bills on
+        m.ended_s = self.now + (self.world.release_delay_s if released else 0.0)
+        self.live.pop(m.launch_id, None)
+        self._sample()
 
     # ------------------------------------------------------------------ policy
     def _at(self, s: float) -> datetime:
         return EPOCH + timedelta(seconds=s)
 
+    def _observed(self) -> tuple[int, float | None, int]:
+        """(pending, oldest job's age, running) as the source reports them now."""
+        lag = self.world.metric_lag_s
+        if lag <= 0 or not self.samples:
+            head = self.pending[0] if self.pending else -1
+            pending, running, at = len(self.pending), self._running(), self.now
+        else:
+            i = bisect.bisect_right(self.samples, (self.now - lag, math.inf)) - 1
+            at, pending, head, running = self.samples[i] if i >= 0 else (0.0, 0, -1, 0)
+        oldest = (at - self.jobs[head].arrival_s) if head >= 0 else None
+        return pending, oldest, running
+
     def snapshot(self) -> Snapshot:
-        oldest = (self.now - self.jobs[self.pending[0]].arrival_s) if self.pending else None
+        pending, oldest, running = self._observed()
         live = self._live()
+        w = self.world
         metrics = QueueMetrics(
             queue=self.queue,
-            pending=len(self.pending),
-            oldest_pending_age=oldest,
-            in_flight=sum(1 for m in live if m.job is not None),
+            pending=pending,
+            oldest_pending_age=None if w.blind_age else oldest,
+            in_flight=0 if w.blind_in_flight else running,
             read_at=self._at(self.now),
+            running=None if w.blind_in_flight else running,
         )
         machines = tuple(
             Machine(
@@ -262,7 +358,7 @@ class Simulation:
                 created_at=self._at(m.created_s),
                 provider=self.auto.provider,
                 ready_at=self._at(m.ready_s) if m.ready_s is not None else None,
-                running_tasks=1 if m.job is not None else 0,
+                running_tasks=len(m.jobs),
                 last_task_at=self._at(m.last_task_s) if m.last_task_s is not None else None,
                 drain_requested=m.drain_requested,
                 launched_for=m.launched_for,
@@ -283,7 +379,7 @@ class Simulation:
             self.result.log.append(f"t={self.now:.0f}s\n{plan.describe()}")
         self.result.waits_by_cap += sum(1 for w in qp.waits if w.kind == "spend_cap")
         execute(plan, _SimActions(self), lambda: "", (self.queue,))
-        live = len(self._live())
+        live = len(self.live)
         self.result.peak_machines = max(self.result.peak_machines, live)
         self.result.max_over_limit = max(
             self.result.max_over_limit, self._capacity() - self.auto.max_workers
@@ -300,8 +396,11 @@ class Simulation:
         launch_id = f"{self.queue}-{self.launch_seq}"
         m = SimMachine(launch_id, self.now, self.params.price_per_hour, launched_for=reason)
         self.machines[launch_id] = m
+        self.live[launch_id] = m
         if outcome.boots:
             self._push(self.now + outcome.boot_s, _BOOTED, launch_id)
+        elif self.world.failure_seen_at_boot:
+            self._push(self.now + min(outcome.boot_s, self.boot_timeout), _BOOT_FAILED, launch_id)
         else:
             self._push(self.now + self.boot_timeout, _BOOT_FAILED, launch_id)
 
@@ -321,20 +420,29 @@ class _SimActions:
         m = self._machine(action.launch_id)
         if m is not None:
             m.drain_requested = False
+            self.sim.racing.discard(m.launch_id)
 
     def drain_now(self, action: Drain) -> None:
         m = self._machine(action.launch_id)
-        if m is not None:
-            self.sim._destroy(m)
+        if m is None:
+            return
+        race = self.sim.world.drain_race_s
+        if race > 0 and m.state == InstanceState.READY and not m.jobs:
+            # the worker stops consuming only after the drain reaches it: a job may slip in
+            m.drain_requested = True
+            self.sim.racing.add(m.launch_id)
+            self.sim._push(self.sim.now + race, _DRAINED, m.launch_id)
+        else:
+            self.sim._destroy(m, released=True)
 
     def drain_when_idle(self, action: Drain) -> None:
         m = self._machine(action.launch_id)
         if m is None:
             return
-        if m.job is not None:
+        if m.jobs:
             m.drain_requested = True
         else:
-            self.sim._destroy(m)
+            self.drain_now(action)
 
     def launch(self, action: Launch, launch_id: str) -> None:
         self.sim._launch(action.reason)

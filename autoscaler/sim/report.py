@@ -100,7 +100,7 @@ def summarize(result: Result, saturation: Saturation | None = None) -> Report:
     dollars = sum(
         ((m.ended_s if m.ended_s is not None else result.end_s) - m.created_s) / 3600.0 * m.price
         for m in result.machines
-    )
+    ) + len(result.machines) * result.per_rental_dollars
     bound = sum(j.runtime_s for j in result.jobs) / 3600.0 * price
     undone = undone_seconds(result) / 3600.0
     charged = dollars + undone * price
@@ -152,7 +152,11 @@ LEGEND = (
     "unfinished part of jobs running at the end) is charged at its lower-bound cost, so no\n"
     "policy scores below 1.00 by dropping work. Waits count every job: a job never served\n"
     "counts from its arrival to the end of the run (a lower bound of its wait); a killed job\n"
-    "until its last start. Lower bound = Σ(runtime) × price: always-busy machines, no boots."
+    "until its last start. Lower bound = Σ(runtime) × price: always-busy machines, no boots.\n"
+    "Zero-wait oracle: clairvoyant rentals a boot ahead, every job starts on arrival (boots,\n"
+    "kept gaps and rental fees paid; ignores max_workers). Wait floor: FIFO on max_workers\n"
+    "machines always warm: the waits no policy under the cap can beat (its cost is no\n"
+    "reference). Every policy gets the same scale-from-zero fast path."
 )
 
 
@@ -169,6 +173,21 @@ def fmt_bound(r: Report, price: float) -> str:
     return (
         f"{'lower bound':<16}{hours:>8.1f}{r.lower_bound_dollars:>9.2f}{1.0:>7.2f}"
         f"{0:>8}{0:>8}{0:>8}{0:>8}{0:>9}{0:>7}{'-':>8}{0:>9.1f}"
+    )
+
+
+def fmt_oracle(machine_hours: float, dollars: float, bound: float, rentals: int) -> str:
+    ratio = dollars / bound if bound > 0 else 1.0
+    return (
+        f"{'zero-wait oracle':<16}{machine_hours:>8.1f}{dollars:>9.2f}{ratio:>7.2f}"
+        f"{0:>8}{0:>8}{0:>8}{0:>8}{0:>9}{0:>7}{rentals:>8}{0:>9.1f}"
+    )
+
+
+def fmt_floor(p50: float, p95: float, p99: float, wait_max: float) -> str:
+    return (
+        f"{'wait floor':<16}{'-':>8}{'-':>9}{'-':>7}"
+        f"{p50:>8.0f}{p95:>8.0f}{p99:>8.0f}{wait_max:>8.0f}{0:>9}{0:>7}{'-':>8}{0:>9.1f}"
     )
 
 

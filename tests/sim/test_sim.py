@@ -130,7 +130,7 @@ def test_our_policy_never_kills_and_keeps_max_on_every_trace():
         # the latency trigger's limit + one poll + the slowest boot (boot delay + 25 % jitter)
         if r.peak_machines < max_workers:
             assert r.wait_p95 <= max_latency + cfg.poll_interval + boot * 1.25, (name, r.wait_p95)
-        # and it beats runqy's original policy (which stacks launches while machines boot)
+        # and it beats runqy's original policy (which stacked launches while machines boot)
         runqy = summarize(run_one(cfg, "inference", jobs, "runqy-original"))
         assert r.dollars < runqy.dollars, (name, r.dollars, runqy.dollars)
 
@@ -173,12 +173,13 @@ def test_cli_table_and_json(tmp_path):
     runner = CliRunner()
     out = runner.invoke(simulate, ["--trace", str(trace), "--config", str(CONFIG)])
     assert out.exit_code == 0, out.output
-    for row in ("ours", "runqy-original", "keda-like", "lower bound"):
+    for row in ("ours", "runqy", "keda", "keda+delay", "zero-wait oracle", "wait floor",
+                "lower bound"):
         assert row in out.output
     out = runner.invoke(simulate, ["--trace", str(trace), "--config", str(CONFIG), "--json",
                                    "--seed", "3"])
     data = json.loads(out.output)
-    assert [p["policy"] for p in data["policies"]] == ["ours", "runqy-original", "keda-like"]
+    assert [p["policy"] for p in data["policies"]] == ["ours", "runqy", "keda", "keda+delay"]
     assert data["lower_bound_dollars"] == pytest.approx(40 * 120 / 3600 * 0.6)
 
 
