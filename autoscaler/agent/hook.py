@@ -8,7 +8,8 @@ It connects to Celery's `task_prerun` / `task_postrun` signals and keeps the sta
 agent reads (`$AUTOSCALER_STATUS_FILE`) up to date: `{"running": n, "last_task_at": epoch}`.
 
 Any other worker reports the same way: write that JSON to `$AUTOSCALER_STATUS_FILE` (atomically:
-write a temporary file, then rename; `write_status` does it).
+write a temporary file, then rename; `write_status` does it), or POST it to the agent's
+loopback endpoint `$AUTOSCALER_STATUS_URL`.
 """
 
 from __future__ import annotations

@@ -8,13 +8,15 @@ as capacity and is never drained or destroyed by the control plane.
     register -> GET deployment -> git clone (at its ref) -> pip install -r requirements.txt
     (when the repository has one) -> start the startup command in its own process group ->
     heartbeat every few seconds (running tasks and last task time from the status file the
-    Celery hook or any worker writes; GPU utilisation from nvidia-smi where there is one).
+    Celery hook or any worker writes, or that a worker POSTs to `$AUTOSCALER_STATUS_URL`; GPU
+    utilisation from nvidia-smi where there is one).
     A heartbeat answered "drain": SIGTERM to the worker (Celery's warm shutdown: it takes no
     new job and finishes the running one) -> wait for it to exit -> report drained -> exit 0.
     The worker exiting on its own: reported as crashed (with its exit code), agent exits 1.
 
 The worker's environment: the agent's own minus the worker token, plus `AUTOSCALER_BROKER_URL`
-(and `CELERY_BROKER_URL`) with the machine's own broker user, `AUTOSCALER_STATUS_FILE`.
+(and `CELERY_BROKER_URL`) with the machine's own broker user, `AUTOSCALER_STATUS_FILE`,
+`AUTOSCALER_STATUS_URL` and `AUTOSCALER_WORKER_NAME`.
 """
 
 from __future__ import annotations
@@ -189,6 +191,41 @@ def deploy(dep: Mapping[str, Any], workdir: Path) -> Path:
     return repo
 
 
+class StatusServer:
+    """`POST /status` on 127.0.0.1 (a port of its own): the body becomes the status file."""
+
+    def __init__(self, path: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        target = path + ".http"
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                try:
+                    size = min(int(self.headers.get("content-length") or 0), 4096)
+                    data = json.loads(self.rfile.read(size) or b"{}")
+                    running = max(0, int(data.get("running") or 0))
+                    last = data.get("last_task_at")
+                    last = float(last) if isinstance(last, int | float) else None
+                except (ValueError, TypeError, AttributeError):
+                    self.send_response(400)
+                    self.end_headers()
+                    return
+                tmp = f"{target}.tmp"
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    json.dump({"running": running, "last_task_at": last}, fh)
+                os.replace(tmp, target)
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/status"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
@@ -197,6 +234,14 @@ class Agent:
         self.status_file = str(cfg.workdir / "status.json")
         self.stopping = threading.Event()
         self.draining = False
+        self._status_server: StatusServer | None = None
+
+    def status_url(self) -> str:
+        """A loopback HTTP endpoint for workers that would rather POST their status
+        (`{"running": N, "last_task_at": epoch}`) than write the file; started once."""
+        if self._status_server is None:
+            self._status_server = StatusServer(self.status_file)
+        return self._status_server.url
 
     def start_worker(self, dep: Mapping[str, Any], repo: Path) -> None:
         cmd = dep.get("startup_cmd")
@@ -205,6 +250,7 @@ class Agent:
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         env.update({str(k): str(v) for k, v in (dep.get("env") or {}).items()})
         env["AUTOSCALER_STATUS_FILE"] = self.status_file
+        env["AUTOSCALER_STATUS_URL"] = self.status_url()
         # the name a Celery worker should take (`-n "$AUTOSCALER_WORKER_NAME"`): a rented
         # machine's worker after its launch label (remote control then knows it as ours), a
         # hand-made one's as its agent reports it (one sighting, not two)

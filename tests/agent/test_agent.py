@@ -34,6 +34,13 @@ def mark(what):
         fh.write(json.dumps({"what": what, "at": time.time()}) + "\\n")
 
 def status(running, last=None):
+    if os.path.exists("use_http"):  # the small HTTP call instead of the file
+        import urllib.request
+
+        body = json.dumps({"running": running, "last_task_at": last}).encode()
+        req = urllib.request.Request(os.environ["AUTOSCALER_STATUS_URL"], data=body)
+        urllib.request.urlopen(req, timeout=5).close()
+        return
     with open(path + ".tmp", "w") as fh:
         json.dump({"running": running, "last_task_at": last}, fh)
     os.replace(path + ".tmp", path)
@@ -64,7 +71,9 @@ def world(sqlite_url, tmp_path) -> Iterator[World]:
         w.close()
 
 
-def deploy(world: World, tmp_path: Path, *, crash: bool = False, seconds: float = 3.0) -> Path:
+def deploy(
+    world: World, tmp_path: Path, *, crash: bool = False, seconds: float = 3.0, http: bool = False
+) -> Path:
     marks = tmp_path / "marks"
     marks.mkdir()
     files = {
@@ -74,6 +83,8 @@ def deploy(world: World, tmp_path: Path, *, crash: bool = False, seconds: float 
     }
     if crash:
         files["crash"] = ""
+    if http:
+        files["use_http"] = ""
     url = git_repo(tmp_path / "repo", files)
     doc = json.loads(json.dumps(CONFIG))
     doc["queues"]["q1"]["deployment"] = {
@@ -104,8 +115,9 @@ def marks_of(marks: Path) -> list[str]:
 
 
 @pytest.mark.timeout(60)
-def test_agent_registers_deploys_heartbeats_and_drains_after_its_task(world, tmp_path):
-    marks = deploy(world, tmp_path, seconds=3.0)
+@pytest.mark.parametrize("report", ["status-file", "http"])
+def test_agent_registers_deploys_heartbeats_and_drains_after_its_task(world, tmp_path, report):
+    marks = deploy(world, tmp_path, seconds=3.0, http=report == "http")
     with serve(world) as api:
         agent = AgentProc(agent_env(world, api, tmp_path, marks), tmp_path / "agent.log")
         try:
