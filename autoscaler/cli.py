@@ -35,6 +35,7 @@ from autoscaler.credentials import (
 )
 from autoscaler.settings import CONTROL_KEYPREFIX, Settings, redact_url, url_secrets
 from autoscaler.sim.cli import simulate
+from autoscaler.sim.tune import tune
 from autoscaler.store import config_versions, migrate
 from autoscaler.store import providers as provider_store
 from autoscaler.store.db import make_engine, session_factory, transaction
@@ -559,6 +560,7 @@ def vault_rotate() -> None:
 
 
 main.add_command(simulate)
+main.add_command(tune)
 
 
 def _add_api_commands() -> None:

@@ -1,0 +1,179 @@
+"""Fair baselines, the references, the harder world and `autoscaler tune`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from autoscaler.sim.engine import World
+from autoscaler.sim.reference import wait_floor, zero_wait_oracle
+from autoscaler.sim.report import summarize
+from autoscaler.sim.run import POLICIES, compare, load_sim_config, run_one
+from autoscaler.sim.trace import Job, load_trace, write_csv
+from autoscaler.sim.tracegen import GENERATORS, TRACES_DIR, UNSEEN
+from autoscaler.sim.tune import Setting, cheapest, pareto, sweep, tune
+
+CONFIG = TRACES_DIR / "sim-config.yaml"
+
+
+def write_config(tmp_path: Path, **auto) -> Path:
+    block = {
+        "provider": "sim", "min_workers": 0, "max_workers": 4,
+        "scale_up": [{"trigger": "no_workers"}, {"trigger": "queue_depth", "threshold": 0}],
+        "scale_down": [{"trigger": "idle", "timeout": "5m"}],
+        "instance": {"gpu": "x", "max_price_per_hour": 0.6},
+    }
+    block.update(auto)
+    doc = {"providers": {"sim": {"kind": "mock", "boot_delay": 180, "price_per_hour": 0.6}},
+           "queues": {"q": {"autoscale": block}}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+@pytest.mark.parametrize("name", list(GENERATORS))
+def test_fair_baselines_kill_nothing_and_serve_everything(name):
+    cfg = load_sim_config(CONFIG)
+    jobs = load_trace(TRACES_DIR / f"{name}.csv")
+    reports, _ = compare(cfg, "inference", jobs)
+    assert [r.policy for r in reports] == list(POLICIES)
+    for r in reports:
+        assert r.killed == 0 and r.never_served == 0, r
+        assert r.ratio >= 1.0
+    by = {r.policy: r for r in reports}
+    # the scale-in delay only adds billed time, never changes who runs what
+    assert by["keda+delay"].dollars > by["keda"].dollars
+    assert by["keda+delay"].wait_p95 == by["keda"].wait_p95
+    # no policy under max_workers beats the warm FIFO's waits
+    floor = wait_floor(jobs, 16)
+    for r in reports:
+        assert r.wait_p95 >= floor.p95 and r.wait_max >= floor.max
+
+
+def test_runqy_as_documented_does_not_stack_and_releases_per_worker(tmp_path):
+    cfg = load_sim_config(write_config(tmp_path, max_workers=8))
+    burst = [Job(0.0, 1200.0) for _ in range(3)]
+    r = summarize(run_one(cfg, "q", burst, "runqy"))
+    assert r.launches <= 3 and r.killed == 0
+    # one long job and one short one: the idle worker goes without waiting for the busy one
+    jobs = [Job(0.0, 7200.0), Job(1.0, 60.0)]
+    res = run_one(cfg, "q", jobs, "runqy")
+    ends = sorted(m.ended_s - m.created_s for m in res.machines if m.ended_s is not None)
+    assert ends[0] < 7200
+
+
+def test_keda_counts_running_jobs_and_kills_nothing(tmp_path):
+    cfg = load_sim_config(write_config(
+        tmp_path, scale_up=[{"trigger": "queue_depth", "target_per_worker": 1}]))
+    jobs = [Job(0.0, 1800.0), Job(1.0, 1800.0)]
+    keda = summarize(run_one(cfg, "q", jobs, "keda"))
+    assert keda.killed == 0 and keda.never_served == 0
+
+
+def test_zero_wait_oracle_reuses_a_machine_only_within_a_boot():
+    # two jobs 100 s apart with a 180 s boot: one machine, kept idle 40 s
+    o = zero_wait_oracle([Job(0, 60), Job(100, 60)], 180, 3600)
+    assert o.rentals == 1 and o.dollars == pytest.approx(180 + 160)
+    # 1000 s apart: renting anew is cheaper than keeping it
+    o = zero_wait_oracle([Job(0, 60), Job(1000, 60)], 180, 3600, per_rental_dollars=1)
+    assert o.rentals == 2 and o.dollars == pytest.approx(2 * 240 + 2)
+    # overlapping jobs need two machines, or one with two slots
+    assert zero_wait_oracle([Job(0, 60), Job(10, 60)], 180, 3600).rentals == 2
+    assert zero_wait_oracle([Job(0, 60), Job(10, 60)], 180, 3600, concurrency=2).rentals == 1
+
+
+def test_wait_floor_is_fifo_on_warm_machines():
+    f = wait_floor([Job(0, 100), Job(0, 100), Job(0, 100)], 2)
+    assert f.max == 100 and f.p50 == 0
+
+
+def test_the_harder_world_kills_nothing_and_charges_rentals():
+    cfg = load_sim_config(CONFIG)
+    jobs = load_trace(TRACES_DIR / "spiky.csv")
+    easy = summarize(run_one(cfg, "inference", jobs, "ours"))
+    hard = summarize(run_one(cfg, "inference", jobs, "ours", world=World.realistic()))
+    assert hard.killed == 0 and hard.never_served == 0
+    assert hard.dollars >= hard.machine_hours * 0.6 + 0.02 * hard.launches - 1e-6
+    assert easy.dollars == pytest.approx(easy.machine_hours * 0.6)
+
+
+@pytest.mark.parametrize("world", [
+    World(blind_in_flight=True), World(blind_age=True), World(metric_lag_s=30),
+    World(drain_race_s=5), World(worker_concurrency=3),
+])
+def test_every_world_knob_keeps_work_safe(world):
+    cfg = load_sim_config(CONFIG)
+    jobs = UNSEEN["short-burst"]()
+    for policy in POLICIES:
+        r = summarize(run_one(cfg, "inference", jobs, policy, world=world))
+        assert r.killed == 0 and r.never_served == 0, (policy, world)
+
+
+def test_worker_concurrency_runs_jobs_side_by_side(tmp_path):
+    cfg = load_sim_config(write_config(tmp_path, max_workers=1))
+    jobs = [Job(0.0, 600.0) for _ in range(3)]
+    one = summarize(run_one(cfg, "q", jobs, "ours"))
+    three = summarize(run_one(cfg, "q", jobs, "ours", world=World(worker_concurrency=3)))
+    assert three.wait_max < one.wait_max
+
+
+def test_a_drain_racing_a_pickup_finishes_the_job_first(tmp_path):
+    cfg = load_sim_config(write_config(tmp_path, max_workers=1,
+                                       scale_down=[{"trigger": "idle", "timeout": "1m"}]))
+    # the next job lands inside the drain's race window of the idle worker
+    jobs = [Job(0.0, 60.0), Job(400.0, 60.0)]
+    r = summarize(run_one(cfg, "q", jobs, "ours", world=World(drain_race_s=600)))
+    assert r.killed == 0 and r.never_served == 0
+    assert r.launches == 1  # the racing worker took the second job: no second rental
+
+
+# ------------------------------------------------------------------ tune
+
+
+def test_sweep_front_and_cheapest(tmp_path):
+    cfg = load_sim_config(CONFIG)
+    jobs = [Job(float(i * 200), 60.0) for i in range(40)]
+    settings = [Setting(60, 2, None, 0), Setting(1800, 2, None, 0), Setting(300, 1, 60, 1)]
+    results = sweep(cfg, "inference", jobs, settings, workers=1)
+    assert [s for s, _ in results] == settings
+    front = pareto(results)
+    costs = [r.dollars for _, r in front]
+    waits = [r.wait_p95 for _, r in front]
+    assert costs == sorted(costs) and waits == sorted(waits, reverse=True)
+    best = cheapest(results, 1e9)
+    assert best is not None and best[1].dollars == min(r.dollars for _, r in results)
+    assert cheapest(results, -1) is None
+
+
+def test_tune_prints_the_choice_the_front_and_yaml(tmp_path, monkeypatch):
+    import autoscaler.sim.tune as t
+
+    monkeypatch.setattr(t, "IDLE_TIMEOUTS", (60.0, 600.0))
+    monkeypatch.setattr(t, "TARGETS", (2,))
+    monkeypatch.setattr(t, "MAX_LATENCIES", (None,))
+    monkeypatch.setattr(t, "MIN_WORKERS", (0,))
+    trace = tmp_path / "t.csv"
+    write_csv([Job(float(i * 300), 60.0) for i in range(30)], trace)
+    out = CliRunner().invoke(tune, ["--trace", str(trace), "--config", str(CONFIG),
+                                    "--p95-wait", "1h", "--jobs", "1"])
+    assert out.exit_code == 0, out.output
+    assert "cheapest holding the target" in out.output and "Pareto front" in out.output
+    block = yaml.safe_load(out.output.split("(provider and instance unchanged):\n", 1)[1])
+    assert block["max_workers"] == 16 and block["scale_down"][0]["trigger"] == "idle"
+    # the block loads as a config
+    doc = yaml.safe_load(CONFIG.read_text())
+    doc["queues"]["inference"]["autoscale"].update(block)
+    p = tmp_path / "tuned.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    load_sim_config(p)
+
+
+def test_tune_refuses_bad_input(tmp_path):
+    trace = tmp_path / "t.csv"
+    write_csv([Job(0, 1)], trace)
+    out = CliRunner().invoke(tune, ["--trace", str(trace), "--config", str(CONFIG),
+                                    "--p95-wait", "soon"])
+    assert out.exit_code == 2 and "duration" in out.output
