@@ -34,6 +34,9 @@ class Settings:
     api_url: str = "http://127.0.0.1:8480"
     """The server API as a rented machine reaches it (AUTOSCALER_API_URL)."""
     api_bind: str = "127.0.0.1:8480"
+    api_url_set: bool = False
+    """AUTOSCALER_API_URL is set: machines can reach the API, so launches make their broker
+    users (a machine learns its own only from the API)."""
     """Where `autoscaler serve` listens (AUTOSCALER_API_BIND, host:port)."""
 
     @classmethod
@@ -55,6 +58,7 @@ class Settings:
             api_url=e.get("AUTOSCALER_API_URL", "").strip()
             or f"http://{e.get('AUTOSCALER_API_BIND', '127.0.0.1:8480').strip()}",
             api_bind=e.get("AUTOSCALER_API_BIND", "127.0.0.1:8480").strip(),
+            api_url_set=bool(e.get("AUTOSCALER_API_URL", "").strip()),
         )
 
     def ensure_home(self) -> None:

@@ -1,7 +1,8 @@
 """Per-launch Redis ACL users: a rented machine never holds the shared broker password.
 
 Where a queue's watched broker is Celery on Redis 6 or newer, each launch gets its own user
-(`asg-<launch>`) limited to the keys and channels one Celery worker of that queue needs:
+(named after its label, `asg-<installation>-<launch>`) limited to the keys and channels one
+Celery worker of that queue needs:
 
 - the queue's lists (`<prefix><queue>` and its priority-step lists `<queue><sep><n>`);
 - kombu's `unacked`, `unacked_index`, `unacked_mutex` (one per database and prefix: shared by
@@ -28,6 +29,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from autoscaler.config.models import MetricsSource
 from autoscaler.metrics.registry import MetricsConfigError, source_url
+from autoscaler.providers.labels import make_label
 
 COMMANDS = (
     # connection and introspection kombu does on connect
@@ -106,8 +108,9 @@ class BrokerPlan:
     keyprefix: str
     sep: str
 
-    def user(self, launch_id: str) -> str:
-        return f"asg-{launch_id}"
+    def user(self, installation_id: str, launch_id: str) -> str:
+        """The machine's label (`asg-<installation>-<launch>`): whose it is, at a glance."""
+        return make_label(installation_id, launch_id)
 
     def key_patterns(self) -> list[str]:
         p, q, s = self.keyprefix, self.queue, self.sep
@@ -250,7 +253,8 @@ def machine_access(config: Any, env: Mapping[str, str] | None = None) -> list[st
             lines.append(f"machines of {name} will hold: {known[key]}")
             continue
         lines.append(
-            f"machines of {name} will hold: their own Redis user (asg-<launch>), limited to "
+            f"machines of {name} will hold: their own Redis user (named after the machine), "
+            "limited to "
             "this queue's keys and Celery's unacked, binding, remote-control and event keys; "
             "deleted when the machine is destroyed"
         )

@@ -91,7 +91,7 @@ def run_launch(rt: Runtime, launch_id: str) -> str:
         provider = rt.provider(provider_name)
     except (CredentialError, ProviderError, KeyError, ValueError) as exc:
         return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff)
-    _broker_user(rt, launch_id, queue, queue_cfg, token)
+    _broker_user(rt, install, launch_id, queue, queue_cfg, token)
     env = machine_env(queue, queue_cfg, rt.settings.api_url, token)
     launch = LaunchSpec.new(install, launch_id, env)
     try:
@@ -146,14 +146,19 @@ def run_launch(rt: Runtime, launch_id: str) -> str:
     return f"booting: {machine.provider_instance_id}"
 
 
-def _broker_user(rt: Runtime, launch_id: str, queue: str, queue_cfg: Any, token: str) -> None:
+def _broker_user(
+    rt: Runtime, install: str, launch_id: str, queue: str, queue_cfg: Any, token: str
+) -> None:
     """Make this launch's own broker user where the watched broker allows it (Redis ≥ 6), its
-    password derived from the worker token; recorded on the row so terminate deletes it."""
+    password derived from the worker token; recorded on the row so terminate deletes it.
+    Only when AUTOSCALER_API_URL is set: the machine learns its user from the API alone."""
+    if not rt.settings.api_url_set:
+        return
     try:
         plan = broker_users.plan_for(queue_cfg.metrics, queue, rt.env)
     except broker_users.NoBrokerUser:
         return
-    user = plan.user(launch_id)
+    user = plan.user(install, launch_id)
     try:
         broker_users.create_user(plan, user, keys.derive(token, "broker"))
     except Exception as exc:  # the machine then gets no broker URL; the agent says so

@@ -18,6 +18,7 @@ from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime
 from autoscaler.control.terminate import run_terminate
 from autoscaler.lifecycle import InstanceState as S
+from autoscaler.providers.labels import make_label
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, fleet, migrate
 from tests.api.apikit import REDIS
@@ -45,6 +46,7 @@ def test_machine_env_holds_only_its_own_token_and_the_acl_user_dies_with_it(
         "AUTOSCALER_ADMIN_KEY": "admin-key-secret-789",
         "AUTOSCALER_DATABASE_URL": sqlite_url,
         "AUTOSCALER_HOME": str(tmp_path / "home"),
+        "AUTOSCALER_API_URL": "http://127.0.0.1:9",
     }
     for k, v in secrets_here.items():
         monkeypatch.setenv(k, v)
@@ -70,10 +72,11 @@ def test_machine_env_holds_only_its_own_token_and_the_acl_user_dies_with_it(
     }
     rt = Runtime(Settings.from_env())
     admin = redis.Redis.from_url(f"{REDIS}/11")
-    user = "asg-envtest1"
+    user = "asg-?-envtest1"
     try:
         now = datetime.now(UTC)
         with rt.transaction() as session:
+            user = make_label(rt.installation_id(session), "envtest1")
             config_versions.record(session, config, "test", now, None)
             fleet.add_intents(session, [("envtest1", queue, "desk", "test")], now)
         assert run_launch(rt, "envtest1").startswith("booting"), rt
@@ -86,7 +89,7 @@ def test_machine_env_holds_only_its_own_token_and_the_acl_user_dies_with_it(
         assert ours <= ALLOWED, ours - ALLOWED
         blob = out.read_text()
         for secret in secrets_here.values():
-            if secret != secrets_here["AUTOSCALER_HOME"]:
+            if secret not in (secrets_here["AUTOSCALER_HOME"], "http://127.0.0.1:9"):
                 assert secret not in blob
         assert "RUNPOD_API_KEY" not in env and "redis://" not in blob
         token = env["AUTOSCALER_WORKER_TOKEN"]
@@ -133,6 +136,7 @@ def test_a_failed_launch_leaves_no_broker_user_and_no_token(
 ):
     monkeypatch.setenv("AUTOSCALER_DATABASE_URL", sqlite_url)
     monkeypatch.setenv("AUTOSCALER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AUTOSCALER_API_URL", "http://127.0.0.1:9")
     migrate.upgrade(sqlite_url)
     queue = f"failq-{time.time_ns()}"
     config = {
@@ -154,8 +158,10 @@ def test_a_failed_launch_leaves_no_broker_user_and_no_token(
     }
     rt = Runtime(Settings.from_env())
     admin = redis.Redis.from_url(f"{REDIS}/11", decode_responses=True)
+    user = "asg-?-failtest1"
     try:
         with rt.transaction() as session:
+            user = make_label(rt.installation_id(session), "failtest1")
             config_versions.record(session, config, "test", datetime.now(UTC), None)
             fleet.add_intents(session, [("failtest1", queue, "desk", "test")], datetime.now(UTC))
         assert run_launch(rt, "failtest1").startswith("failed"), "the launch should fail"
@@ -163,8 +169,8 @@ def test_a_failed_launch_leaves_no_broker_user_and_no_token(
             row = fleet.get(session, "failtest1")
             assert row is not None and row.state == S.FAILED
             assert row.broker_user is None and row.worker_token_hash is None
-        assert "asg-failtest1" not in admin.execute_command("ACL", "USERS")
+        assert user not in admin.execute_command("ACL", "USERS")
     finally:
-        admin.execute_command("ACL", "DELUSER", "asg-failtest1")
+        admin.execute_command("ACL", "DELUSER", user)
         admin.close()
         rt.close()

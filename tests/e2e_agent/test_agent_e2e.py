@@ -168,7 +168,7 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
         launches |= {r["launch_id"] for r in rows}
         label = first["worker"].rsplit("@", 1)[0]
         busy = next(r for r in rows if label.endswith(r["launch_id"]))
-        assert busy["broker_user"] == f"asg-{busy['launch_id']}"
+        assert busy["broker_user"] == f"asg-{loop.installation_id}-{busy['launch_id']}"
         assert busy["broker_user"] in acl_users()
         assert busy["agent_registered_at"] is not None
 
@@ -239,7 +239,7 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
             if e["kind"] in ("drain", "terminate")
         )
         assert not any("desk-7" in (r["worker_name"] or "") for r in loop.instances())
-        assert not {f"asg-{x}" for x in launches} & acl_users()
+        assert not {f"asg-{loop.installation_id}-{x}" for x in launches} & acl_users()
         loop.wait(lambda: not local_machines(loop, "desk"), 15, "no local machine left")
         print(
             f"agent e2e: {len(launches)} machine(s), {len(jobs)} jobs once each, "
@@ -262,7 +262,7 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
             launches |= {r["launch_id"] for r in loop.instances(queue)}
         r = redis.Redis.from_url(WATCH_BROKER)
         for launch in launches:
-            r.execute_command("ACL", "DELUSER", f"asg-{launch}")
+            r.execute_command("ACL", "DELUSER", f"asg-{loop.installation_id}-{launch}")
         r.close()
 
 
