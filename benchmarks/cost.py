@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from autoscaler.sim.candidates import CANDIDATES
 from autoscaler.sim.engine import World
 from autoscaler.sim.run import compare, load_sim_config, pick_queue, table
 from autoscaler.sim.trace import load_trace
@@ -28,6 +29,8 @@ def main() -> None:
     parser.add_argument("--realistic", action="store_true", help="metric lag, drain races, "
                         "per-rental cost, failed boots reported dead")
     parser.add_argument("--unseen", action="store_true", help="also the generated traces")
+    parser.add_argument("--candidates", action="store_true",
+                        help="also the candidate rules of autoscaler/sim/candidates.py")
     args = parser.parse_args()
     world = World.realistic() if args.realistic else World()
     config = load_sim_config(args.config)
@@ -41,7 +44,8 @@ def main() -> None:
         traces.update({f"{name} (unseen)": gen() for name, gen in UNSEEN.items()})
     for name, jobs in traces.items():
         started = time.perf_counter()
-        reports, price = compare(config, queue, jobs, args.seed, world)
+        reports, price = compare(config, queue, jobs, args.seed, world,
+                                 CANDIDATES if args.candidates else None)
         took = time.perf_counter() - started
         print(f"\n{name}: {len(jobs)} jobs, {sum(j.runtime_s for j in jobs) / 3600:.1f} h of "
               f"work, ${price:.2f}/h  ({len(reports)} policies simulated in {took:.1f}s)")
