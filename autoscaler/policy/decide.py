@@ -53,6 +53,12 @@ from autoscaler.policy.snapshot import (
 )
 
 SCHEDULE_DOWN_GRACE_POLLS = 2
+
+FLEET_IDLE_S = 120.0
+"""Fleet-level scale-in: an idle machine above what the load wants goes after this long, not
+after the idle timeout (one machine is always left to the timeout). 120 s: on the shipped and
+generated traces it cut steady from $40.45 to $35.70 and long-short from $49.04 to $45.68
+(p95 +30 s and +7 s), diurnal 1.40× → 1.28× the bound (`benchmarks/cost.py`)."""
 """A scale-down schedule is acted on during this many poll intervals after it fires, so one
 late or lost tick does not skip a night's scale-down; acting twice is harmless (idempotent)."""
 
@@ -395,6 +401,11 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
         )
         chosen.add(m.launch_id)
 
+    # fleet: idle machines above what the load asks for go before their idle timeout.
+    if idle_triggers := [tr for tr in u.auto.scale_down if isinstance(tr, IdleTrigger)]:
+        drains += _fleet_down(u, now, chosen, budget - len(drains), idle_triggers)
+        chosen.update(d.launch_id for d in drains)
+
     # schedule: back to the floor; idle machines now, busy ones once they finish.
     poll = u.auto.poll_interval or config.poll_interval
     for trig in u.auto.scale_down:
@@ -429,6 +440,49 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
             )
             chosen.add(m.launch_id)
     return drains
+
+
+def _fleet_down(
+    u: _Up, now: datetime, chosen: set[str], budget: int, idle_triggers: list[IdleTrigger]
+) -> list[Drain]:
+    """Fleet-level scale-in: the load wants ceil((pending + running) / target) machines (at
+    least one, kept for the idle timeout); serving machines above that which ran nothing for
+    FLEET_IDLE_S go now, most idle first. Never a busy one, never below the floor (budget)."""
+    if budget <= 0 or u.qs.metrics is None:
+        return []
+    shortest = min(tr.timeout for tr in idle_triggers)
+    if shortest <= FLEET_IDLE_S:
+        return []  # the idle timeout already acts sooner
+    load = u.qs.metrics.pending + u.qs.metrics.started_or_held
+    target = 1
+    for trig in u.auto.scale_up:
+        if isinstance(trig, QueueDepthTrigger) and trig.target_per_worker:
+            target = max(target, trig.target_per_worker)
+    need = max(1, -(-load // target))
+    serving = [m for m in u.qs.machines if m.serving and m.launch_id not in chosen]
+    spare = sorted(
+        (
+            m
+            for m in serving
+            if not m.busy and (now - m.idle_since()).total_seconds() >= FLEET_IDLE_S
+        ),
+        key=lambda m: (m.idle_since(), m.launch_id),
+    )
+    out = []
+    for m in spare[: max(0, min(budget, len(serving) - need))]:
+        secs = (now - m.idle_since()).total_seconds()
+        out.append(
+            Drain(
+                queue=u.name,
+                launch_id=m.launch_id,
+                trigger="idle",
+                reason=(
+                    f"fleet: no task for {secs:.0f}s ≥ {FLEET_IDLE_S:.0f}s and {len(serving)} "
+                    f"serving > {need} the load of {load} wants (target {target}/worker)"
+                ),
+            )
+        )
+    return out
 
 
 def _manual_down(u: _Up) -> list[Drain]:
