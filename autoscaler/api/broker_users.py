@@ -259,3 +259,43 @@ def machine_access(config: Any, env: Mapping[str, str] | None = None) -> list[st
             "deleted when the machine is destroyed"
         )
     return lines
+
+
+def list_users(url: str) -> list[str]:
+    client = _client(url)
+    try:
+        users = client.execute_command("ACL", "USERS")  # type: ignore[attr-defined]
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()  # type: ignore[attr-defined]
+    return [u.decode() if isinstance(u, bytes) else str(u) for u in users or ()]
+
+
+def sweep(
+    config: Any,
+    installation_id: str,
+    live_launches: set[str],
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Delete this installation's broker users whose machine has no live row any more (a
+    launch failed after its user was made, a row lost): reconcile calls it every round. Users
+    of other installations, and every other user, are never touched. Returns those deleted."""
+    from autoscaler.providers.labels import parse_label
+
+    deleted: list[str] = []
+    urls: set[str] = set()
+    for name, queue in config.queues.items():
+        if queue.autoscale is None or not queue.autoscale.enabled:
+            continue
+        with contextlib.suppress(NoBrokerUser):
+            urls.add(plan_for(queue.metrics, name, env).url)
+    for url in sorted(urls):
+        for user in list_users(url):
+            parsed = parse_label(user)
+            if parsed is None or parsed.installation_id != installation_id:
+                continue
+            if parsed.launch_id in live_launches:
+                continue
+            delete_user(url, user)
+            deleted.append(user)
+    return deleted

@@ -53,12 +53,29 @@ def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) ->
         if t.dst == S.TERMINATING:
             enqueue("terminate", t.launch_id)
     destroyed = _destroy_orphans(rt, plan, now)
+    _sweep_broker_users(rt, loaded, {r.launch_id for r in live})
     return {
         "transitions": len(plan.transitions),
         "retries": len(plan.retries),
         "orphans_destroyed": destroyed,
         "providers_unreadable": sorted(n for n, v in views.items() if not v.listed),
     }
+
+
+def _sweep_broker_users(rt: Runtime, loaded: Loaded, live: set[str]) -> None:
+    """Per-machine broker users whose machine has no live row are deleted (never a failure of
+    the round: a broker that cannot be reached is tried again next time)."""
+    from autoscaler.api import broker_users
+
+    with rt.transaction() as session:
+        install = rt.installation_id(session)
+    try:
+        gone = broker_users.sweep(loaded.config, install, live, rt.env)
+    except Exception as exc:
+        log.warning("broker users not swept: %s", type(exc).__name__)
+        return
+    if gone:
+        log.info("deleted %d broker user(s) of machines no longer live", len(gone))
 
 
 def list_providers(rt: Runtime, loaded: Loaded) -> dict[str, ProviderView]:

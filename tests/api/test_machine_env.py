@@ -174,3 +174,46 @@ def test_a_failed_launch_leaves_no_broker_user_and_no_token(
         admin.execute_command("ACL", "DELUSER", user)
         admin.close()
         rt.close()
+
+
+@pytest.mark.timeout(60)
+def test_reconcile_sweeps_broker_users_of_machines_no_longer_live(
+    sqlite_url, tmp_path: Path, monkeypatch
+):
+    from autoscaler.api import broker_users
+    from autoscaler.control.reconciler import run_reconcile
+    from tests.api.apikit import CONFIG
+
+    monkeypatch.setenv("AUTOSCALER_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("AUTOSCALER_HOME", str(tmp_path / "home"))
+    migrate.upgrade(sqlite_url)
+    rt = Runtime(Settings.from_env())
+    admin = redis.Redis.from_url(f"{REDIS}/11", decode_responses=True)
+    users: list[str] = []
+    try:
+        now = datetime.now(UTC)
+        with rt.transaction() as session:
+            install = rt.installation_id(session)
+            config_versions.record(session, CONFIG, "test", now, None)
+            fleet.add_intents(
+                session, [("gone1", "q1", "sandbox", "t"), ("live1", "q1", "sandbox", "t")], now
+            )
+            fleet.move(session, "gone1", S.PENDING, S.CREATING, now, "t")
+            fleet.move(session, "gone1", S.CREATING, S.FAILED, now, "t")
+        plan = broker_users.plan_for(
+            broker_users.MetricsSource.model_validate(CONFIG["queues"]["q1"]["metrics"]), "q1"
+        )
+        gone, live = make_label(install, "gone1"), make_label(install, "live1")
+        theirs = make_label("0" * 12, "gone1")  # another installation's: never ours to delete
+        users = [gone, live, theirs]
+        for u in users:
+            broker_users.create_user(plan, u, "pw")
+        run_reconcile(rt, lambda step, launch: None)
+        now_users = set(admin.execute_command("ACL", "USERS"))
+        assert gone not in now_users
+        assert live in now_users and theirs in now_users
+    finally:
+        for u in users:
+            admin.execute_command("ACL", "DELUSER", u)
+        admin.close()
+        rt.close()
