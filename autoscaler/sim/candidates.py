@@ -16,6 +16,8 @@ ever drains a busy machine. `python benchmarks/cost.py --candidates` prints them
   than `late_factor` × the median boot seen so far, 180 s × that before any), rent one more
   (within max_workers counting every billing machine, never in backoff): a failed boot then
   costs a late boot, not the boot timeout.
+- fleet-stateless: the same without history (what decide() could do today): an idle machine
+  above the current desired count goes once idle for the whole window.
 - fleet-scale-in: idle machines above the highest load-based desired count of the last
   `window_s` (desired = ceil((pending + running) / target)) are drained at once, most idle
   first, never a busy one and never below the floor; one machine is kept for the idle timeout.
@@ -120,10 +122,13 @@ class LearnedIdle:
 class FleetScaleIn:
     name = "fleet-scale-in"
 
-    def __init__(self, window_s: float = 120.0, inner: object | None = None) -> None:
+    def __init__(
+        self, window_s: float = 120.0, inner: object | None = None, stateless: bool = False
+    ) -> None:
         self.window_s = window_s
         self.history: list[tuple[datetime, int]] = []
         self.inner = inner
+        self.stateless = stateless
 
     def __call__(self, snapshot: Snapshot, config: Config, now: datetime) -> Plan:
         inner = self.inner if callable(self.inner) else decide
@@ -139,6 +144,8 @@ class FleetScaleIn:
             self.history = [
                 (t, d) for t, d in self.history if (now - t).total_seconds() < self.window_s
             ]
+            if self.stateless:
+                self.history = []
             self.history.append((now, desired))
             if qp.up_fired or qp.launches or qp.reclaims:
                 out.append(qp)
@@ -147,6 +154,11 @@ class FleetScaleIn:
             draining = {d.launch_id for d in qp.drains}
             serving = [m for m in qs.machines if m.serving and m.launch_id not in draining]
             idle = sorted((m for m in serving if not m.busy), key=lambda m: m.idle_since())
+            if self.stateless:
+                # no history: a machine idle for the whole window stands for "not needed in it"
+                idle = [
+                    m for m in idle if (now - m.idle_since()).total_seconds() >= self.window_s
+                ]
             extra = []
             for m in idle[: max(0, len(serving) - keep)]:
                 extra.append(
@@ -211,9 +223,19 @@ class Both:
         return self.inner(snapshot, config, now)
 
 
+class StatelessFleet(FleetScaleIn):
+    """fleet-scale-in with no history: only machines idle for the whole window go."""
+
+    name = "fleet-stateless"
+
+    def __init__(self) -> None:
+        super().__init__(stateless=True)
+
+
 CANDIDATES = {
     "learned-idle": LearnedIdle,
     "fleet-scale-in": FleetScaleIn,
+    "fleet-stateless": StatelessFleet,
     "hedge": Hedge,
     "all three": Both,
 }
