@@ -29,12 +29,13 @@ from sqlalchemy.orm import Session
 
 from autoscaler.config.models import MetricTrigger
 from autoscaler.control.executor import execute
-from autoscaler.control.observe import hand_made_workers
+from autoscaler.control.observe import read_sightings
 from autoscaler.control.runtime import Loaded, Runtime, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.prometheus import MetricReading as PromReading
 from autoscaler.metrics.prometheus import PrometheusReader, with_external
 from autoscaler.metrics.registry import MetricsConfigError, build_prometheus
+from autoscaler.metrics.workers import QueueLoad, with_worker_loads
 from autoscaler.policy.decide import decide
 from autoscaler.policy.plan import Drain, Launch, QueuePlan, Reclaim
 from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
@@ -202,7 +203,12 @@ def build_snapshot(
     now: datetime,
 ) -> Snapshot:
     """Every queue's numbers, our machines, hand-made workers, backoffs and manual targets:
-    one query per table whatever the number of queues and machines."""
+    one query per table whatever the number of queues and machines.
+
+    The broker's numbers are completed with what the workers reported through the worker-status
+    port (running, prefetched and ETA-held jobs per queue: `with_worker_loads`); a machine of
+    ours reporting through agent heartbeats only adds its running tasks. Queues with jobs
+    scheduled for later and no capacity get their recent boot time (one more query, only then)."""
     rows = fleet.live_rows(session)
     machines = fleet.machines_by_queue(rows)
     backoffs = fleet.backoffs(session)
@@ -211,23 +217,70 @@ def build_snapshot(
         (r.worker_name or "").rsplit("@", 1)[-1].lower() for r in rows
     }
     window = HAND_MADE_WINDOW_POLLS * loaded.config.poll_interval
-    hand_made = hand_made_workers(session, rt.installation_id(session), ours, now, window)
+    hand_made, loads, reported = read_sightings(
+        session, rt.installation_id(session), ours, now, window
+    )
+    since = now - timedelta(seconds=window)
+    broker_queue = {name: (cfg.metrics.queue or name) for name, cfg in loaded.config.queues.items()}
+    for r in rows:  # agent heartbeats: running tasks of machines no sighting reported
+        if (
+            r.state in (InstanceState.READY, InstanceState.DRAINING)
+            and r.last_heartbeat_at is not None
+            and r.last_heartbeat_at >= since
+            and (r.worker_name or "") not in reported
+        ):
+            bq = broker_queue.get(r.queue, r.queue)
+            loads[bq] = loads.get(bq, QueueLoad()) + QueueLoad(running=r.running_tasks)
+    completed = {
+        name: with_worker_loads(m, loads.get(broker_queue.get(name, name)))
+        for name, m in metrics.items()
+    }
+    waiting_for_due = [
+        name
+        for name, m in completed.items()
+        if m.scheduled > 0 and not any(x.serving or x.booting for x in machines.get(name, ()))
+    ]
+    boots = _boot_estimates(session, waiting_for_due, now)
     names = set(loaded.config.queues) | set(machines)
     queues = []
     for name in sorted(names):
-        cfg = loaded.config.queues.get(name)
-        broker_queue = (cfg.metrics.queue or name) if cfg is not None else name
         queues.append(
             QueueSnapshot(
                 name=name,
-                metrics=metrics.get(name),
+                metrics=completed.get(name),
                 machines=machines.get(name, ()),
-                manual_workers=len(hand_made.get(broker_queue, ())),
+                manual_workers=len(hand_made.get(broker_queue.get(name, name), ())),
                 backoffs=backoffs.get(name, ()),
                 manual_target=targets.get(name),
+                boot_estimate=boots.get(name),
             )
         )
     return Snapshot(tuple(queues))
+
+
+BOOT_HISTORY = 5
+"""The boot time of a queue is the longest of its last this many boots (ready in time)."""
+
+
+def _boot_estimates(session: Session, queues: list[str], now: datetime) -> dict[str, float]:
+    """Seconds from decision (the intent row) to ready of each queue's recent machines."""
+    if not queues:
+        return {}
+    got: dict[str, list[float]] = {}
+    for queue, created, ready in session.execute(
+        select(Instance.queue, Instance.created_at, Instance.ready_at)
+        .where(
+            Instance.queue.in_(queues),
+            Instance.ready_at.is_not(None),
+            Instance.ready_at >= now - timedelta(days=30),
+        )
+        .order_by(Instance.ready_at.desc())
+        .limit(BOOT_HISTORY * len(queues) * 4)
+    ).all():
+        seen = got.setdefault(queue, [])
+        if len(seen) < BOOT_HISTORY and ready is not None and ready >= created:
+            seen.append((ready - created).total_seconds())
+    return {q: max(v) for q, v in got.items() if v}
 
 
 # --------------------------------------------------------------------------- the port

@@ -7,12 +7,16 @@ Two sources feed the same columns of an instance row (`worker_name`, `last_heart
     `asg-<installation>-<launch>@host` is the machine `<launch>`; no agent is needed;
 (b) heartbeats the worker agent sends through the API (written to the same columns there).
 Every worker seen, ours or hand-made, is also kept in `worker_sightings`, so that every process
-counts hand-made machines (the GPU under the desk) as capacity alike.
+counts hand-made machines (the GPU under the desk) as capacity alike, with what it reported per
+queue (running, prefetched, held until an ETA: `metrics.workers.QueueLoad`, in the row's JSON):
+`worker_loads` sums those into the running counts the triggers use (the broker cannot count a
+running job under Celery's default early acks).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, update
@@ -23,7 +27,7 @@ from sqlalchemy.orm import Session
 from autoscaler.control.runtime import Loaded, Runtime, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.base import SourceError
-from autoscaler.metrics.workers import host_of
+from autoscaler.metrics.workers import QueueLoad, WorkerStatus, host_of
 from autoscaler.providers.labels import parse_label
 from autoscaler.store.models import Instance, WorkerSighting
 
@@ -40,7 +44,7 @@ def launch_of(worker: str, installation_id: str) -> str | None:
 
 def observe_celery_workers(rt: Runtime, loaded: Loaded, now: datetime) -> dict[str, str]:
     """Probe every watched Celery broker once; write what answered. Returns errors by source."""
-    seen: dict[str, tuple[tuple[str, ...], int]] = {}
+    seen: dict[str, WorkerStatus] = {}
     errors: dict[str, str] = {}
     probed: set[object] = set()
     for q in loaded.autoscaled.values():
@@ -61,18 +65,35 @@ def observe_celery_workers(rt: Runtime, loaded: Loaded, now: datetime) -> dict[s
     return errors
 
 
+def _status(value: WorkerStatus | tuple[tuple[str, ...], int]) -> WorkerStatus:
+    return value if isinstance(value, WorkerStatus) else WorkerStatus(value[0], value[1])
+
+
 def record_sightings(
     session: Session,
-    seen: dict[str, tuple[tuple[str, ...], int]],
+    seen: Mapping[str, WorkerStatus | tuple[tuple[str, ...], int]],
     installation_id: str,
     now: datetime,
 ) -> None:
-    """Upsert every sighting; move our machines' rows to what their worker just said."""
-    if seen:
+    """Upsert every sighting; move our machines' rows to what their worker just said.
+
+    `seen`: worker name -> `WorkerStatus` (or the older (queues, running) pair)."""
+    status = {name: _status(v) for name, v in seen.items()}
+    if status:
         ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
         sightings = [
-            {"worker": name[:200], "queues": {"queues": list(qs)}, "running": n, "seen_at": now}
-            for name, (qs, n) in seen.items()
+            {
+                "worker": name[:200],
+                "queues": {"queues": list(st.queues)}
+                | (
+                    {"loads": {q: load.as_json() for q, load in st.loads.items()}}
+                    if st.loads is not None
+                    else {}
+                ),
+                "running": st.running,
+                "seen_at": now,
+            }
+            for name, st in status.items()
         ]
         stmt = ins(WorkerSighting)
         stmt = stmt.on_conflict_do_update(
@@ -85,8 +106,8 @@ def record_sightings(
         )
         session.execute(stmt, sightings)
     ours = {
-        launch: (name, n)
-        for name, (_, n) in seen.items()
+        launch: (name, st.running)
+        for name, st in status.items()
         if (launch := launch_of(name, installation_id)) is not None
     }
     if not ours:
@@ -130,12 +151,36 @@ def hand_made_workers(
 ) -> dict[str, tuple[str, ...]]:
     """Per consumed queue, workers seen within `window` that are not our machines (one per
     host); older sightings are forgotten on the way."""
+    return read_sightings(session, installation_id, ours, now, window)[0]
+
+
+def read_sightings(
+    session: Session, installation_id: str, ours: set[str], now: datetime, window: float
+) -> tuple[dict[str, tuple[str, ...]], dict[str, QueueLoad], set[str]]:
+    """One read of `worker_sightings` (older than `window` forgotten on the way):
+
+    - per consumed queue, the hand-made workers (not our machines, one per host);
+    - per queue, the load every worker seen reported, ours and hand-made (one per host);
+    - the names of every worker whose sighting carried a load report."""
     since = now - timedelta(seconds=window)
     session.execute(delete(WorkerSighting).where(WorkerSighting.seen_at < since))
     out: dict[str, dict[str, str]] = defaultdict(dict)
-    for w in session.scalars(select(WorkerSighting)):
+    loads: dict[str, QueueLoad] = {}
+    reported: set[str] = set()
+    hosts: set[str] = set()
+    for w in session.scalars(select(WorkerSighting).order_by(WorkerSighting.worker)):
+        data = w.queues if isinstance(w.queues, dict) else {}
+        per_queue = data.get("loads")
+        if isinstance(per_queue, dict) and host_of(w.worker) not in hosts:
+            hosts.add(host_of(w.worker))
+            reported.add(w.worker)
+            for q, raw in per_queue.items():
+                load = QueueLoad.from_json(raw)
+                if load is not None:
+                    loads[str(q)] = loads.get(str(q), QueueLoad()) + load
         if launch_of(w.worker, installation_id) is not None or host_of(w.worker) in ours:
             continue
-        for q in (w.queues or {}).get("queues", []):
+        for q in data.get("queues", []):
             out[str(q)].setdefault(host_of(w.worker), w.worker)
-    return {q: tuple(sorted(names.values())) for q, names in out.items()}
+    hand_made = {q: tuple(sorted(names.values())) for q, names in out.items()}
+    return hand_made, loads, reported

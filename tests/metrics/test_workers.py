@@ -97,3 +97,41 @@ def test_with_broker_workers_fills_only_the_named_queues():
     m = QueueMetrics("q1", 1, None, 0, datetime.now(UTC))
     out = with_broker_workers({"q1": m, "q2": m}, {"q1": ("celery@x",)})
     assert out["q1"].broker_workers == ("celery@x",) and out["q2"].broker_workers == ()
+
+
+def test_a_task_is_attributed_to_the_consumed_queue_its_exchange_and_key_route_to():
+    from autoscaler.metrics.workers import _consumed, queue_of_task
+
+    consumed = _consumed([
+        {"name": "jobs", "exchange": {"name": "celery", "type": "direct"}, "routing_key": "celery"},
+        {"name": "gpu-work", "exchange": {"name": "jobsx", "type": "direct"},
+         "routing_key": "work.gpu"},
+        {"name": "gpu-topic", "exchange": {"name": "tasks", "type": "topic"},
+         "routing_key": "gpu.#"},
+    ])
+
+    def task(exchange: str, key: str) -> dict:
+        return {"delivery_info": {"exchange": exchange, "routing_key": key}}
+
+    assert queue_of_task(task("", "jobs"), consumed) == "jobs"  # the anonymous exchange
+    assert queue_of_task(task("jobsx", "work.gpu"), consumed) == "gpu-work"
+    assert queue_of_task(task("tasks", "gpu.fast.big"), consumed) == "gpu-topic"
+    assert queue_of_task(task("tasks", "cpu.fast"), consumed) is None
+    assert queue_of_task(task("", "elsewhere"), consumed) is None
+    assert queue_of_task({"no": "info"}, consumed[:1]) == "jobs"  # one queue: from there
+
+
+def test_worker_loads_fill_running_and_move_held_eta_jobs_out_of_in_flight():
+    from autoscaler.metrics.workers import QueueLoad, with_worker_loads
+
+    now = datetime.now(UTC)
+    rabbit = QueueMetrics("q", 4, 10.0, 5, now)  # RabbitMQ: 3 of the 5 unacked are ETA-held
+    got = with_worker_loads(rabbit, QueueLoad(running=1, reserved=1, scheduled=3, next_due=9.0))
+    assert (got.in_flight, got.scheduled, got.scheduled_held, got.next_due_at) == (2, 3, 3, 9.0)
+    assert (got.running, got.reserved, got.started_or_held) == (1, 1, 2)
+    redis_seen = QueueMetrics("q", 4, 10.0, 2, now, scheduled=3, scheduled_held=3, next_due_at=5.0)
+    got = with_worker_loads(redis_seen, QueueLoad(running=2, reserved=2, scheduled=3))
+    assert (got.in_flight, got.scheduled, got.next_due_at, got.started_or_held) == (2, 3, 5.0, 4)
+    assert with_worker_loads(rabbit, None) is rabbit
+    assert QueueLoad.from_json(QueueLoad(1, 2, 3, 4.5).as_json()) == QueueLoad(1, 2, 3, 4.5)
+    assert QueueLoad.from_json([1, -2, 3, None]) is None and QueueLoad.from_json("x") is None
