@@ -196,16 +196,18 @@ def _client(url: str) -> object:
 
 
 def _redis_version(url: str) -> tuple[int, ...]:
-    client = _client(url)
+    client: Any = None
     try:
-        info = client.info("server")  # type: ignore[attr-defined]
-    except Exception as exc:
+        client = _client(url)
+        info = client.info("server")
+    except Exception as exc:  # a URL redis cannot parse, a broker down: said, never raised
         raise NoBrokerUser(
             f"the broker cannot be asked its version ({type(exc).__name__})"
         ) from None
     finally:
-        with contextlib.suppress(Exception):
-            client.close()  # type: ignore[attr-defined]
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
     try:
         return tuple(int(x) for x in str(info.get("redis_version", "0")).split(".")[:2])
     except ValueError:
