@@ -18,7 +18,7 @@ import time
 from autoscaler.sim.candidates import CANDIDATES
 from autoscaler.sim.engine import World
 from autoscaler.sim.run import compare, load_sim_config, pick_queue, table
-from autoscaler.sim.trace import load_trace
+from autoscaler.sim.trace import Job, load_trace
 from autoscaler.sim.tracegen import GENERATORS, TRACES_DIR, UNSEEN
 
 
@@ -29,6 +29,8 @@ def main() -> None:
     parser.add_argument("--realistic", action="store_true", help="metric lag, drain races, "
                         "per-rental cost, failed boots reported dead")
     parser.add_argument("--unseen", action="store_true", help="also the generated traces")
+    parser.add_argument("--month", action="store_true",
+                        help="also time a 30-day trace (30 diurnal days) through every policy")
     parser.add_argument("--candidates", action="store_true",
                         help="also the candidate rules of autoscaler/sim/candidates.py")
     args = parser.parse_args()
@@ -42,6 +44,13 @@ def main() -> None:
     traces = {name: load_trace(TRACES_DIR / f"{name}.csv") for name in GENERATORS}
     if args.unseen:
         traces.update({f"{name} (unseen)": gen() for name, gen in UNSEEN.items()})
+    if args.month:
+        month = [
+            Job(j.arrival_s + day * 86400.0, j.runtime_s)
+            for day in range(30)
+            for j in GENERATORS["diurnal"](1000 + day)
+        ]
+        traces["month (30 diurnal days)"] = month
     for name, jobs in traces.items():
         started = time.perf_counter()
         reports, price = compare(config, queue, jobs, args.seed, world,

@@ -203,3 +203,16 @@ def test_learned_idle_picks_the_ski_rental_timeout():
     assert p.timeout(300) <= 1.0 + 1e-9
     p.gaps = [60.0] * 10  # every gap below a boot: wait for the next job
     assert p.timeout(300) == 60.0
+
+
+def test_simulate_realistic_prints_the_references_and_what_each_baseline_is(tmp_path):
+    from autoscaler.sim.cli import simulate
+
+    trace = tmp_path / "t.csv"
+    write_csv([Job(float(i * 120), 60.0) for i in range(30)], trace)
+    out = CliRunner().invoke(simulate, ["--trace", str(trace), "--config", str(CONFIG),
+                                        "--realistic"])
+    assert out.exit_code == 0, out.output
+    for text in ("zero-wait oracle", "wait floor", "lower bound", "runqy as documented",
+                 "scale-in delay", "fast path"):
+        assert text in out.output, text
