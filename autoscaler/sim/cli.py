@@ -45,7 +45,7 @@ from autoscaler.sim.trace import TraceError, load_trace
     "--realistic",
     is_flag=True,
     help="A harder world: 5 s metric lag, 2 s drain race, $0.02 per rental, failed boots "
-    "reported dead by the provider.",
+    "reported dead by the provider, 30 s of billing after each destroy.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def simulate(

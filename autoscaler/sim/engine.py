@@ -12,8 +12,9 @@ Billing runs from the rental until the machine is destroyed: boot and idle tails
 default run is the one the tests pin): metrics read `metric_lag_s` late, the source's blind
 spots (no in-flight/running count, no job age), a drain that races a job pickup for
 `drain_race_s` (a job taken in the window is finished first, then the machine goes), a failed
-boot seen when the provider reports the machine dead rather than at the boot timeout, and a
-node kept `release_delay_s` after its worker left (a cluster's scale-in delay).
+boot seen when the provider reports the machine dead rather than at the boot timeout, billing
+that runs `destroy_billing_s` past a destroy, and a node kept `release_delay_s` after its
+worker left (a cluster's scale-in delay).
 """
 
 from __future__ import annotations
@@ -67,16 +68,20 @@ class World:
     per_rental_dollars: float = 0.0
     failure_seen_at_boot: bool = False
     release_delay_s: float = 0.0
+    destroy_billing_s: float = 0.0
+    """A destroyed machine bills this much longer (the provider's terminate takes time)."""
 
     @classmethod
     def realistic(cls) -> World:
         """A 5 s metric lag, a 2 s drain race, $0.02 per rental, failed boots reported dead by
-        the provider after about a boot time (what `benchmarks/cost.py --realistic` runs)."""
+        the provider after about a boot time, 30 s of billing after a destroy (what
+        `benchmarks/cost.py --realistic` runs)."""
         return cls(
             metric_lag_s=5.0,
             drain_race_s=2.0,
             per_rental_dollars=0.02,
             failure_seen_at_boot=True,
+            destroy_billing_s=30.0,
         )
 
 
@@ -319,7 +324,11 @@ class Simulation:
         m.jobs = {}
         m.state = InstanceState.TERMINATED
         # a node kept after its worker left (a cluster's scale-in delay) bills on
-        m.ended_s = self.now + (self.world.release_delay_s if released else 0.0)
+        m.ended_s = (
+            self.now
+            + (self.world.release_delay_s if released else 0.0)
+            + self.world.destroy_billing_s
+        )
         self.live.pop(m.launch_id, None)
         self._sample()
 
