@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import redis
 
@@ -275,8 +275,11 @@ local function item(raw, eta)
   local id = nil
   at = string.find(raw, '"id"', 1, true)
   if at then id = string.match(raw, '^%s*:%s*"([^"\\]+)"', at + 4) end
-  local h = string.sub(redis.sha1hex(id or raw), 1, 10)
-  return h .. ',' .. stamp .. ',' .. (eta and string.format('%.6f', eta) or ''), stamp ~= ''
+  -- the id as it is (hashed by the reader); hashed here when it has no id or would not fit
+  -- the answer's separators ("sha1:" + the hash of the message, or of the id)
+  if id == nil then id = 'sha1:' .. redis.sha1hex(raw)
+  elseif string.find(id, '[%s,]') then id = 'sha1:' .. redis.sha1hex(id) end
+  return id .. ',' .. stamp .. ',' .. (eta and string.format('%.6f', eta) or ''), stamp ~= ''
 end
 for a = 9, #ARGV do
   for _, step in ipairs(steps) do
@@ -330,8 +333,7 @@ return table.concat(out, '\n')
 """
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     """One message near the head of a list: its id hash, stamped publish time and ETA."""
 
     hash: str
@@ -339,8 +341,7 @@ class Item:
     eta: float | None
 
 
-@dataclass(frozen=True)
-class KeyRead:
+class KeyRead(NamedTuple):
     """One non-empty priority key: depth, future-ETA messages among the `scanned` oldest, the
     earliest of their ETAs, and the items from the head the script returned."""
 
@@ -405,6 +406,9 @@ class CeleryRedisReader:
         self.scan_limit = max(0, scan_limit)
         self.scan_budget = max(0, scan_budget)
         self._marked: dict[str, str] = {}  # priority key -> queue, marked on the last read
+        # priority key -> (window ids, their first sightings) as last stored: an unchanged
+        # window needs no store round trip
+        self._windows: dict[str, tuple[tuple[str, ...], list[float]]] = {}
         self._exchanges: set[str] = set()  # exchanges whose binding tables are read each tick
         self.source_id = f"celery-redis:{redis_identity(url)}:{self.layout.global_keyprefix}"
 
@@ -507,11 +511,12 @@ class CeleryRedisReader:
 
         state = [_Queue() for _ in queues]
         windows: dict[str, tuple[int, KeyRead]] = {}  # priority key -> (queue index, read)
+        prefix = self.layout.global_keyprefix
         for index, got in fetched.items():
             qi, si = divmod(index, per_queue)
-            key = self.layout.global_keyprefix + queues[qi] + suffixes[si]
             qs = state[qi]
             if isinstance(got, str):
+                key = prefix + queues[qi] + suffixes[si]
                 qs.error = qs.error or self._secrets.scrub(f"key {key!r}: {got}")
                 continue
             qs.depth += got.depth - got.scheduled
@@ -519,7 +524,7 @@ class CeleryRedisReader:
             if got.next_due is not None:
                 qs.next_due = min(got.next_due, qs.next_due or got.next_due)
             if got.wants_window():
-                windows[key] = (qi, got)
+                windows[prefix + queues[qi] + suffixes[si]] = (qi, got)
             else:
                 age = _age(got.items, now_ts, None)
                 if age is not None:
@@ -527,16 +532,25 @@ class CeleryRedisReader:
 
         read_now = set(queues)
         forget = [k for k, q in self._marked.items() if k not in windows and q in read_now]
-        if windows or forget:
-            seen = self._first_sightings(windows, forget, now_ts)
+        seen: dict[str, list[float]] = {}
+        changed: dict[str, tuple[int, KeyRead]] = {}
+        for key, (qi, got) in windows.items():
+            cached = self._windows.get(key)
+            if cached is not None and cached[0] == tuple(it.hash for it in got.items):
+                seen[key] = cached[1]
+            else:
+                changed[key] = (qi, got)
+        if changed or forget:
+            seen.update(self._first_sightings(changed, forget, now_ts))
             for key in forget:
                 self._marked.pop(key, None)
-            for key, (qi, _) in windows.items():
+                self._windows.pop(key, None)
+            for key, (qi, _) in changed.items():
                 self._marked[key] = queues[qi]
-            for key, (qi, got) in windows.items():
-                age = _age(got.items, now_ts, seen.get(key))
-                if age is not None:
-                    state[qi].ages.append(age)
+        for key, (qi, got) in windows.items():
+            age = _age(got.items, now_ts, seen.get(key))
+            if age is not None:
+                state[qi].ages.append(age)
 
         out: dict[str, QueueMetrics] = {}
         for qi, q in enumerate(queues):
@@ -577,6 +591,8 @@ class CeleryRedisReader:
             log.warning("head sightings of %s unavailable: %s", self.source_id,
                         type(exc).__name__)
             return {}
+        for key, (_, got) in windows.items():
+            self._windows[key] = (tuple(it.hash for it in got.items), seen[key])
         return seen
 
     def close(self) -> None:
@@ -626,13 +642,20 @@ def _from_script(line: bytes) -> KeyRead | str:
     n, sched, next_due, scanned, items = (fields + [b""] * 5)[:5]
     parsed = []
     for raw in items.split(b" ") if items else ():
-        h, stamp, eta = [*raw.decode(errors="replace").split(","), "", ""][:3]
-        parsed.append(Item(h, _as_float(stamp) if stamp else None, _as_float(eta) if eta else None))
+        ident, stamp, eta = [*raw.decode(errors="replace").split(","), "", ""][:3]
+        parsed.append(Item(
+            _short(ident), _as_float(stamp) if stamp else None, _as_float(eta) if eta else None
+        ))
     return KeyRead(
         depth=int(n), scheduled=int(sched or 0),
         next_due=_as_float(next_due.decode()) if next_due else None,
         scanned=int(scanned or 0), items=tuple(parsed),
     )
+
+
+def _short(ident: str) -> str:
+    """The 10-hex hash a window keeps: the script's "sha1:<hash>" cut, an id hashed."""
+    return ident[5:5 + ID_HASH_CHARS] if ident.startswith("sha1:") else id_hash(ident)
 
 
 def _from_window(depth: int, window: Sequence[bytes], now: float) -> KeyRead:

@@ -326,3 +326,33 @@ def test_tls_redis_from_a_rediss_url_and_no_secret_on_failure(tls_redis):
                 url.replace(SECRET, SECRET + "x")):
         m = FallbackReader(CeleryRedisReader(bad, timeout=2), max_age=60).read(["q"])["q"]
         assert m.stale and m.error and SECRET not in m.error
+
+
+def test_an_unchanged_window_costs_no_store_round_trip(prefix, engine):
+    """The first sightings of a window are stored when it changes, not on every tick."""
+    calls: list[list[str]] = []
+
+    class Counting(StoredSightings):
+        def update_marks(self, source, keys, update):
+            calls.append(list(keys))
+            super().update_marks(source, keys, update)
+
+    app = producer(prefix)
+    for _ in range(3):
+        app.send_task("t.x", queue="q")
+    app.close()
+    clock = Clock()
+    reader = CeleryRedisReader(f"{REDIS_URL}/0", layout=CeleryRedisLayout(global_keyprefix=prefix),
+                               sightings=Counting(session_factory(engine)), clock=clock)
+    assert reader.read(["q"])["q"].oldest_pending_age == 0.0
+    clock.advance(30)
+    assert reader.read(["q"])["q"].oldest_pending_age == 30.0
+    assert len(calls) == 1
+    redis.Redis.from_url(f"{REDIS_URL}/0").rpop(f"{prefix}q")  # the window changed
+    clock.advance(30)
+    assert reader.read(["q"])["q"].oldest_pending_age == 60.0
+    assert len(calls) == 2
+    redis.Redis.from_url(f"{REDIS_URL}/0").delete(f"{prefix}q")  # emptied: forgotten once
+    reader.read(["q"])
+    reader.read(["q"])
+    assert len(calls) == 3
