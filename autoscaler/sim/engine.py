@@ -163,6 +163,11 @@ class Simulation:
         self.machines: dict[str, SimMachine] = {}
         self.live: dict[str, SimMachine] = {}
         self.racing: set[str] = set()
+        self.account: Account | None = None
+        """Set when several queues share one account (`Account`): decide() sees them all."""
+        self.horizon = 0.0
+        self.arrivals_left = 0
+        self.done = False
         """Machines not yet destroyed (insertion order = rental order)."""
         self.samples: list[tuple[float, int, int, int]] = []
         """(time, pending, index of the oldest pending job or -1, running) at each change,
@@ -185,38 +190,58 @@ class Simulation:
         heapq.heappush(self.events, (at, self.seq, kind, payload))
 
     def run(self) -> Result:
+        self.start()
+        while self.step():
+            pass
+        return self.finish()
+
+    def start(self) -> None:
         for i, job in enumerate(self.jobs):
             self._push(job.arrival_s, _ARRIVE, i)
         last = max((j.arrival_s for j in self.jobs), default=0.0)
-        horizon = max(self.day_s, last) + self.tail_s
+        self.horizon = max(self.day_s, last) + self.tail_s
         self._push(0.0, _TICK, 0)
-        arrivals_left = len(self.jobs)
-        while self.events:
-            at, _, kind, payload = heapq.heappop(self.events)
-            if at > horizon:
-                break
-            self.now = at
-            if kind == _ARRIVE:
-                assert isinstance(payload, int)
-                arrivals_left -= 1
-                self.pending.append(payload)
-                self._dispatch()
-                if self.fast_path and self._capacity() == 0:
-                    self._evaluate()  # scale from zero without waiting for the poll
-            elif kind == _BOOTED:
-                self._booted(str(payload))
-            elif kind == _BOOT_FAILED:
-                self._boot_failed(str(payload))
-            elif kind == _FINISH:
-                self._finish(str(payload))
-            elif kind == _DRAINED:
-                self._drained(str(payload))
-            elif kind == _TICK:
-                self._evaluate()
-                if arrivals_left == 0 and not self.pending and not self._live():
-                    break
-                self._push(self.now + self.poll, _TICK, 0)
-        self.result.end_s = min(self.now, horizon)
+        self.arrivals_left = len(self.jobs)
+        self.done = False
+
+    def next_at(self) -> float | None:
+        """When the next event happens; None once this run is over."""
+        if self.done or not self.events or self.events[0][0] > self.horizon:
+            return None
+        return self.events[0][0]
+
+    def step(self) -> bool:
+        """Handle the next event; False once the run is over."""
+        if self.next_at() is None:
+            self.done = True
+            return False
+        at, _, kind, payload = heapq.heappop(self.events)
+        self.now = at
+        if kind == _ARRIVE:
+            assert isinstance(payload, int)
+            self.arrivals_left -= 1
+            self.pending.append(payload)
+            self._dispatch()
+            if self.fast_path and self._capacity() == 0:
+                self._evaluate()  # scale from zero without waiting for the poll
+        elif kind == _BOOTED:
+            self._booted(str(payload))
+        elif kind == _BOOT_FAILED:
+            self._boot_failed(str(payload))
+        elif kind == _FINISH:
+            self._finish(str(payload))
+        elif kind == _DRAINED:
+            self._drained(str(payload))
+        elif kind == _TICK:
+            self._evaluate()
+            if self.arrivals_left == 0 and not self.pending and not self.live:
+                self.done = True
+                return False
+            self._push(self.now + self.poll, _TICK, 0)
+        return True
+
+    def finish(self) -> Result:
+        self.result.end_s = min(self.now, self.horizon)
         for m in self.live.values():
             if m.ended_s is None:
                 m.ended_s = self.result.end_s
@@ -380,7 +405,8 @@ class Simulation:
 
     def _evaluate(self) -> None:
         self.result.evaluations += 1
-        plan = self.policy(self.snapshot(), self.config, self._at(self.now))
+        snapshot = self.snapshot() if self.account is None else self.account.snapshot(self.now)
+        plan = self.policy(snapshot, self.config, self._at(self.now))
         qp = plan.for_queue(self.queue)
         if qp is None:
             return
@@ -458,3 +484,37 @@ class _SimActions:
 
     def queue_done(self, plan: QueuePlan) -> None:
         return None
+
+
+class Account:
+    """Several queues of one config in one run: each queue is its own `Simulation` (its trace,
+    its machines, its provider), events are handled in one time order, and every evaluation
+    shows decide() every queue, so account-wide caps (`limits`) and priorities act across
+    them. Each queue is evaluated at its own poll and carries out its own part of the plan."""
+
+    def __init__(self, sims: list[Simulation]) -> None:
+        self.sims = sims
+        for sim in sims:
+            sim.account = self
+        self.peak_machines = 0
+
+    def snapshot(self, now: float) -> Snapshot:
+        queues: list[QueueSnapshot] = []
+        for sim in self.sims:
+            sim.now = max(sim.now, now)
+            queues.extend(sim.snapshot().queues)
+        self.peak_machines = max(self.peak_machines, sum(len(s.live) for s in self.sims))
+        return Snapshot(queues=tuple(queues))
+
+    def run(self) -> list[Result]:
+        for sim in self.sims:
+            sim.start()
+        while True:
+            nexts = [
+                (at, i) for i, sim in enumerate(self.sims) if (at := sim.next_at()) is not None
+            ]
+            if not nexts:
+                break
+            _, i = min(nexts)
+            self.sims[i].step()
+        return [sim.finish() for sim in self.sims]

@@ -216,3 +216,38 @@ def test_simulate_realistic_prints_the_references_and_what_each_baseline_is(tmp_
     for text in ("zero-wait oracle", "wait floor", "lower bound", "runqy as documented",
                  "scale-in delay", "fast path"):
         assert text in out.output, text
+
+
+# ------------------------------------------------------------------ several queues, one account
+
+
+def test_two_queues_share_the_account_cap_in_one_run(tmp_path):
+    from autoscaler.policy.decide import decide
+    from autoscaler.sim.engine import Account, Simulation
+
+    block = {
+        "provider": "sim", "min_workers": 0, "max_workers": 4,
+        "scale_up": [{"trigger": "no_workers"},
+                     {"trigger": "queue_depth", "target_per_worker": 1}],
+        "scale_down": [{"trigger": "idle", "timeout": "5m"}],
+        "instance": {"gpu": "x", "max_price_per_hour": 0.6},
+    }
+    doc = {"providers": {"sim": {"kind": "mock", "boot_delay": 180, "price_per_hour": 0.6}},
+           "limits": {"max_machines": 3},
+           "queues": {"a": {"autoscale": {**block, "priority": 1}}, "b": {"autoscale": block}}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    cfg = load_sim_config(p)
+    burst = [Job(float(i), 300.0) for i in range(8)]
+    sims = [Simulation(cfg, q, burst, decide, name=q, day_s=3600, tail_s=3600) for q in "ab"]
+    account = Account(sims)
+    results = account.run()
+    assert account.peak_machines <= 3  # alone, each queue would rent 4
+    for r in results:
+        rep = summarize(r)
+        assert rep.killed == 0 and rep.never_served == 0
+    # the higher priority queue was served first
+    a, b = (summarize(r) for r in results)
+    assert a.wait_p50 <= b.wait_p50
+    # the cap, not the queues' max_workers, held them: decide() said so
+    assert sum(r.waits_by_cap for r in results) > 0
