@@ -284,7 +284,8 @@ def tune(
             + "; raise max_workers or the target"
         )
     else:
-        click.echo(fmt(best[0].describe() + " (cheapest holding the target)", best[1]))
+        click.echo(fmt("cheapest holding the target:", best[1]))
+        click.echo(f"  {best[0].describe()}")
         if current.wait_p95 <= target and current.dollars <= best[1].dollars and ok(current):
             click.echo("your config already holds the target at no more cost")
     click.echo("")
