@@ -9,8 +9,16 @@ import click
 from autoscaler.boundary import Refused
 from autoscaler.config import ConfigError
 from autoscaler.sim.engine import World
-from autoscaler.sim.report import LEGEND
-from autoscaler.sim.run import compare, jobs_for, load_sim_config, pick_queue, table, warnings_for
+from autoscaler.sim.report import HEADER, LEGEND, fmt_row
+from autoscaler.sim.run import (
+    compare,
+    jobs_for,
+    load_sim_config,
+    pick_queue,
+    run_account,
+    table,
+    warnings_for,
+)
 from autoscaler.sim.trace import TraceError, load_trace
 
 
@@ -47,12 +55,27 @@ from autoscaler.sim.trace import TraceError, load_trace
     help="A harder world: 5 s metric lag, 2 s drain race, $0.02 per rental, failed boots "
     "reported dead by the provider, 30 s of billing after each destroy.",
 )
+@click.option(
+    "--all-queues",
+    is_flag=True,
+    help="Run our policy on every autoscaled queue at once (the trace's queue column routes "
+    "jobs), so account limits act across them; one row per queue.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def simulate(
-    trace: str, config_path: str, queue: str | None, seed: int, realistic: bool, as_json: bool
+    trace: str,
+    config_path: str,
+    queue: str | None,
+    seed: int,
+    realistic: bool,
+    all_queues: bool,
+    as_json: bool,
 ) -> None:
     """Replay TRACE on a virtual clock through decide() and fair baselines; print the cost."""
     world = World.realistic() if realistic else World()
+    if all_queues:
+        _simulate_account(trace, config_path, seed, world, as_json)
+        return
     try:
         config = load_sim_config(config_path)
         name = pick_queue(config, queue)
@@ -83,3 +106,27 @@ def simulate(
         click.echo(line)
     click.echo("")
     click.echo(LEGEND)
+
+
+def _simulate_account(trace: str, config_path: str, seed: int, world: World, as_json: bool) -> None:
+    try:
+        config = load_sim_config(config_path)
+        reports, peak = run_account(config, load_trace(trace), seed, world)
+    except (ConfigError, TraceError, ValueError) as exc:
+        raise Refused(str(exc)) from None
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"peak_machines_account": peak, "queues": [r.as_dict() for r in reports]},
+                indent=2,
+            )
+        )
+        return
+    limits = config.limits
+    click.echo(
+        f"{len(reports)} queues in one account (limits: max_machines {limits.max_machines}, "
+        f"max_price_per_hour {limits.max_price_per_hour}); peak {peak} machines at once"
+    )
+    click.echo("queue" + HEADER[len("queue"):])
+    for r in reports:
+        click.echo(fmt_row(r))

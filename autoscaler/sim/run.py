@@ -267,3 +267,30 @@ def table(
     lines.append(fmt_bound(reports[0], price))
     lines += [f"  {name}: {note}" for name, note in BASELINE_NOTES.items()]
     return lines
+
+
+def run_account(
+    config: Config, jobs: list[Job], seed: int = 0, world: World | None = None
+) -> tuple[list[Report], int]:
+    """decide() on every enabled autoscaled queue of `config` in one run (one account: limits
+    and priorities act across the queues); a job without a queue goes to the first one.
+    Returns a report per queue and the peak of machines billing at once across them."""
+    from autoscaler.sim.engine import Account
+
+    names = [
+        n
+        for n, q in sorted(config.queues.items())
+        if q.autoscale is not None and q.autoscale.enabled
+    ]
+    if not names:
+        raise ValueError("the config has no queue with an enabled autoscale block")
+    sims = []
+    for name in names:
+        queue_jobs = jobs_for(jobs, name, names[0])
+        check_span(config, name, queue_jobs)
+        sims.append(
+            Simulation(config, name, queue_jobs, decide_factory(), name=name, seed=seed,
+                       world=world)
+        )
+    account = Account(sims)
+    return [summarize(r) for r in account.run()], account.peak_machines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,34 @@ def test_two_queues_share_the_account_cap_in_one_run(tmp_path):
     assert a.wait_p50 <= b.wait_p50
     # the cap, not the queues' max_workers, held them: decide() said so
     assert sum(r.waits_by_cap for r in results) > 0
+
+
+def test_simulate_all_queues_runs_them_in_one_account(tmp_path):
+    from autoscaler.sim.cli import simulate
+
+    block = {
+        "provider": "sim", "min_workers": 0, "max_workers": 4,
+        "scale_up": [{"trigger": "no_workers"},
+                     {"trigger": "queue_depth", "target_per_worker": 1}],
+        "scale_down": [{"trigger": "idle", "timeout": "5m"}],
+        "instance": {"gpu": "x", "max_price_per_hour": 0.6},
+    }
+    doc = {"providers": {"sim": {"kind": "mock", "boot_delay": 180, "price_per_hour": 0.6}},
+           "limits": {"max_machines": 3},
+           "queues": {"a": {"autoscale": block}, "b": {"autoscale": block}}}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(
+        f'{{"arrival_s": {i}, "runtime_s": 300, "queue": "{q}"}}\n' for i in range(6) for q in "ab"
+    ))
+    runner = CliRunner()
+    out = runner.invoke(simulate, ["--trace", str(trace), "--config", str(cfg), "--all-queues"])
+    assert out.exit_code == 0, out.output
+    assert "2 queues in one account" in out.output
+    data = json.loads(runner.invoke(
+        simulate, ["--trace", str(trace), "--config", str(cfg), "--all-queues", "--json"]
+    ).output)
+    assert data["peak_machines_account"] <= 3
+    assert [q["policy"] for q in data["queues"]] == ["a", "b"]
+    assert all(q["jobs"] == 6 and q["never_served"] == 0 for q in data["queues"])
