@@ -160,19 +160,18 @@ def read_sightings(
     """One read of `worker_sightings` (older than `window` forgotten on the way):
 
     - per consumed queue, the hand-made workers (not our machines, one per host);
-    - per queue, the load every worker seen reported, ours and hand-made (one per host);
+    - per queue, the load every worker seen reported, ours and hand-made (every worker process:
+      two on one host run different tasks);
     - the names of every worker whose sighting carried a load report."""
     since = now - timedelta(seconds=window)
     session.execute(delete(WorkerSighting).where(WorkerSighting.seen_at < since))
     out: dict[str, dict[str, str]] = defaultdict(dict)
     loads: dict[str, QueueLoad] = {}
     reported: set[str] = set()
-    hosts: set[str] = set()
     for w in session.scalars(select(WorkerSighting).order_by(WorkerSighting.worker)):
         data = w.queues if isinstance(w.queues, dict) else {}
         per_queue = data.get("loads")
-        if isinstance(per_queue, dict) and host_of(w.worker) not in hosts:
-            hosts.add(host_of(w.worker))
+        if isinstance(per_queue, dict):
             reported.add(w.worker)
             for q, raw in per_queue.items():
                 load = QueueLoad.from_json(raw)
