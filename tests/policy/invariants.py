@@ -7,7 +7,7 @@ import math
 from autoscaler.config.models import Config, Limits, MetricTrigger, QueueDepthTrigger
 from autoscaler.lifecycle import LIVE_STATES, InstanceState
 from autoscaler.policy.backoff import active_backoff
-from autoscaler.policy.decide import decide
+from autoscaler.policy.decide import decide, late_boot_s
 from autoscaler.policy.plan import Plan
 from autoscaler.policy.snapshot import QueueSnapshot, Snapshot
 
@@ -88,9 +88,25 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
         # no stacking: while a machine boots, only the floor or a grown target load launches
         booting = sum(1 for m in qs.machines if m.state in BOOTING)
         bound = max(qp.floor, target_wants(qs, auto.scale_up))
+        fresh_now = qs.metrics is not None and not qs.metrics.stale
         grown = cap + r + n
         if booting:
-            assert n + r == 0 or grown <= bound, (cap, r, n, bound)
+            # the one exception: a hedge when every booting machine is late and none serves
+            late = late_boot_s(auto, qs, config)
+            hedged = (
+                fresh_now
+                and manual is None
+                and qs.metrics is not None
+                and qs.metrics.pending > 0
+                and not any(m.serving for m in qs.machines)
+                and all(
+                    (now - m.created_at).total_seconds() > late
+                    for m in qs.machines
+                    if m.state in BOOTING
+                )
+            )
+            limit = max(bound, cap + 1) if hedged else bound
+            assert n + r == 0 or grown <= limit, (cap, r, n, bound, hedged)
         else:
             assert n + r == 0 or grown <= max(bound, cap + 1, 1)
         fresh = qs.metrics is not None and not qs.metrics.stale
