@@ -152,7 +152,7 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
         jobs = [f"job-{i}" for i in range(4)]
         for j in jobs:
             publisher.send_task(
-                "e2eagent.job", args=[str(record), j, 2.5], queue=queue, routing_key=queue
+                "e2eagent.job", args=[str(record), j, 4.0], queue=queue, routing_key=queue
             )
 
         # 1. a machine boots the agent, which clones the repo and runs a job with its own user
