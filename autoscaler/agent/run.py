@@ -21,6 +21,7 @@ The worker's environment: the agent's own minus the worker token, plus `AUTOSCAL
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import glob
 import json
@@ -160,6 +161,19 @@ def gpu_utilisation() -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def git_auth_env(token: object) -> dict[str, str]:
+    """Git's config through the environment (git ≥ 2.31): the token goes in an HTTP header for
+    the clone, never into the command line (`ps`), the URL or the clone's .git/config."""
+    if not isinstance(token, str) or not token:
+        return {}
+    basic = base64.b64encode(f"x-access-token:{token}".encode()).decode()
+    return {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "http.extraHeader",
+        "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
+    }
+
+
 def deploy(dep: Mapping[str, Any], workdir: Path) -> Path:
     """Clone the deployment's repository at its ref; install its requirements if it has any."""
     url = dep.get("git_url")
@@ -169,7 +183,7 @@ def deploy(dep: Mapping[str, Any], workdir: Path) -> Path:
     if repo.exists():
         shutil.rmtree(repo)
     workdir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", **git_auth_env(dep.get("git_token"))}
     run: list[tuple[str, ...]] = [("git", "clone", "--quiet", str(url), str(repo))]
     ref = dep.get("git_ref")
     if ref:

@@ -13,7 +13,7 @@ trace); a store that cannot be reached is a 503.
 """
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -78,10 +78,18 @@ class Deployment(BaseModel):
     queue: str
     git_url: str | None
     git_ref: str | None
+    git_token: str | None = None
     startup_cmd: str | None
     env: dict[str, str]
     broker_url: str | None
     broker_note: str | None
+
+
+def _git_token(dep: Any, env: Mapping[str, str]) -> str | None:
+    """The private repository's read token, from the control plane's environment (only a
+    machine's own authenticated deployment request gets it)."""
+    name = getattr(dep, "git_token_env", None)
+    return (env.get(name) or None) if name else None
 
 
 class Drained(BaseModel):
@@ -254,8 +262,9 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             queue=row.queue,
             git_url=dep.git_url if dep else None,
             git_ref=dep.git_ref if dep else None,
+            git_token=_git_token(dep, runtime().env),
             startup_cmd=dep.startup_cmd if dep else None,
-            env={"AUTOSCALER_QUEUE": row.queue},
+            env={**(dep.env if dep else {}), "AUTOSCALER_QUEUE": row.queue},
             broker_url=broker_url,
             broker_note=note,
         )
@@ -356,8 +365,9 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             queue=queue,
             git_url=dep.git_url if dep else None,
             git_ref=dep.git_ref if dep else None,
+            git_token=_git_token(dep, runtime().env),
             startup_cmd=dep.startup_cmd if dep else None,
-            env={"AUTOSCALER_QUEUE": queue},
+            env={**(dep.env if dep else {}), "AUTOSCALER_QUEUE": queue},
             broker_url=url,
             broker_note="a hand-made machine holds the broker's own credentials",
         )

@@ -299,12 +299,34 @@ SCALE_DOWN_TRIGGERS = ("idle", "schedule")
 # --------------------------------------------------------------------------- queues
 
 
+RESERVED_ENV_PREFIX = "AUTOSCALER_"
+
+
 class Deployment(Strict):
-    """What a rented machine runs: the team's task code and how to start its worker."""
+    """What a rented machine runs: the team's task code and how to start its worker.
+
+    `env`: variables the worker starts with (never secrets of the control plane's: they would
+    sit on a marketplace host). `git_token_env`: the name of a variable, on the control plane,
+    holding a token that can read a private HTTPS repository; the machine gets the token (and
+    only it) through its own authenticated deployment request, never in its environment.
+    """
 
     git_url: Line = Field(min_length=1)
     startup_cmd: Text = Field(min_length=1)
     git_ref: Line | None = None
+    git_token_env: EnvName | None = None
+    env: dict[EnvName, Line] = Field(default_factory=dict, max_length=100)
+
+    @field_validator("env")
+    @classmethod
+    def _no_reserved_names(cls, env: dict[str, str]) -> dict[str, str]:
+        taken = sorted(k for k in env if k.startswith(RESERVED_ENV_PREFIX))
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)} start with {RESERVED_ENV_PREFIX!r}, which the autoscaler "
+                "sets itself; rename them"
+            )
+        return env
 
 
 class InstanceSpec(Strict):
