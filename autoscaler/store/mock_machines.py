@@ -21,6 +21,18 @@ DEAD = "dead"
 DESTROYED = "destroyed"
 
 
+SECRET_NAME_PARTS = ("TOKEN", "KEY", "PASSWORD", "SECRET")
+
+
+def masked_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A machine's env as the mock keeps it: a simulated machine needs no worker token, and a
+    token must not sit in clear in the state store."""
+    return {
+        k: ("***" if any(part in k.upper() for part in SECRET_NAME_PARTS) else v)
+        for k, v in env.items()
+    }
+
+
 def insert(
     session: Session,
     *,
@@ -40,7 +52,7 @@ def insert(
     row = MockMachine(
         provider=provider,
         label=label,
-        env=dict(env),
+        env=masked_env(env),
         gpu=gpu,
         price_per_hour=price_per_hour,
         status=CREATED,

@@ -146,3 +146,22 @@ def test_hand_made_and_foreign_machines_are_not_ours(sessions: sessionmaker[Sess
     assert len(other.list_owned()) == 1
     with transaction(sessions) as s:
         assert {r.label for r in mock_machines.list_live(s, "demo")} >= {"by-hand"}
+
+
+def test_a_worker_token_never_sits_in_clear_in_the_mock_machines_table(
+    sessions: sessionmaker[Session],
+) -> None:
+    from sqlalchemy import select
+
+    from autoscaler.store.models import MockMachine
+
+    p = mock(sessions, [T0])
+    secret = "tok-" + uuid.uuid4().hex
+    lid = uuid.uuid4().hex
+    spec_ = LaunchSpec.new(INSTALLATION, lid, {"QUEUE": "q", "AUTOSCALER_WORKER_TOKEN": secret})
+    p.create(p.find_offers(spec())[0], spec_)
+    with sessions() as s:
+        row = s.scalar(select(MockMachine).where(MockMachine.label == spec_.label))
+        assert row is not None
+        assert row.env["QUEUE"] == "q" and row.env["AUTOSCALER_WORKER_TOKEN"] == "***"
+        assert secret not in str(row.env)
