@@ -42,6 +42,8 @@ from typing import Any
 
 import requests
 
+from autoscaler.agent import gpu
+
 log = logging.getLogger("autoscaler.agent")
 
 SHELL_CHARS = set(";&|<>$`()*?[]{}~#\n\\'\"=")
@@ -145,20 +147,8 @@ def read_status(path: str) -> tuple[int, float | None]:
 
 
 def gpu_utilisation() -> float | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.split()
-        values = [float(v) for v in out]
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    return sum(values) / len(values) if values else None
+    """The mean utilisation of this machine's GPUs, None without GPU data."""
+    return gpu.mean_utilisation(gpu.read())
 
 
 def git_auth_env(token: object) -> dict[str, str]:

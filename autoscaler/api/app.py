@@ -272,7 +272,11 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
     @app.post("/v1/worker/{launch_id}/heartbeat", response_model=HeartbeatAnswer)
     def heartbeat(body: Heartbeat, row: Worker, session: DB) -> HeartbeatAnswer:
         now = _now()
-        values: dict[str, Any] = {"last_heartbeat_at": now, "running_tasks": body.running_tasks}
+        values: dict[str, Any] = {
+            "last_heartbeat_at": now,
+            "running_tasks": body.running_tasks,
+            "gpu_utilisation": body.gpu_utilisation,
+        }
         if not row.worker_name:
             values["worker_name"] = f"agent@{row.launch_id}"
         busy = body.running_tasks > 0 or row.running_tasks > 0

@@ -155,6 +155,7 @@ class Instance(Base):
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     last_task_at: Mapped[datetime | None] = mapped_column(default=None)
     running_tasks: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_utilisation: Mapped[float | None] = mapped_column(Float, default=None)
     worker_name: Mapped[str | None] = mapped_column(String(200), default=None)
     worker_token_hash: Mapped[str | None] = mapped_column(String(128), default=None, unique=True)
     broker_user: Mapped[str | None] = mapped_column(String(100), default=None)
@@ -327,3 +328,21 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(128), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class QueueSample(Base):
+    """A queue's numbers at one reading, for the dashboard's chart: pending jobs (the metric
+    reading of that time) and the machines that served it. Written by the API whenever it shows
+    the numbers (the dashboard's poll, a /metrics scrape), keyed by the reading's own time, so
+    two processes recording the same reading write one row. Kept for a week."""
+
+    __tablename__ = "queue_samples"
+    __table_args__ = (Index("ix_queue_samples_at", "at"),)
+
+    queue: Mapped[str] = mapped_column(String(200), primary_key=True)
+    at: Mapped[datetime] = mapped_column(primary_key=True)
+    pending: Mapped[int] = mapped_column(Integer, default=0)
+    running: Mapped[int | None] = mapped_column(Integer, default=None)
+    workers: Mapped[int] = mapped_column(Integer, default=0)
+    booting: Mapped[int] = mapped_column(Integer, default=0)
+    desired: Mapped[int | None] = mapped_column(Integer, default=None)

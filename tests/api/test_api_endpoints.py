@@ -37,6 +37,7 @@ def test_register_and_heartbeat_write_the_columns_observe_writes(world):
     assert r.status_code == 200 and r.json() == {"drain": False, "state": "ready"}
     row = world.row("m1")
     assert row.running_tasks == 2 and row.last_heartbeat_at is not None
+    assert row.gpu_utilisation == 80
     assert abs((row.last_task_at - datetime.fromisoformat(last)).total_seconds()) < 1
     # a last task time in the future is clamped to now
     future = (datetime.now(UTC) + timedelta(days=1)).isoformat()
