@@ -1,0 +1,43 @@
+"""Samples of each queue's numbers over time: the dashboard's chart of pending jobs and workers.
+
+No control-loop code writes here. A sample is taken from the rows every reader of the live
+numbers shares (`metric_readings` for pending and running, `instances` for machines,
+`queue_status` for desired) whenever the API shows those numbers (the dashboard, a /metrics
+scrape). It is keyed by (queue, the reading's own time): a reading recorded twice, by two API
+processes or two scrapes, is one row; a sample is only as fresh as the loop's last reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from autoscaler.store.models import QueueSample
+
+KEEP = timedelta(days=7)
+
+
+def record(session: Session, samples: Sequence[dict[str, Any]], now: datetime) -> None:
+    """Insert what is new (one statement; an existing (queue, at) is left alone) and forget
+    samples older than KEEP."""
+    if samples:
+        ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        stmt = ins(QueueSample).on_conflict_do_nothing(
+            index_elements=[QueueSample.queue, QueueSample.at]
+        )
+        session.execute(stmt, [dict(s) for s in samples])
+    session.execute(delete(QueueSample).where(QueueSample.at < now - KEEP))
+
+
+def since(session: Session, start: datetime) -> Sequence[QueueSample]:
+    return session.scalars(
+        select(QueueSample)
+        .where(QueueSample.at >= start)
+        .order_by(QueueSample.queue, QueueSample.at)
+    ).all()
