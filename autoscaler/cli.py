@@ -570,13 +570,25 @@ main.add_command(tune)
 def _add_api_commands() -> None:
     from autoscaler.agent.cli import agent
     from autoscaler.api.cli import keys, serve
+    from autoscaler.demo.cli import demo
 
     main.add_command(keys)
     main.add_command(serve)
     main.add_command(agent)
+    main.add_command(demo)
 
 
 _add_api_commands()
+
+
+def _add_status_commands() -> None:
+    from autoscaler.cli_status import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_add_status_commands()
 
 __all__ = ["CredentialError", "main"]
 
