@@ -207,8 +207,8 @@ def build_snapshot(
 
     The broker's numbers are completed with what the workers reported through the worker-status
     port (running, prefetched and ETA-held jobs per queue: `with_worker_loads`); a machine of
-    ours reporting through agent heartbeats only adds its running tasks. Queues with jobs
-    scheduled for later and no capacity get their recent boot time (one more query, only then)."""
+    ours reporting through agent heartbeats only adds its running tasks. Queues with jobs waiting
+    or scheduled and no machine serving get their recent boot time (one more query, only then)."""
     rows = fleet.live_rows(session)
     machines = fleet.machines_by_queue(rows)
     backoffs = fleet.backoffs(session)
@@ -235,12 +235,18 @@ def build_snapshot(
         name: with_worker_loads(m, loads.get(broker_queue.get(name, name)))
         for name, m in metrics.items()
     }
-    waiting_for_due = [
-        name
-        for name, m in completed.items()
-        if m.scheduled > 0 and not any(x.serving or x.booting for x in machines.get(name, ()))
-    ]
-    boots = _boot_estimates(session, waiting_for_due, now)
+    # the recent boot time matters where nothing serves: jobs scheduled for later are pre-warmed
+    # that long ahead, and a machine booting for waiting jobs is late past a multiple of it
+    boots = _boot_estimates(
+        session,
+        [
+            name
+            for name, m in completed.items()
+            if (m.scheduled > 0 or m.pending > 0)
+            and not any(x.serving for x in machines.get(name, ()))
+        ],
+        now,
+    )
     names = set(loaded.config.queues) | set(machines)
     queues = []
     for name in sorted(names):

@@ -33,3 +33,22 @@ def test_loads_of_every_worker_process_are_summed_per_queue(sessions):
     # past the window every sighting is forgotten, loads with it
     with transaction(sessions) as s:
         assert read_sightings(s, "inst", set(), T0 + timedelta(seconds=31), 30) == ({}, {}, set())
+
+
+def test_a_queues_boot_time_is_the_longest_of_its_last_five_boots(sessions):
+    from autoscaler.control.loop import _boot_estimates
+    from autoscaler.lifecycle import InstanceState
+    from autoscaler.store.models import Instance
+
+    boots = [300, 40, 90, 60, 70, 50]  # seconds from intent to ready, oldest first
+    with transaction(sessions) as s:
+        for i, secs in enumerate(boots):
+            created = T0 - timedelta(hours=len(boots) - i)
+            s.add(Instance(launch_id=f"l{i}", queue="gpu", provider="p",
+                           state=InstanceState.TERMINATED, created_at=created,
+                           ready_at=created + timedelta(seconds=secs)))
+        s.add(Instance(launch_id="never", queue="cpu", provider="p",
+                       state=InstanceState.FAILED, created_at=T0))
+    with transaction(sessions) as s:
+        assert _boot_estimates(s, ["gpu", "cpu"], T0) == {"gpu": 90.0}
+        assert _boot_estimates(s, [], T0) == {}
