@@ -463,7 +463,11 @@ def fast_path(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) -> Tic
     if not empty:
         return TickResult("fast", loaded.version, skipped="every queue has capacity")
     readings = read_metrics(rt, loaded, empty)
-    waiting = [q for q in empty if readings[q].pending > 0 and not readings[q].stale]
+    waiting = [
+        q
+        for q in empty
+        if readings[q].pending > 0 and not readings[q].stale and not readings[q].paused
+    ]
     if not waiting:
         return TickResult("fast", loaded.version, skipped="no job waits at an empty queue")
     return evaluate(rt, enqueue, trigger="fast", queues=waiting, readings=readings, now=now)

@@ -4,7 +4,7 @@ every worker process, and after a restart (`metrics.fallback.LastReadings`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import datetime
 from typing import Any
 
@@ -24,18 +24,14 @@ def to_json(m: QueueMetrics) -> dict[str, Any]:
 
 
 def from_json(data: Mapping[str, Any]) -> QueueMetrics:
-    return QueueMetrics(
-        queue=str(data["queue"]),
-        pending=int(data["pending"]),
-        oldest_pending_age=data.get("oldest_pending_age"),
-        in_flight=int(data["in_flight"]),
-        read_at=datetime.fromisoformat(str(data["read_at"])),
-        broker_workers=tuple(data.get("broker_workers") or ()),
-        external=tuple((str(k), float(v)) for k, v in data.get("external") or ()),
-        external_degraded=tuple(data.get("external_degraded") or ()),
-        stale=bool(data.get("stale", False)),
-        error=data.get("error"),
-    )
+    """A reading back from its JSON form; fields it does not carry (an older row) default."""
+    known = {f.name for f in fields(QueueMetrics)}
+    values = {k: v for k, v in data.items() if k in known}
+    values["read_at"] = datetime.fromisoformat(str(data["read_at"]))
+    values["broker_workers"] = tuple(data.get("broker_workers") or ())
+    values["external"] = tuple((str(k), float(v)) for k, v in data.get("external") or ())
+    values["external_degraded"] = tuple(data.get("external_degraded") or ())
+    return QueueMetrics(**values)
 
 
 def save(session: Session, source: str, readings: Mapping[str, QueueMetrics]) -> None:

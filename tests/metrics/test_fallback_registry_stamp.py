@@ -74,8 +74,9 @@ def test_fallback_rules_never_raise_never_look_fresh_and_expire():
     assert (got["c"].pending, got["c"].stale) == (0, True)  # never seen: nothing to act on
     # one queue failing on a good tick: only that one is replaced
     now[0] = t0 + timedelta(seconds=30)
-    src.answers.append({"a": m("a", 0, now[0], stale=True, error="WRONGTYPE"),
-                        "b": m("b", 3, now[0])})
+    src.answers.append(
+        {"a": m("a", 0, now[0], stale=True, error="WRONGTYPE"), "b": m("b", 3, now[0])}
+    )
     got = fb.read(["a", "b"])
     assert (got["a"].pending, got["a"].stale, got["a"].error) == (5, True, "WRONGTYPE")
     assert (got["b"].pending, got["b"].stale) == (3, False)
@@ -87,8 +88,12 @@ def test_fallback_rules_never_raise_never_look_fresh_and_expire():
     assert (got["b"].pending, got["b"].stale) == (3, True)  # b's good reading is 31 s old
 
 
-@given(st.lists(st.tuples(st.sampled_from("abc"), st.booleans(), st.integers(0, 9),
-                          st.integers(0, 200)), max_size=25))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abc"), st.booleans(), st.integers(0, 9), st.integers(0, 200)),
+        max_size=25,
+    )
+)
 def test_fallback_never_returns_a_fresh_reading_the_source_did_not_give(steps):
     """Invariant: fresh output == the source's fresh answer; everything else is stale and
     carries either that queue's last good numbers (within max_age) or zeros."""
@@ -119,11 +124,15 @@ def test_last_known_refuses_a_non_positive_bound():
 
 
 def test_registry_builds_the_right_reader_for_each_source(tmp_path):
-    env = {"WATCH": f"redis://:{SECRET}@127.0.0.1:6379/3",
-           "AUTOSCALER_WATCH_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"}
+    env = {
+        "WATCH": f"redis://:{SECRET}@127.0.0.1:6379/3",
+        "AUTOSCALER_WATCH_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//",
+    }
     cases = [
-        (MetricsSource(url_env="WATCH", global_keyprefix="p:", priority_steps=(0, 5)),
-         CeleryRedisReader),
+        (
+            MetricsSource(url_env="WATCH", global_keyprefix="p:", priority_steps=(0, 5)),
+            CeleryRedisReader,
+        ),
         (MetricsSource(), CeleryRabbitMQReader),
         (MetricsSource(url=f"sqla+sqlite:///{tmp_path / 'b.db'}"), CelerySqlaReader),
         (MetricsSource(source="asynq", url="rediss://127.0.0.1:6390/0"), AsynqReader),
@@ -155,8 +164,10 @@ def test_group_queues_reads_each_source_once():
         "other": Queue(metrics=MetricsSource(url="redis://h/1")),
     }
     groups = {g.source.url: g.queues for g in group_queues(queues)}
-    assert groups == {"redis://h/0": {"inference": ("inference",), "training": ("train",)},
-                      "redis://h/1": {"other": ("other",)}}
+    assert groups == {
+        "redis://h/0": {"inference": ("inference",), "training": ("train",)},
+        "redis://h/1": {"other": ("other",)},
+    }
 
 
 def test_stamp_is_installed_once_and_keeps_an_existing_stamp(prefix):
@@ -187,3 +198,36 @@ def test_scrub_removes_urls_and_passwords_even_percent_encoded():
     s = Secrets.from_urls(url)
     text = s.scrub(f"failed {url} with {pw} and {SECRET}%2F%40%3A%25 {uuid.uuid4()}")
     assert SECRET not in text and "h:1" in text
+
+
+def test_a_stored_reading_comes_back_whole():
+    """The last good reading kept in the store returns every field it was saved with (the
+    running, scheduled and paused numbers too), and an older row without them still loads."""
+    from autoscaler.store.metric_readings import from_json, to_json
+
+    now = datetime(2026, 11, 30, tzinfo=UTC)
+    full = QueueMetrics(
+        "q",
+        4,
+        12.5,
+        2,
+        now,
+        broker_workers=("w@h",),
+        external=(("x", 1.5),),
+        external_degraded=("y",),
+        scheduled=3,
+        next_due_at=now.timestamp() + 60,
+        scheduled_held=1,
+        running=2,
+        reserved=1,
+        paused=True,
+    )
+    assert from_json(to_json(full)) == full
+    old = {
+        "queue": "q",
+        "pending": 1,
+        "oldest_pending_age": None,
+        "in_flight": 0,
+        "read_at": now.isoformat(),
+    }
+    assert from_json(old) == QueueMetrics("q", 1, None, 0, now)
