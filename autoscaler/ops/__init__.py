@@ -1,0 +1,1 @@
+"""Operations helpers: container health checks (deploy/)."""
