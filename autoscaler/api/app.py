@@ -211,6 +211,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
     def metrics(session: DB) -> PlainTextResponse:
         from autoscaler.api.metrics import render
 
+        app.state.take_queue_samples(session)  # the dashboard's chart (autoscaler/dashboard)
         return PlainTextResponse(render(session, runtime()), media_type="text/plain")
 
     # ------------------------------------------------------------------ worker
@@ -532,6 +533,11 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             )
         return out
 
+    # ------------------------------------------------------------------ dashboard (at /)
+
+    from autoscaler.dashboard.routes import install as install_dashboard
+
+    install_dashboard(app, runtime, Depends(admin), Depends(db, scope="function"))
     return app
 
 

@@ -29,8 +29,17 @@ ADMIN = [
     ("POST", "/v1/admin/queues/q1/scale", {"workers": None}),
     ("POST", "/v1/admin/instances/nope/drain", None),
     ("GET", "/v1/admin/providers", None),
+    # the dashboard's (autoscaler/dashboard/routes.py)
+    ("GET", "/v1/admin/overview", None),
+    ("GET", "/v1/admin/history", None),
+    ("GET", "/v1/admin/queues/q1/autoscale", None),
+    ("PUT", "/v1/admin/queues/q1/autoscale", {"yaml": "provider: sandbox"}),
+    ("POST", "/v1/admin/config/preview", {"yaml": "queues: {}"}),
+    ("GET", "/v1/admin/config/versions", None),
+    ("GET", "/v1/admin/config/versions/1", None),
+    ("POST", "/v1/admin/config/rollback", {"version": 1}),
 ]
-PUBLIC = [("GET", "/healthz", None), ("GET", "/metrics", None)]
+PUBLIC = [("GET", "/healthz", None), ("GET", "/metrics", None), ("GET", "/", None)]
 
 CREDENTIALS = [
     "none",
@@ -118,7 +127,9 @@ def test_auth_matrix_covers_every_route(world):
             concrete = (
                 path.replace("{launch_id}", "m1")
                 if path.startswith("/v1/worker")
-                else path.replace("{launch_id}", "nope").replace("{queue}", "q1")
+                else path.replace("{launch_id}", "nope")
+                .replace("{queue}", "q1")
+                .replace("{version}", "1")
             )
             routes.add((m, concrete))
     assert routes == covered, routes ^ covered
