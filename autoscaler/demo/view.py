@@ -43,7 +43,7 @@ class View:
     def __init__(self, out: TextIO | None = None, live: bool | None = None) -> None:
         self.out = out or sys.stdout
         self.live = self.out.isatty() if live is None else live
-        self.events: deque[str] = deque(maxlen=12)
+        self.events: deque[str] = deque(maxlen=10)
         self._last_line = ""
         self._last_print = 0.0
         self._live: Any = None
@@ -85,20 +85,13 @@ class View:
         from rich.table import Table
         from rich.text import Text
 
-        top = Table(title=f"autoscaler demo — {status.phase}", expand=True, show_lines=False)
-        top.add_column("elapsed", justify="right")
-        top.add_column("queue depth", justify="right")
-        top.add_column("running", justify="right")
-        top.add_column("done", justify="right")
-        for s in STATES:
-            top.add_column(s, justify="right")
-        top.add_row(
-            f"{status.elapsed:.0f}s",
-            "?" if status.depth is None else str(status.depth),
-            str(status.running),
-            f"{status.done}/{status.published}",
-            *[str(status.machines.get(s, 0)) for s in STATES],
-        )
+        top = Table(title=f"autoscaler demo — {status.phase}", expand=True, show_header=False)
+        top.add_column("what", style="bold", no_wrap=True)
+        top.add_column("now", overflow="fold")
+        top.add_row("elapsed", f"{status.elapsed:.0f} s")
+        top.add_row("queue depth", "?" if status.depth is None else str(status.depth))
+        top.add_row("jobs", f"{status.running} running, {status.done}/{status.published} done")
+        top.add_row("machines", status.machines_text())
         log = Table(title="decisions and actions (newest last)", expand=True)
         log.add_column("event", overflow="fold")
         for e in self.events:
