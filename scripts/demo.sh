@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The main job on embedded defaults (SQLite under ./.autoscaler, no Redis, no cloud account):
-# migrate the state store, register the seed's provider, and print the dry run of the seed's
-# config and of the full example, then replay a day of jobs through the same decision code and
-# compare its cost with two baselines.
+# The main job on embedded defaults (SQLite, the embedded broker, no Redis, no cloud account):
+# the dry run of the seed's config, then the live demo — the real control loop (Celery beat
+# and worker, the server API, SQLite state, the embedded broker) scales a demo queue on this
+# computer: a burst of jobs, worker agents started by the local provider, the queue emptied,
+# the machines drained and destroyed, a summary. Arguments go to `autoscaler demo` (e.g.
+# --short, --keep, --plain).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -12,13 +14,8 @@ if ! autoscaler providers list | grep -q '^gpu-vast'; then
   autoscaler providers add gpu-vast --kind vast --api-key-env VAST_API_KEY \
     --option 'countries=["US","CA"]' --option min_bandwidth_mbps=200
 fi
-autoscaler providers list
-echo
+echo "The dry run of examples/seed.yaml (nothing is rented):"
 autoscaler validate examples/seed.yaml
 echo
-autoscaler validate examples/full.yaml
-echo
-echo "Cost of one simulated day (autoscaler/sim/traces/diurnal.csv): our policy vs two baselines" \
-  "vs the lower bound"
-autoscaler simulate --trace autoscaler/sim/traces/diurnal.csv \
-  --config autoscaler/sim/traces/sim-config.yaml
+echo "The live demo: the real loop on this computer (its own folder, removed at the end)"
+exec autoscaler demo "$@"
