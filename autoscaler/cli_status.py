@@ -129,9 +129,11 @@ def _desired_text(q: views.QueueView) -> str:
     return "—" if q.desired is None else str(q.desired)
 
 
-def status_document(session: Session, settings: Settings, now: datetime) -> dict[str, Any]:
-    machines = views.instances(session, now)
-    queues = views.queues(session, now, machines=machines)
+def status_document(
+    session: Session, settings: Settings, now: datetime, queue: str | None = None
+) -> dict[str, Any]:
+    machines = views.instances(session, now, queue=queue)
+    queues = views.queues(session, now, machines=machines, only=queue)
     spent = views.spend(session, now)
     note = embedded_broker_note(settings)
     return {
@@ -145,9 +147,11 @@ def status_document(session: Session, settings: Settings, now: datetime) -> dict
     }
 
 
-def render_status(session: Session, settings: Settings, now: datetime) -> str:
-    machines = views.instances(session, now)
-    queues = views.queues(session, now, machines=machines)
+def render_status(
+    session: Session, settings: Settings, now: datetime, queue: str | None = None
+) -> str:
+    machines = views.instances(session, now, queue=queue)
+    queues = views.queues(session, now, machines=machines, only=queue)
     spent = views.spend(session, now)
     version = config_versions.current_version(session)
     out = [
@@ -159,7 +163,11 @@ def render_status(session: Session, settings: Settings, now: datetime) -> str:
         out.append(textwrap.fill(note, width=100, subsequent_indent="  ", break_on_hyphens=False))
     out.append("")
     if not queues:
-        out.append("no queue yet: apply a config with `autoscaler apply FILE`")
+        out.append(
+            f"no queue named {queue!r}"
+            if queue is not None
+            else "no queue yet: apply a config with `autoscaler apply FILE`"
+        )
     else:
         rows = []
         for q in queues:
@@ -390,8 +398,11 @@ def _watch_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.command()
+@click.option("--queue", help="Only this queue and its machines (spend stays account-wide).")
 @_watch_options
-def status(as_json: bool, watch: bool, interval: float, iterations: int | None) -> None:
+def status(
+    queue: str | None, as_json: bool, watch: bool, interval: float, iterations: int | None
+) -> None:
     """Per queue: pending, oldest job, machines (live, busy, booting, draining), what the last
     evaluation wants and why, backoffs, manual target; per machine: queue, provider, GPU,
     state, busy/idle, age, $/h and cost so far at its real price; spend now and today."""
@@ -399,8 +410,8 @@ def status(as_json: bool, watch: bool, interval: float, iterations: int | None) 
 
     def produce(session: Session, now: datetime) -> str:
         if as_json:
-            return _dump(status_document(session, settings, now), watch)
-        return render_status(session, settings, now)
+            return _dump(status_document(session, settings, now, queue), watch)
+        return render_status(session, settings, now, queue)
 
     run_view(
         produce, sessions, watch=watch, interval=interval, iterations=iterations, as_json=as_json

@@ -344,6 +344,19 @@ def test_status_json_numbers(cli):
     }
 
 
+def test_status_of_one_queue(cli):
+    out = cli("status", "--queue", "batch")
+    assert out.exit_code == 0, out.output
+    assert _row(out.output, "batch")[:3] == ["batch", "0", "—"]
+    assert "inference" not in out.output and "aaaa0000busy" not in out.output
+    assert "eeee0000drai" in out.output
+    assert "spend: $2.45/h now" in out.output  # the account's spend
+    doc = json.loads(cli("status", "--queue", "batch", "--json").output)
+    assert [q["queue"] for q in doc["queues"]] == ["batch"]
+    assert {m["launch_id"] for m in doc["instances"]} == {"eeee0000drai", "9999000unknw"}
+    assert "no queue named 'nope'" in cli("status", "--queue", "nope").output
+
+
 def test_status_on_the_embedded_broker_says_what_to_use_instead(cli, tmp_path):
     broker = f"sqla+sqlite:///{tmp_path / 'broker.db'}"
     out = cli("status", AUTOSCALER_BROKER_URL=broker)
