@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/services.sh
+bash scripts/browser.sh  # the dashboard's browser tests need a headless Chromium
 . .venv/bin/activate
 ruff check .
 mypy autoscaler celeryconfig.py

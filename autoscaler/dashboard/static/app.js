@@ -373,6 +373,8 @@
       msg.textContent = `rolled back: version ${version}'s config is now version ${r.data.version}`;
       msg.className = "ok";
       $("rollback-reason").value = "";
+      editing = null; // an open edit was made on the version before: start it again
+      $("editor").hidden = true;
     } else {
       msg.textContent = `refused: ${detailText(r.data)}`;
       msg.className = "error";

@@ -44,7 +44,10 @@
     }
     for (let i = 0; i <= 4; i++) {
       const t = from + ((to - from) * i) / 4;
-      grid.appendChild(el("text", { x: x(t), y: H - 10, class: "tick x" }, clock(t)));
+      const anchor = i === 0 ? "start" : i === 4 ? "end" : "middle"; // stay inside the frame
+      grid.appendChild(el("text", {
+        x: x(t), y: H - 10, class: "tick x", "text-anchor": anchor,
+      }, clock(t)));
     }
     svg.appendChild(grid);
     series.forEach((s, i) => {
