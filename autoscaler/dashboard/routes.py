@@ -26,6 +26,7 @@ from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.loader import known_providers, load_config_text, parse_yaml_document
 from autoscaler.config.models import Config
 from autoscaler.config.summary import describe
+from autoscaler.control.runtime import log
 from autoscaler.credentials import registered_provider_configs
 from autoscaler.settings import CONTROL_KEYPREFIX
 from autoscaler.store import config_versions, queue_samples, views
@@ -220,7 +221,13 @@ def install(
         queue_samples.record(session, samples, now())
 
     def take_samples(session: Session) -> None:
-        sample(session, queue_rows(session, now()))
+        """Record the chart's samples on the side of another answer (/metrics, the history):
+        a sample that cannot be written costs that answer nothing."""
+        try:
+            with session.begin_nested():
+                sample(session, queue_rows(session, now()))
+        except Exception as exc:  # the chart misses a point; the scrape still answers
+            log.warning("dashboard: no chart sample this time (%s)", type(exc).__name__)
 
     app.state.take_queue_samples = take_samples
 

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 import yaml
+from sqlalchemy import text as sql
 
 from autoscaler.store import config_versions, views
 from tests.api.apikit import CONFIG, World
@@ -230,3 +231,11 @@ def test_dashboard_queue_edit_and_rollback_are_new_versions_with_who_and_why(wor
     doc = world.client.get("/v1/admin/config/versions/2", headers=adm).json()
     assert "max_workers: 5" in doc["yaml"]
     assert doc["changes_to_newest"] == ["queues.q1.autoscale.max_workers: 5 → 3"]
+
+
+def test_dashboard_metrics_still_answer_when_no_sample_can_be_written(world):
+    with world.rt.transaction() as session:
+        session.execute(sql("DROP TABLE queue_samples"))
+    r = world.client.get("/metrics")
+    assert r.status_code == 200
+    assert 'autoscaler_queue_pending{queue="q1"} 4.0' in r.text
