@@ -450,3 +450,65 @@ def test_status_refuses_a_store_that_is_not_set_up(tmp_path):
         env={"AUTOSCALER_DATABASE_URL": f"sqlite:///{tmp_path / 'none.db'}"},
     )
     assert res.exit_code == 2 and "autoscaler db upgrade" in res.output
+
+
+def test_status_reads_what_the_loop_and_the_sources_write(db_url, tmp_path, monkeypatch):
+    """The rows written by the tick's own writers (queue_status from a real plan, the last good
+    reading from a real QueueMetrics, a backoff and a manual target from store/fleet.py), not
+    hand-made dicts: the formats `status` reads are the ones the loop writes."""
+    from autoscaler.config.models import Backoff
+    from autoscaler.control.loop import StoreActions
+    from autoscaler.policy.plan import QueuePlan, Wait
+    from autoscaler.policy.snapshot import QueueMetrics
+    from autoscaler.store import fleet, metric_readings
+
+    monkeypatch.setattr(cli_status, "_now", lambda: NOW)
+    env = {"AUTOSCALER_HOME": str(tmp_path), "AUTOSCALER_DATABASE_URL": db_url}
+    runner = CliRunner()
+    assert runner.invoke(main, ["db", "upgrade"], env=env).exit_code == 0
+    engine = make_engine(db_url)
+    try:
+        with transaction(session_factory(engine)) as s:
+            metric_readings.save(
+                s,
+                "celery:redis://127.0.0.1:6379/0",
+                {"gpu": QueueMetrics("gpu", 7, 90.0, 0, NOW - 10 * timedelta(seconds=1))},
+            )
+
+            class Loaded:
+                version = 5
+
+            actions = StoreActions(s, Loaded(), NOW - timedelta(seconds=2))  # type: ignore[arg-type]
+            actions.queue_done(
+                QueuePlan(
+                    "gpu",
+                    capacity=0,
+                    floor=0,
+                    ceiling=3,
+                    desired=1,
+                    up_fired=True,
+                    waits=(Wait("gpu", "backoff", 1, "gpu-vast in backoff", NOW + 2 * M),),
+                    notes=("no_workers: 7 pending, no machine",),
+                )
+            )
+            actions.flush()
+            fleet.record_rental_failure(
+                s, "gpu", "gpu-vast", NOW - 5 * timedelta(seconds=1), Backoff(), "offer gone"
+            )
+            fleet.set_manual_target(s, "gpu", 1, NOW + H, "carol", NOW)
+    finally:
+        engine.dispose()
+    res = runner.invoke(main, ["status", "--json"], env=env)
+    assert res.exit_code == 0, res.output
+    (q,) = json.loads(res.output)["queues"]
+    assert q["queue"] == "gpu" and q["pending"] == 7
+    assert q["oldest_age_seconds"] == pytest.approx(100)
+    assert (q["desired"], q["capacity"], q["ceiling"]) == (1, 0, 3)
+    assert q["why"] == ["gpu-vast in backoff", "no_workers: 7 pending, no machine"]
+    assert q["backoffs"][0]["provider"] == "gpu-vast" and q["backoffs"][0]["failures"] == 1
+    assert q["backoffs"][0]["last_error"] == "offer gone"  # 24-30 s from its failure: in force
+    assert q["manual_target"]["set_by"] == "carol"
+    text = runner.invoke(main, ["status"], env=env).output
+    assert _row(text, "gpu")[:3] == ["gpu", "7", "1m40s"]
+    events = runner.invoke(main, ["events", "--queue", "gpu", "--kind", "wait"], env=env).output
+    assert "gpu-vast in backoff" in events
