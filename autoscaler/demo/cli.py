@@ -67,7 +67,10 @@ def demo(short: bool, keep: bool, folder: str | None, plain: bool | None) -> Non
         run.burst()
         run.watch()
         summary = run.summary()
-        (root / "summary.json").write_text(json.dumps(summary.as_json(), indent=2) + "\n")
+        published = [{"job": p.job, "seconds": p.seconds, "at": p.at} for p in run.published]
+        (root / "summary.json").write_text(
+            json.dumps({**summary.as_json(), "published_jobs": published}, indent=2) + "\n"
+        )
     except KeyboardInterrupt:
         interrupted = True
     except DemoError as exc:

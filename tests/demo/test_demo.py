@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from autoscaler.sim.report import percentile
 from tests.control.loopkit import labelled_processes
 
 DEMO = [sys.executable, "-m", "autoscaler.cli", "demo"]
@@ -109,6 +110,11 @@ def test_demo_short_runs_the_real_loop_to_exit_0_and_its_summary_matches_the_sto
 
     # waits: publish (the summary's trace) to start (the record)
     assert 0 <= summary["wait_p50"] <= summary["wait_p95"] <= summary["wait_max"] < 60
+    sent = {p["job"]: p["at"] for p in summary["published_jobs"]}
+    waits = sorted(e["at"] - sent[e["job"]] for e in starts)
+    assert summary["wait_p50"] == pytest.approx(percentile(waits, 50), abs=1e-6)
+    assert summary["wait_p95"] == pytest.approx(percentile(waits, 95), abs=1e-6)
+    assert summary["wait_max"] == pytest.approx(waits[-1], abs=1e-6)
     assert f"p50 {summary['wait_p50']:.1f} s, p95 {summary['wait_p95']:.1f} s" in out
 
     # the runqy-like policy on the same burst
