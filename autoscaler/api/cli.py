@@ -86,7 +86,7 @@ def revoke(key_id_or_name: str) -> None:
 @click.option("--log-level", default="info", show_default=True)
 def serve(bind: str | None, log_level: str) -> None:
     """Run the server API (worker and admin endpoints, /metrics, /healthz; OpenAPI at
-    /openapi.json)."""
+    /openapi.json) and the operators' dashboard at / (it asks for an admin key)."""
     import uvicorn
 
     from autoscaler.api.app import create_app
