@@ -395,15 +395,49 @@ class Demo:
     def stop(self) -> int:
         """Stop everything this demo started; returns how many machines had to be destroyed."""
         by_name = {p.name: p for p in self.procs}
-        if "beat" in by_name:
-            _stop_group(by_name["beat"].popen, 5.0)  # no new decision from here on
+        # no new decision, then no launch in flight (a launch task finishes or is killed)
+        for name in ("beat", "worker"):
+            if name in by_name:
+                _stop_group(by_name[name].popen, 8.0)
         destroyed = self.destroy_machines()
+        destroyed += self.sweep_labelled()
         for p in reversed(self.procs):
             _stop_group(p.popen, 8.0)
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.dispose()
         return destroyed
+
+    def installation_id(self) -> str | None:
+        from autoscaler.store import installation
+        from autoscaler.store.db import transaction
+
+        if not (self.home / "state.db").is_file():
+            return None
+        try:
+            with transaction(self._sessions()) as session:
+                return installation.installation_id(session)
+        except Exception:  # a store that is not migrated yet: no machine was started
+            return None
+
+    def sweep_labelled(self) -> int:
+        """Any process left carrying one of this demo's machine labels (a machine whose state
+        file was never written: its launch was killed between start and record)."""
+        install = self.installation_id()
+        if install is None or not Path("/proc").is_dir():
+            return 0
+        groups = set()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            if _installation_of(_environ(pid)) == install:
+                with contextlib.suppress(OSError):
+                    groups.add(os.getpgid(int(pid)))
+        groups.discard(os.getpgrp())
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        return len(groups)
 
     def destroy_machines(self) -> int:
         """Every machine the local provider started for this demo, through the provider."""
@@ -433,6 +467,23 @@ class Demo:
             if machine is not None and machine.status.value == "running":
                 done += 1
         return done
+
+
+def _installation_of(env: dict[str, str]) -> str | None:
+    return env.get("AUTOSCALER_INSTALLATION_ID")
+
+
+def _environ(pid: str) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
 
 
 def _stop_group(popen: subprocess.Popen[bytes], grace: float) -> None:
