@@ -332,9 +332,9 @@ class ApiKey(Base):
 
 class QueueSample(Base):
     """A queue's numbers at one reading, for the dashboard's chart: pending jobs (the metric
-    reading of that time) and the machines that served it. Written by the API whenever it shows
-    the numbers (the dashboard's poll, a /metrics scrape), keyed by the reading's own time, so
-    two processes recording the same reading write one row. Kept for a week."""
+    reading of that time) and the machines that served it. Written by every evaluation tick and
+    by the API whenever it shows the numbers, keyed by the reading's own time, so two writers of
+    the same reading write one row. Kept for a week."""
 
     __tablename__ = "queue_samples"
     __table_args__ = (Index("ix_queue_samples_at", "at"),)

@@ -1,10 +1,9 @@
 """Samples of each queue's numbers over time: the dashboard's chart of pending jobs and workers.
 
-No control-loop code writes here. A sample is taken from the rows every reader of the live
-numbers shares (`metric_readings` for pending and running, `instances` for machines,
-`queue_status` for desired) whenever the API shows those numbers (the dashboard, a /metrics
-scrape). It is keyed by (queue, the reading's own time): a reading recorded twice, by two API
-processes or two scrapes, is one row; a sample is only as fresh as the loop's last reading.
+Every evaluation tick writes one per queue it evaluated (`control.loop.StoreActions`), and the
+API writes one whenever it shows the numbers (the dashboard, a /metrics scrape), from the rows
+every reader shares. A sample is keyed by (queue, the reading's own time): a reading recorded
+twice, by the tick and the API or by two API processes, is one row.
 """
 
 from __future__ import annotations
