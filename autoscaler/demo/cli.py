@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import signal
 import sys
@@ -51,6 +52,8 @@ def demo(short: bool, keep: bool, folder: str | None, plain: bool | None) -> Non
         root.mkdir(parents=True, exist_ok=True)
     else:
         root = Path(tempfile.mkdtemp(prefix="autoscaler-demo-"))
+    # the local provider's own notes (a machine killed after its grace) are not the demo's
+    logging.getLogger("autoscaler.providers.local").setLevel(logging.ERROR)
     view = View(live=None if plain is None else not plain)
     run = Demo(root, SHORT if short else FULL, view)
     interrupted = False
@@ -61,6 +64,9 @@ def demo(short: bool, keep: bool, folder: str | None, plain: bool | None) -> Non
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C stops the demo even where the shell started it with SIGINT ignored (a background
+    # job of a script): its promise is to destroy what it started
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         run.prepare()
         run.start_control_plane()

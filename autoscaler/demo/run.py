@@ -10,9 +10,11 @@
 
 Processes, each in its own process group: `autoscaler serve`, `celery -A autoscaler worker`,
 `celery -A autoscaler beat`, and the local provider's machines (agents and their workers).
-Stopping (the end, an error, Ctrl-C): beat first (no new decision), every machine destroyed
-through the local provider (SIGTERM to its group, SIGKILL after a grace), then the worker and
-the API; then the folder is removed unless --keep.
+Stopping (the end, an error, Ctrl-C): beat and the control plane's worker first (no new
+decision, no launch in flight), every machine destroyed through the local provider (SIGTERM to
+its group, SIGKILL after a grace), any process still carrying this installation's id killed
+(a worker its agent had no time to stop runs in a session of its own), then the API; then the
+folder is removed unless --keep.
 """
 
 from __future__ import annotations
@@ -398,15 +400,14 @@ class Demo:
         # no new decision, then no launch in flight (a launch task finishes or is killed)
         for name in ("beat", "worker"):
             if name in by_name:
-                _stop_group(by_name[name].popen, 8.0)
-        destroyed = self.destroy_machines()
-        destroyed += self.sweep_labelled()
+                _stop_group(by_name[name].popen, 5.0)
+        destroyed = self.destroy_machines() | self.sweep_labelled()
         for p in reversed(self.procs):
             _stop_group(p.popen, 8.0)
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.dispose()
-        return destroyed
+        return len(destroyed)
 
     def installation_id(self) -> str | None:
         from autoscaler.store import installation
@@ -420,53 +421,59 @@ class Demo:
         except Exception:  # a store that is not migrated yet: no machine was started
             return None
 
-    def sweep_labelled(self) -> int:
-        """Any process left carrying one of this demo's machine labels (a machine whose state
-        file was never written: its launch was killed between start and record)."""
+    def sweep_labelled(self) -> set[str]:
+        """Any process left carrying one of this demo's machine labels: a worker its agent
+        had no time to stop (it runs in a session of its own), or a machine whose state file
+        was never written (its launch was killed between start and record)."""
         install = self.installation_id()
         if install is None or not Path("/proc").is_dir():
-            return 0
-        groups = set()
+            return set()
+        groups, labels = set(), set()
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or int(pid) == os.getpid():
                 continue
-            if _installation_of(_environ(pid)) == install:
+            env = _environ(pid)
+            if _installation_of(env) == install:
+                labels.add(env.get("AUTOSCALER_LABEL", pid))
                 with contextlib.suppress(OSError):
                     groups.add(os.getpgid(int(pid)))
         groups.discard(os.getpgrp())
         for pgid in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
-        return len(groups)
+        return labels
 
-    def destroy_machines(self) -> int:
-        """Every machine the local provider started for this demo, through the provider."""
+    def destroy_machines(self) -> set[str]:
+        """Every machine the local provider started for this demo, through the provider (all
+        at once: SIGTERM to each machine's group, SIGKILL after a short grace)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from autoscaler.config.models import LocalProvider as LocalConfig
         from autoscaler.providers.labels import parse_label
         from autoscaler.providers.local import LocalProvider
 
         base = self.home / "local-machines"
-        done = 0
-        for path in sorted(base.glob(f"{PROVIDER}/*.json")):
+
+        def destroy(path: Path) -> str | None:
             label = path.name[: -len(".json")]
             parsed = parse_label(label)
             if parsed is None:
-                continue
+                return None
             provider = LocalProvider(
-                PROVIDER,
-                LocalConfig(kind="local"),
-                parsed.installation_id,
-                base,
-                grace=5.0,
+                PROVIDER, LocalConfig(kind="local"), parsed.installation_id, base, grace=3.0
             )
             machine = provider.get(label)
             try:
                 provider.destroy(label)
-            except Exception:  # the group is killed below in any case
+            except Exception:  # killed by its recorded group instead
                 _kill_recorded(path)
-            if machine is not None and machine.status.value == "running":
-                done += 1
-        return done
+            return label if machine is not None and machine.status.value == "running" else None
+
+        paths = sorted(base.glob(f"{PROVIDER}/*.json"))
+        if not paths:
+            return set()
+        with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
+            return {label for label in pool.map(destroy, paths) if label}
 
 
 def _installation_of(env: dict[str, str]) -> str | None:
