@@ -78,7 +78,8 @@ def test_demo_short_runs_the_real_loop_to_exit_0_and_its_summary_matches_the_sto
     # the plain view: status lines, decisions with their reasons, the summary
     assert "scale_up/launch" in out and "queue_depth:" in out
     assert "scale_down/drain" in out and "idle: no task for" in out
-    assert "drain/drained" in out and "terminate/destroyed" in out
+    assert "drain/drained" in out
+    assert "terminate/destroyed" in out or "terminating->terminated" in out
     assert "summary (from the state store" in out
 
     summary = json.loads((folder / "summary.json").read_text())
