@@ -85,6 +85,18 @@ class Deployment(BaseModel):
     broker_note: str | None
 
 
+def _send_terminate(launch_id: str) -> None:
+    """Destroy the drained machine now rather than at the next reconcile. Sent a second later,
+    after this request's transaction commits (a step that runs too early finds the row not yet
+    terminating and does nothing); reconcile re-sends it if the broker cannot be reached."""
+    try:
+        from autoscaler.control.tasks import terminate
+
+        terminate.apply_async((launch_id,), countdown=1.0, expires=600.0)
+    except Exception:  # the broker is down: reconcile's retry destroys it a poll later
+        log.warning("could not send the terminate step of %s; reconcile will", launch_id)
+
+
 def _git_token(dep: Any, env: Mapping[str, str]) -> str | None:
     """The private repository's read token, from the control plane's environment (only a
     machine's own authenticated deployment request gets it)."""
@@ -328,6 +340,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
                 [fleet.event("drain", "drained", why, queue=row.queue, launch_id=row.launch_id)],
                 now,
             )
+            _send_terminate(row.launch_id)
         return Drained(state="terminating")
 
     # ------------------------------------------------------------------ hand-made machines
