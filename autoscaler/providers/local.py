@@ -42,7 +42,7 @@ from autoscaler.providers.base import (
     ProviderError,
     ProviderMachine,
 )
-from autoscaler.providers.labels import parse_label
+from autoscaler.providers.labels import ENV_LABEL, parse_label
 
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH")
 """Variables a local machine inherits from the autoscaler; everything else comes from the launch."""
@@ -95,6 +95,23 @@ def _group_alive(pgid: int) -> bool:
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
             return True
     return False
+
+
+def _labelled_pids(label: str) -> list[int]:
+    """Living processes whose environment names this machine (`AUTOSCALER_LABEL=<label>`)."""
+    marker = f"{ENV_LABEL}={label}".encode() + b"\0"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read() + b"\0"
+        except OSError:
+            continue
+        if (b"\0" + marker) in (b"\0" + environ) and _state(int(entry)) not in (None, "Z", "X"):
+            found.append(int(entry))
+    return found
 
 
 class LocalProvider(Provider):
@@ -270,6 +287,7 @@ class LocalProvider(Provider):
                 deadline = time.monotonic() + 5.0
                 while time.monotonic() < deadline and self._alive(record):
                     time.sleep(0.05)
+        self._power_off(provider_instance_id)
         child = self._children.pop(provider_instance_id, None)
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -277,6 +295,22 @@ class LocalProvider(Provider):
         with contextlib.suppress(FileNotFoundError):
             self._path(provider_instance_id).unlink()
         log.info("%s: stopped local machine %s", self.name, provider_instance_id)
+
+    def _power_off(self, label: str) -> None:
+        """Like a rented machine going away, nothing of it survives: processes that left the
+        machine's process group (a worker started in its own session) but still carry its label
+        in their environment are stopped too — SIGTERM, then SIGKILL after the grace."""
+        left = _labelled_pids(label)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = [p for p in left if _state(p) not in (None, "Z", "X")]
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     @staticmethod
     def _signal(pgid: int, sig: signal.Signals) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -159,3 +160,33 @@ def test_the_autoscalers_own_secrets_never_reach_a_local_machine(
     p.destroy(m.provider_instance_id)
     assert "SECRET-must-not-leak" not in seen
     assert lx.label in seen and '"PATH"' in seen  # the launch's env and a usable PATH arrive
+
+
+def test_a_process_that_left_the_machines_group_goes_with_the_machine(tmp_path: Path) -> None:
+    """The agent starts its worker in a session of its own: destroying the machine must stop it
+    too (it carries the machine's label), as a rented machine takes everything with it."""
+    pidfile = tmp_path / "escaped"
+    escaped = (
+        f"{PY} -c \"import os, subprocess; "
+        f"p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
+        f"open('{pidfile}', 'w').write(str(p.pid))\"; sleep 300"
+    )
+    p = local(tmp_path / "state", escaped)
+    m = p.create(p.find_offers(spec())[0], launch())
+    pid = int(wait_for(pidfile))
+    assert alive(pid) and os.getpgid(pid) != os.getpgid(os.getpid())
+    p.destroy(m.provider_instance_id)
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive(pid)
+    # a process of another machine (another label) is left alone
+    other = subprocess.Popen(["sleep", "300"], env={"AUTOSCALER_LABEL": "asg-other-x"})
+    try:
+        q = local(tmp_path / "state2", "sleep 300")
+        m2 = q.create(q.find_offers(spec())[0], launch())
+        q.destroy(m2.provider_instance_id)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
