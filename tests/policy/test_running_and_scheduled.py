@@ -135,14 +135,16 @@ def richer_worlds(draw):
 
 def _as_broker_only(snapshot: Snapshot) -> Snapshot:
     """The same world as the invariants know it: the load folded into `in_flight` (no worker
-    report), paused queues without pending jobs."""
+    report), paused queues without pending or scheduled jobs (a paused queue serves neither)."""
     out = []
     for qs in snapshot.queues:
         met = qs.metrics
         if met is not None:
             met = dataclasses.replace(
                 met, in_flight=met.started_or_held, running=None, reserved=None,
-                pending=0 if met.paused else met.pending, paused=False,
+                pending=0 if met.paused else met.pending,
+                scheduled=0 if met.paused else met.scheduled,
+                paused=False,
             )
         out.append(dataclasses.replace(qs, metrics=met))
     return Snapshot(tuple(out))
