@@ -36,6 +36,7 @@ Both read their numbers from the same config block; both respect the rental back
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import datetime
 
 from autoscaler.config.models import (
@@ -66,6 +67,32 @@ def _queue(snapshot: Snapshot, config: Config) -> tuple[str, Autoscale, QueueSna
             if qs is not None and qs.metrics is not None:
                 return name, q.autoscale, qs
     return None
+
+
+def _plan(
+    now: datetime,
+    name: str,
+    auto: Autoscale,
+    capacity: int,
+    desired: int,
+    launches: Sequence[Launch],
+    drains: Sequence[Drain],
+) -> Plan:
+    """A baseline's decision for its one queue, in the plan shape the executor carries out."""
+    return Plan(
+        at=now,
+        queues=(
+            QueuePlan(
+                name,
+                capacity,
+                auto.min_workers,
+                auto.max_workers,
+                desired,
+                launches=tuple(launches),
+                drains=tuple(drains),
+            ),
+        ),
+    )
 
 
 class RunqyOriginal:
@@ -113,20 +140,7 @@ class RunqyOriginal:
                 idle = [x for x in ready if not x.busy]
                 for x in idle[: max(0, len(ready) - auto.min_workers)]:
                     drains.append(Drain(name, x.launch_id, "baseline", "queue idle"))
-        return Plan(
-            at=now,
-            queues=(
-                QueuePlan(
-                    name,
-                    len(ready),
-                    auto.min_workers,
-                    auto.max_workers,
-                    len(ready) + len(launches),
-                    launches=launches,
-                    drains=tuple(drains),
-                ),
-            ),
-        )
+        return _plan(now, name, auto, len(ready), len(ready) + len(launches), launches, drains)
 
 
 class KedaLike:
@@ -196,20 +210,7 @@ class KedaLike:
                             name, x.launch_id, "baseline", f"scale in to {stable} (busy: {x.busy})"
                         )
                     )
-        return Plan(
-            at=now,
-            queues=(
-                QueuePlan(
-                    name,
-                    current,
-                    auto.min_workers,
-                    auto.max_workers,
-                    desired,
-                    launches=tuple(launches),
-                    drains=tuple(drains),
-                ),
-            ),
-        )
+        return _plan(now, name, auto, current, desired, launches, drains)
 
 
 def _threshold_of(trig: QueueDepthTrigger) -> tuple[int, bool]:
@@ -260,26 +261,16 @@ class Runqy:
         timeouts = [t.timeout for t in auto.scale_down if isinstance(t, IdleTrigger)]
         if not launches and timeouts and m.pending == 0:
             idle = sorted(
-                (x for x in serving if not x.busy
-                 and (now - x.idle_since()).total_seconds() >= min(timeouts)),
+                (
+                    x
+                    for x in serving
+                    if not x.busy and (now - x.idle_since()).total_seconds() >= min(timeouts)
+                ),
                 key=lambda x: x.idle_since(),
             )
             for x in idle[: max(0, len(serving) - auto.min_workers)]:
                 drains.append(Drain(name, x.launch_id, "baseline", "worker idle"))
-        return Plan(
-            at=now,
-            queues=(
-                QueuePlan(
-                    name,
-                    capacity,
-                    auto.min_workers,
-                    auto.max_workers,
-                    capacity + len(launches),
-                    launches=launches,
-                    drains=tuple(drains),
-                ),
-            ),
-        )
+        return _plan(now, name, auto, capacity, capacity + len(launches), launches, drains)
 
 
 class Keda:
@@ -346,17 +337,4 @@ class Keda:
                             when_idle=x.busy,
                         )
                     )
-        return Plan(
-            at=now,
-            queues=(
-                QueuePlan(
-                    name,
-                    current,
-                    auto.min_workers,
-                    auto.max_workers,
-                    desired,
-                    launches=tuple(launches),
-                    drains=tuple(drains),
-                ),
-            ),
-        )
+        return _plan(now, name, auto, current, desired, launches, drains)
