@@ -21,22 +21,26 @@ from autoscaler.sim.run import (
 )
 from autoscaler.sim.trace import TraceError, load_trace
 
-
-@click.command("simulate")
-@click.option(
+TRACE_OPTION = click.option(
     "--trace",
     "trace",
     required=True,
     type=click.Path(exists=True, dir_okay=False),
     help="Job trace: CSV with arrival_s,runtime_s[,queue], or JSON Lines.",
 )
-@click.option(
+CONFIG_OPTION = click.option(
     "--config",
     "config_path",
     required=True,
     type=click.Path(exists=True, dir_okay=False),
     help="The autoscaler YAML config.",
 )
+"""The two inputs every command on a trace takes (simulate, tune)."""
+
+
+@click.command("simulate")
+@TRACE_OPTION
+@CONFIG_OPTION
 @click.option(
     "--queue",
     default=None,

@@ -36,6 +36,7 @@ from autoscaler.config.models import (
     ScaleDownTrigger,
     ScaleUpTrigger,
 )
+from autoscaler.sim.cli import CONFIG_OPTION, TRACE_OPTION
 from autoscaler.sim.engine import World
 from autoscaler.sim.report import Report, summarize
 from autoscaler.sim.run import check_span, jobs_for, load_sim_config, pick_queue, run_watched
@@ -202,20 +203,8 @@ def fmt(label: str, r: Report) -> str:
 
 
 @click.command("tune")
-@click.option(
-    "--trace",
-    "trace",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Job trace: CSV with arrival_s,runtime_s[,queue], or JSON Lines.",
-)
-@click.option(
-    "--config",
-    "config_path",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="The autoscaler YAML config.",
-)
+@TRACE_OPTION
+@CONFIG_OPTION
 @click.option("--queue", default=None, help="Queue to tune (default: the first autoscaled one).")
 @click.option(
     "--p95-wait",
