@@ -151,7 +151,7 @@ def test_chaos_two_beats_and_two_workers_launch_once_for_one_load(pg_url, make_l
     time.sleep(8)  # four more polls and eight fast paths from each beat: nothing more
 
     rows = loop.instances(q)
-    assert len(rows) == 3, [r["state"] for r in rows]
+    assert len(rows) == 3, loop.dump()
     assert len(launches(loop, q)) == 3
     assert len(mock_machines(loop)) == 3
     assert all(r["attempts"] == 1 for r in rows)

@@ -52,3 +52,16 @@ def test_the_late_point_follows_the_slowest_boot_seen_on_the_queue():
 def test_no_hedge_at_max_workers():
     cfg = config(UP, [], max_workers=1)
     assert launches(snap(metrics(pending=3), (booting("a", ago=LATE + 1),)), cfg) == ()
+
+
+def test_a_quick_boot_is_never_judged_late_before_a_minute_or_two_polls():
+    """Readiness is seen at a reconcile: with 1 s boots, machines 10 s into booting are not late
+    (the loop's chaos test rented a fourth machine 3 s after three, before this floor)."""
+    from autoscaler.policy.decide import HEDGE_MIN_LATE_S
+    from autoscaler.policy.snapshot import QueueSnapshot, Snapshot
+
+    quick = snap(metrics(pending=6), (booting("a", ago=10), booting("b", ago=10)))
+    qs = QueueSnapshot("q", quick.queues[0].metrics, quick.queues[0].machines, boot_estimate=1.0)
+    assert launches(Snapshot((qs,))) == ()
+    late = replace(qs, machines=(booting("a", ago=HEDGE_MIN_LATE_S + 10),))
+    assert [x.trigger for x in launches(Snapshot((late,)))] == ["hedge"]
