@@ -27,6 +27,7 @@ from autoscaler.config.models import (
     ScheduleUpTrigger,
     VastProvider,
 )
+from autoscaler.policy.history import LEARNED_MAX_FACTOR, MIN_GAPS
 from autoscaler.settings import redact_url
 
 
@@ -68,6 +69,13 @@ def _scale_down(t: object, now: datetime) -> str:
         return (
             f"a worker has run no task for {format_duration(t.timeout)} → drain it and "
             "destroy its machine (most idle first, busy workers spared, never below the floor)"
+            + (
+                f"; once the queue has shown {MIN_GAPS} quiet gaps, the timeout that would have "
+                f"cost least over them (up to {format_duration(t.timeout * LEARNED_MAX_FACTOR)}; "
+                "`learn: false` turns it off)"
+                if t.learn
+                else ""
+            )
         )
     if isinstance(t, ScheduleDownTrigger):
         return (

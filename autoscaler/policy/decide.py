@@ -43,6 +43,7 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.policy import triggers as t
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.caps import Grant, Request, allocate, usage
+from autoscaler.policy.history import LEARNED_MAX_FACTOR, burst_limit, learned_idle_timeout
 from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Wait
 from autoscaler.policy.snapshot import (
     BackoffState,
@@ -72,6 +73,10 @@ of the queue, else DEFAULT_BOOT_ESTIMATE; below the boot timeout): one more mach
 bounded exception to no stacking (the new one is not late, so at most one per late period). A
 failed boot then costs a late boot, not the boot timeout: sparse p95 1106 s → 628 s, trickle p99
 948 s → 629 s, diurnal max 1121 s → 727 s, cost within ±2 % (`benchmarks/cost.py --unseen`)."""
+
+
+FLOOR_TRIGGERS = ("hedge", "schedule", "min_workers")
+"""Launches the burst rule leaves alone: a hedge and the floor are not asked by the load."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +234,11 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
     )
     reclaims = tuple(leaving[:wanted])
     wanted -= len(reclaims)
+    if wanted > 0 and fresh and manual is None and trigger not in FLOOR_TRIGGERS:
+        limit = _burst(qs, machines)
+        if limit is not None and limit[0] < wanted:
+            wanted = max(limit[0], floor - capacity - len(reclaims))  # never below the floor
+            notes.append(limit[1])
     # Every machine of the queue that may bill counts against max_workers, leaving ones too.
     billing = sum(1 for m in machines if m.billing)
     headroom = max(0, ceiling - billing)
@@ -270,6 +280,24 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
     )
 
 
+def _burst(qs: QueueSnapshot, machines: tuple[Machine, ...]) -> tuple[int, str] | None:
+    """The burst rule (`policy.history.burst_limit`) for the queue's numbers now."""
+    m = qs.metrics
+    if m is None or qs.history.job_seconds is None:
+        return None
+    boot = qs.boot_estimate if qs.boot_estimate is not None else t.DEFAULT_BOOT_ESTIMATE
+    booting = [(m.read_at - x.created_at).total_seconds() for x in machines if x.booting]
+    return burst_limit(
+        0 if m.paused else m.pending,
+        m.oldest_pending_age,
+        sum(1 for x in machines if x.serving) + max(0, qs.manual_workers),
+        booting,
+        qs.history.job_seconds,
+        qs.history.jobs_seen,
+        boot,
+    )
+
+
 def late_boot_s(auto: Autoscale, qs: QueueSnapshot, config: Config) -> float:
     """After how long a booting machine of the queue counts as late (see HEDGE_LATE_FACTOR)."""
     timeout = auto.boot_timeout or config.boot_timeout
@@ -288,9 +316,7 @@ def late_boot_s(auto: Autoscale, qs: QueueSnapshot, config: Config) -> float:
     return min(late, timeout)
 
 
-def _hedge_reason(
-    auto: Autoscale, qs: QueueSnapshot, config: Config, now: datetime
-) -> str | None:
+def _hedge_reason(auto: Autoscale, qs: QueueSnapshot, config: Config, now: datetime) -> str | None:
     """Why to rent one more machine while others boot, or None (see HEDGE_LATE_FACTOR)."""
     m = qs.metrics
     if m is None or m.stale or m.pending <= 0 or m.paused or qs.manual_workers > 0:
@@ -437,13 +463,15 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
     chosen: set[str] = set()
 
     # idle: most idle first; several idle triggers act as the shortest timeout.
-    idle: dict[str, tuple[Machine, float, float]] = {}
+    idle: dict[str, tuple[Machine, float, float, str]] = {}
+    poll = u.auto.poll_interval or config.poll_interval
     for trig in u.auto.scale_down:
         if isinstance(trig, IdleTrigger):
-            for m, secs in t.idle_candidates(trig, machines, now):
-                if m.launch_id not in idle or trig.timeout < idle[m.launch_id][2]:
-                    idle[m.launch_id] = (m, secs, trig.timeout)
-    for m, secs, timeout in sorted(idle.values(), key=lambda x: (-x[1], x[0].launch_id)):
+            timeout, how = idle_timeout(trig, u.qs, config, poll)
+            for m, secs in t.idle_candidates(timeout, machines, now):
+                if m.launch_id not in idle or timeout < idle[m.launch_id][2]:
+                    idle[m.launch_id] = (m, secs, timeout, how)
+    for m, secs, timeout, how in sorted(idle.values(), key=lambda x: (-x[1], x[0].launch_id)):
         if len(drains) >= budget:
             break
         drains.append(
@@ -452,7 +480,7 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
                 launch_id=m.launch_id,
                 trigger="idle",
                 reason=(
-                    f"idle: no task for {secs:.0f}s ≥ timeout {timeout:.0f}s; capacity "
+                    f"idle: no task for {secs:.0f}s ≥ {how}timeout {timeout:.0f}s; capacity "
                     f"{u.capacity - len(drains)} > floor {u.floor}"
                 ),
             )
@@ -498,6 +526,24 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
             )
             chosen.add(m.launch_id)
     return drains
+
+
+def idle_timeout(
+    trig: IdleTrigger, qs: QueueSnapshot, config: Config, poll: float
+) -> tuple[float, str]:
+    """The idle timeout in force: the configured one, or once the queue has shown enough quiet
+    gaps (and `learn` is on) the one learned from them, plus a poll when it keeps the machine
+    for a gap (a gap is seen to a poll), never above the configured × LEARNED_MAX_FACTOR.
+    Returns (seconds, "learned " or "")."""
+    if not trig.learn:
+        return trig.timeout, ""
+    boot = qs.boot_estimate if qs.boot_estimate is not None else t.DEFAULT_BOOT_ESTIMATE
+    learned = learned_idle_timeout(qs.history.quiet_gaps, boot, trig.timeout)
+    if learned is None or learned[0] == trig.timeout:
+        return trig.timeout, ""
+    margin = poll if learned[0] > 0 else 0.0
+    timeout = min(learned[0] + margin, trig.timeout * LEARNED_MAX_FACTOR)
+    return timeout, "learned "
 
 
 def _fleet_down(

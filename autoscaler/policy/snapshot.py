@@ -7,6 +7,7 @@ from datetime import datetime
 from functools import cached_property
 
 from autoscaler.lifecycle import LIVE_STATES, InstanceState
+from autoscaler.policy.history import NO_HISTORY, QueueHistory
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ class QueueSnapshot:
     GPU under the desk); they count as capacity but are never drained. `boot_estimate` is how
     long a machine of this queue took from decision to ready lately (seconds; None when none has
     booted yet): scheduled jobs are pre-warmed for that long before they fall due.
+    `history` is what the queue's past readings and finished jobs taught (`policy.history`).
     """
 
     name: str
@@ -162,6 +164,7 @@ class QueueSnapshot:
     backoffs: tuple[BackoffState, ...] = ()
     manual_target: ManualTarget | None = None
     boot_estimate: float | None = None
+    history: QueueHistory = NO_HISTORY
 
     def backoff_for(self, provider: str) -> BackoffState | None:
         for b in self.backoffs:

@@ -24,7 +24,6 @@ from datetime import datetime
 
 from autoscaler.config.durations import format_duration
 from autoscaler.config.models import (
-    IdleTrigger,
     LatencyTrigger,
     MetricTrigger,
     NoWorkersTrigger,
@@ -225,7 +224,7 @@ def schedule_floor(trig: ScheduleUpTrigger, now: datetime) -> tuple[int, str | N
 
 
 def idle_candidates(
-    trig: IdleTrigger, machines: tuple[Machine, ...], now: datetime
+    timeout: float, machines: tuple[Machine, ...], now: datetime
 ) -> list[tuple[Machine, float]]:
     """Ready, not busy, not already leaving, idle for at least `timeout`: (machine, idle s)."""
     out = []
@@ -233,7 +232,7 @@ def idle_candidates(
         if m.state != InstanceState.READY or m.drain_requested or m.busy:
             continue
         idle = (now - m.idle_since()).total_seconds()
-        if idle >= trig.timeout:
+        if idle >= timeout:
             out.append((m, idle))
     return out
 

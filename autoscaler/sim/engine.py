@@ -25,13 +25,15 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from statistics import fmean
 
 from autoscaler.config.models import Autoscale, Config
 from autoscaler.control.executor import execute
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.backoff import after_failure
+from autoscaler.policy.history import QueueHistory, observe_load
 from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim
 from autoscaler.policy.snapshot import (
     BackoffState,
@@ -52,6 +54,11 @@ DAY_S = 86400.0
 TAIL_S = 4 * 3600.0
 """After the last arrival (or the day's end), the run continues this long at most so that idle
 tails are billed and late jobs may still be served; then it stops."""
+
+JOBS_KEPT = 200
+"""Runtimes of the last this many finished jobs make the history's median (as in the store)."""
+BOOT_HISTORY = 5
+"""The boot estimate is the longest of the last this many boots (as the loop's)."""
 
 _ARRIVE, _BOOTED, _BOOT_FAILED, _FINISH, _TICK, _DRAINED = range(6)
 
@@ -174,6 +181,11 @@ class Simulation:
         for metrics read late."""
         self.backoff: BackoffState | None = None
         self.launch_seq = 0
+        self.history = QueueHistory()
+        """What the loop would have learned: quiet gaps from the readings, runtimes of
+        finished jobs as the workers report them, the last boots."""
+        self.runtimes: deque[float] = deque(maxlen=JOBS_KEPT)
+        self.boots: deque[float] = deque(maxlen=BOOT_HISTORY)
         self.result = Result(
             name,
             jobs,
@@ -293,6 +305,7 @@ class Simulation:
             return  # destroyed while booting (a baseline may do that)
         m.state = InstanceState.READY
         m.ready_s = self.now
+        self.boots.append(self.now - m.created_s)
         self.backoff = None  # a machine came up: the provider works again
         self._dispatch()
 
@@ -329,6 +342,7 @@ class Simulation:
             return  # a stale completion of a killed-and-restarted job
         del m.jobs[job]
         m.last_task_s = self.now
+        self.runtimes.append(self.jobs[job].runtime_s)
         if m.drain_requested and not m.jobs and launch_id not in self.racing:
             self._destroy(m, released=True)
         self._dispatch()
@@ -401,7 +415,21 @@ class Simulation:
             for m in live
         )
         backoffs = (self.backoff,) if self.backoff is not None else ()
-        return Snapshot(queues=(QueueSnapshot(self.queue, metrics, machines, 0, backoffs),))
+        self.history = replace(
+            observe_load(self.history, pending + running, metrics.read_at),
+            job_seconds=fmean(self.runtimes) if self.runtimes else None,
+            jobs_seen=len(self.runtimes),
+        )
+        qs = QueueSnapshot(
+            self.queue,
+            metrics,
+            machines,
+            0,
+            backoffs,
+            boot_estimate=max(self.boots) if self.boots else None,
+            history=self.history,
+        )
+        return Snapshot(queues=(qs,))
 
     def _evaluate(self) -> None:
         self.result.evaluations += 1

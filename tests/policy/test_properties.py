@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoscaler.lifecycle import InstanceState
+from autoscaler.policy.history import QueueHistory
 from autoscaler.policy.snapshot import (
     BackoffState,
     Machine,
@@ -130,6 +131,17 @@ def machines(draw, now, name):
 
 
 @st.composite
+def histories(draw):
+    """What the loop may have learned: any gaps (learned idle timeouts), any runtime (the
+    burst rule), trusted or not."""
+    return QueueHistory(
+        quiet_gaps=tuple(draw(st.lists(st.floats(0, 7200), max_size=20))),
+        job_seconds=draw(st.none() | st.floats(0.01, 7200)),
+        jobs_seen=draw(st.integers(0, 200)),
+    )
+
+
+@st.composite
 def worlds(draw):
     cfg = draw(configs())
     now = draw(st.sampled_from(BASES)) + timedelta(seconds=draw(st.integers(0, 3 * 86400)))
@@ -172,6 +184,8 @@ def worlds(draw):
                 draw(st.integers(0, 2)),
                 backoffs,
                 manual_target=target,
+                boot_estimate=draw(st.none() | st.floats(1, 900)),
+                history=draw(histories()),
             )
         )
     # a queue the config does not know still bills and counts toward caps
