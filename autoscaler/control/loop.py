@@ -37,9 +37,10 @@ from autoscaler.metrics.prometheus import PrometheusReader, with_external
 from autoscaler.metrics.registry import MetricsConfigError, build_prometheus
 from autoscaler.metrics.workers import QueueLoad, with_worker_loads
 from autoscaler.policy.decide import decide
+from autoscaler.policy.history import GAPS_KEPT, MIN_GAPS, NO_HISTORY, QueueHistory, observe_load
 from autoscaler.policy.plan import Drain, Launch, QueuePlan, Reclaim
 from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
-from autoscaler.store import fleet, leases, queue_samples
+from autoscaler.store import fleet, job_records, leases, queue_samples
 from autoscaler.store.models import Instance, QueueStatus
 
 log = logging.getLogger("autoscaler.control.tick")
@@ -235,19 +236,24 @@ def build_snapshot(
         name: with_worker_loads(m, loads.get(broker_queue.get(name, name)))
         for name, m in metrics.items()
     }
-    # the recent boot time matters where nothing serves: jobs scheduled for later are pre-warmed
-    # that long ahead, and a machine booting for waiting jobs is late past a multiple of it
+    names = set(loaded.config.queues) | set(machines)
+    histories = _histories(session, completed, names, now)
+    # the recent boot time matters where jobs wait or are scheduled (pre-warm, a late boot, the
+    # burst rule) and where an idle machine may go at a learned timeout (a boot is its price)
     boots = _boot_estimates(
         session,
         [
             name
             for name, m in completed.items()
-            if (m.scheduled > 0 or m.pending > 0)
-            and not any(x.serving for x in machines.get(name, ()))
+            if m.scheduled > 0
+            or m.pending > 0
+            or (
+                len(histories[name].quiet_gaps) >= MIN_GAPS
+                and any(x.serving and not x.busy for x in machines.get(name, ()))
+            )
         ],
         now,
     )
-    names = set(loaded.config.queues) | set(machines)
     queues = []
     for name in sorted(names):
         queues.append(
@@ -259,9 +265,64 @@ def build_snapshot(
                 backoffs=backoffs.get(name, ()),
                 manual_target=targets.get(name),
                 boot_estimate=boots.get(name),
+                history=histories[name],
             )
         )
     return Snapshot(tuple(queues))
+
+
+def _histories(
+    session: Session, metrics: Mapping[str, QueueMetrics], names: Collection[str], now: datetime
+) -> dict[str, QueueHistory]:
+    """Each queue's history (`policy.history`) as stored by the last evaluation, moved on by
+    this reading (a stale or missing one teaches nothing), with the mean runtime of its jobs
+    finished in the last day (`store.job_records`). Two queries whatever the number of queues."""
+    stored = {
+        q: _history_from_json(h)
+        for q, h in session.execute(
+            select(QueueStatus.queue, QueueStatus.history).where(QueueStatus.queue.in_(names))
+        ).all()
+    }
+    stats = job_records.runtime_stats(session, names, now)
+    out = {}
+    for name in names:
+        h = stored.get(name) or NO_HISTORY
+        m = metrics.get(name)
+        if m is not None and not m.stale:
+            h = observe_load(h, m.pending + m.started_or_held, m.read_at)
+        st = stats.get(name)
+        out[name] = replace(
+            h, job_seconds=st.mean_s if st else None, jobs_seen=st.jobs if st else 0
+        )
+    return out
+
+
+def history_json(h: QueueHistory) -> dict[str, Any]:
+    """What `queue_status.history` keeps of a history (the runtimes live in job_records)."""
+    return {
+        "gaps": [round(g, 3) for g in h.quiet_gaps],
+        "quiet_since": h.quiet_since.isoformat() if h.quiet_since else None,
+    }
+
+
+def _history_from_json(doc: object) -> QueueHistory:
+    """A stored history; anything unreadable is an empty one (it is only a hint)."""
+    if not isinstance(doc, dict):
+        return NO_HISTORY
+    gaps = doc.get("gaps")
+    since = doc.get("quiet_since")
+    try:
+        quiet_since = datetime.fromisoformat(since) if isinstance(since, str) else None
+    except ValueError:
+        quiet_since = None
+    return QueueHistory(
+        quiet_gaps=tuple(
+            float(g)
+            for g in (gaps if isinstance(gaps, list) else [])
+            if isinstance(g, int | float) and not isinstance(g, bool) and g >= 0
+        )[-GAPS_KEPT:],
+        quiet_since=quiet_since,
+    )
 
 
 BOOT_HISTORY = 5
@@ -307,6 +368,7 @@ class StoreActions:
         self.events: list[dict[str, Any]] = []
         self.drained_now: list[str] = []
         self.statuses: list[dict[str, Any]] = []
+        self.histories: dict[str, dict[str, Any]] = {}
         self._marks: dict[bool, list[str]] = {True: [], False: []}
         self._drains: dict[str, Drain] = {}
 
@@ -374,6 +436,9 @@ class StoreActions:
 
     def queue_done(self, plan: QueuePlan) -> None:
         self._sample(plan)
+        qs = self.snapshot.queue(plan.queue) if self.snapshot is not None else None
+        if qs is not None:
+            self.histories[plan.queue] = history_json(qs.history)
         self.statuses.append(
             {
                 "queue": plan.queue,
@@ -402,7 +467,7 @@ class StoreActions:
         fleet.add_intents(self.session, self.intents, self.now)
         self._wait_events()
         fleet.record_events(self.session, self.events, self.now)
-        write_status(self.session, self.statuses, self.loaded.version, self.now)
+        write_status(self.session, self.statuses, self.loaded.version, self.now, self.histories)
         queue_samples.record(self.session, self.samples, self.now)
 
     def _sample(self, plan: QueuePlan) -> None:
@@ -451,13 +516,25 @@ class StoreActions:
 
 
 def write_status(
-    session: Session, statuses: list[dict[str, Any]], version: int, now: datetime
+    session: Session,
+    statuses: list[dict[str, Any]],
+    version: int,
+    now: datetime,
+    histories: Mapping[str, dict[str, Any]] | None = None,
 ) -> None:
+    """Upsert each evaluated queue's status and, where given, its history (`history_json`)."""
     if not statuses:
         return
     ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    histories = histories or {}
     rows = [
-        {"queue": s["queue"], "evaluated_at": now, "config_version": version, "status": s}
+        {
+            "queue": s["queue"],
+            "evaluated_at": now,
+            "config_version": version,
+            "status": s,
+            "history": histories.get(s["queue"]),
+        }
         for s in statuses
     ]
     stmt = ins(QueueStatus)
@@ -467,6 +544,7 @@ def write_status(
             "evaluated_at": stmt.excluded.evaluated_at,
             "config_version": stmt.excluded.config_version,
             "status": stmt.excluded.status,
+            "history": func.coalesce(stmt.excluded.history, QueueStatus.history),
         },
     )
     session.execute(stmt, rows)

@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -277,6 +278,9 @@ class QueueStatus(Base):
     evaluated_at: Mapped[datetime] = mapped_column()
     config_version: Mapped[int] = mapped_column(Integer)
     status: Mapped[dict[str, Any]] = mapped_column()
+    history: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """The queue's quiet gaps as the evaluations saw them (`policy.history.QueueHistory`):
+    {"gaps": [seconds, ...], "quiet_since": ISO time or null}."""
 
 
 class MetricReading(Base):
@@ -346,3 +350,25 @@ class QueueSample(Base):
     workers: Mapped[int] = mapped_column(Integer, default=0)
     booting: Mapped[int] = mapped_column(Integer, default=0)
     desired: Mapped[int | None] = mapped_column(Integer, default=None)
+
+
+class JobRecord(Base):
+    """One job a worker finished, as its agent reported it: the queue's own traffic, for the
+    policy's mean runtime and for `autoscaler trace export`. `arrived_at` is the producer's
+    publish stamp (None for unstamped producers). Kept for KEEP (store/job_records.py)."""
+
+    __tablename__ = "job_records"
+    __table_args__ = (
+        UniqueConstraint("queue", "task_id", name="uq_job_records_queue_task"),
+        Index("ix_job_records_queue_finished", "queue", "finished_at"),
+        Index("ix_job_records_finished", "finished_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    queue: Mapped[str] = mapped_column(String(200))
+    task_id: Mapped[str] = mapped_column(String(200))
+    worker: Mapped[str] = mapped_column(String(200))
+    arrived_at: Mapped[datetime | None] = mapped_column(default=None)
+    started_at: Mapped[datetime] = mapped_column()
+    finished_at: Mapped[datetime] = mapped_column()
+    runtime_s: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,69 @@
+"""Jobs the workers finished, as their agents reported them: the queue's own traffic.
+
+The API writes them from agent heartbeats (`record`); the evaluation tick reads each queue's
+mean runtime from them (`runtime_stats`, for the burst rule); `autoscaler trace export` turns
+them into a trace the simulator and `autoscaler tune` replay (`since`). A job reported twice
+(a heartbeat retried) is one row: (queue, task id) is unique.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from autoscaler.store.models import JobRecord
+
+KEEP = timedelta(days=14)
+"""Two weeks: `trace export --since 7d` twice over, a few MB for a busy queue."""
+
+STATS_WINDOW = timedelta(hours=24)
+"""The mean runtime the policy sees is over the jobs finished in the last day."""
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    mean_s: float
+    jobs: int
+
+
+def record(session: Session, jobs: Sequence[dict[str, Any]], now: datetime) -> None:
+    """Insert the reported jobs (one statement; a job already recorded is left alone) and forget
+    jobs finished longer than KEEP ago. Each dict has the columns of `JobRecord` but `id`."""
+    if jobs:
+        ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        stmt = ins(JobRecord).on_conflict_do_nothing(
+            index_elements=[JobRecord.queue, JobRecord.task_id]
+        )
+        session.execute(stmt, [dict(j) for j in jobs])
+    session.execute(delete(JobRecord).where(JobRecord.finished_at < now - KEEP))
+
+
+def runtime_stats(
+    session: Session, queues: Collection[str], now: datetime
+) -> dict[str, RuntimeStats]:
+    """Per queue, the mean runtime and count of jobs finished within STATS_WINDOW (one query)."""
+    if not queues:
+        return {}
+    rows = session.execute(
+        select(JobRecord.queue, func.avg(JobRecord.runtime_s), func.count())
+        .where(JobRecord.queue.in_(list(queues)), JobRecord.finished_at >= now - STATS_WINDOW)
+        .group_by(JobRecord.queue)
+    ).all()
+    return {q: RuntimeStats(float(mean), int(n)) for q, mean, n in rows if mean is not None}
+
+
+def since(session: Session, queue: str, start: datetime) -> Sequence[JobRecord]:
+    """The queue's jobs that started at or after `start`, in arrival order."""
+    arrival = func.coalesce(JobRecord.arrived_at, JobRecord.started_at)
+    return session.scalars(
+        select(JobRecord)
+        .where(JobRecord.queue == queue, JobRecord.started_at >= start)
+        .order_by(arrival, JobRecord.id)
+    ).all()
