@@ -583,8 +583,9 @@ _add_api_commands()
 
 def _add_status_commands() -> None:
     from autoscaler.cli_status import COMMANDS
+    from autoscaler.cli_trace import trace
 
-    for command in COMMANDS:
+    for command in (*COMMANDS, trace):
         main.add_command(command)
 
 

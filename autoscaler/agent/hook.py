@@ -5,7 +5,10 @@ Add one line to the worker's app module (it does nothing outside an agent):
     import autoscaler.agent.hook; autoscaler.agent.hook.install()
 
 It connects to Celery's `task_prerun` / `task_postrun` signals and keeps the status file the
-agent reads (`$AUTOSCALER_STATUS_FILE`) up to date: `{"running": n, "last_task_at": epoch}`.
+agent reads (`$AUTOSCALER_STATUS_FILE`) up to date: `{"running": n, "last_task_at": epoch,
+"jobs": [...]}`, where `jobs` holds the last JOBS_KEPT finished jobs (task id, queue, publish
+stamp if the producer stamped it, start and end, epoch seconds): the agent sends the new ones
+with its heartbeats, and they become the queue's runtimes and `autoscaler trace export`.
 
 Any other worker reports the same way: write that JSON to `$AUTOSCALER_STATUS_FILE` (atomically:
 write a temporary file, then rename; `write_status` does it), or POST it to the agent's
@@ -18,19 +21,32 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from typing import Any
 
+from autoscaler.metrics.base import PUBLISHED_AT_HEADER
+
 STATUS_ENV = "AUTOSCALER_STATUS_FILE"
+JOBS_KEPT = 500
+"""Finished jobs kept in the status file: the agent reads it every heartbeat (10 s), so a
+process would have to finish more than 50 jobs a second for one to go unreported."""
 _lock = threading.Lock()
 _running = 0
 _last: float | None = None
+_started: dict[str, tuple[float, str | None, float | None]] = {}
+_jobs: deque[dict[str, Any]] = deque(maxlen=JOBS_KEPT)
 _installed = False
 
 
-def write_status(path: str, running: int, last_task_at: float | None) -> None:
+def write_status(
+    path: str, running: int, last_task_at: float | None, jobs: list[dict[str, Any]] | None = None
+) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
+    doc: dict[str, Any] = {"running": running, "last_task_at": last_task_at, "at": time.time()}
+    if jobs:
+        doc["jobs"] = jobs
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"running": running, "last_task_at": last_task_at, "at": time.time()}, fh)
+        json.dump(doc, fh)
     os.replace(tmp, path)
 
 
@@ -42,14 +58,47 @@ def _update(delta: int) -> None:
     with _lock:
         _running = max(0, _running + delta)
         _last = time.time()
-        write_status(path, _running, _last)
+        write_status(path, _running, _last, list(_jobs))
 
 
-def _prerun(**_: Any) -> None:
+def _queue_and_stamp(task: Any) -> tuple[str | None, float | None]:
+    request: Any = getattr(task, "request", None)
+    info = getattr(request, "delivery_info", None) or {}
+    queue = info.get("routing_key") if isinstance(info, dict) else None
+    # Celery copies a message's headers onto its request: the producer's stamp is one of them
+    stamp = request.get(PUBLISHED_AT_HEADER) if hasattr(request, "get") else None
+    headers = getattr(request, "headers", None)
+    if stamp is None and isinstance(headers, dict):
+        stamp = headers.get(PUBLISHED_AT_HEADER)
+    try:
+        published = float(stamp) if stamp is not None else None
+    except (TypeError, ValueError):
+        published = None
+    return (str(queue) if queue else None), published
+
+
+def _prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    if task_id:
+        queue, published = _queue_and_stamp(task)
+        with _lock:
+            _started[task_id] = (time.time(), queue, published)
     _update(+1)
 
 
-def _postrun(**_: Any) -> None:
+def _postrun(task_id: str | None = None, **_: Any) -> None:
+    with _lock:
+        begun = _started.pop(task_id, None) if task_id else None
+        if begun is not None:
+            started, queue, published = begun
+            _jobs.append(
+                {
+                    "id": task_id,
+                    "queue": queue,
+                    "published_at": published,
+                    "started_at": started,
+                    "finished_at": time.time(),
+                }
+            )
     _update(-1)
 
 

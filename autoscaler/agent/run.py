@@ -35,7 +35,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,9 +127,8 @@ class Api:
         raise AgentError("unreachable")
 
 
-def read_status(path: str) -> tuple[int, float | None]:
-    """Running tasks and last task time from the status file(s): `path` and `path.<pid>`."""
-    running, last = 0, None
+def _status_docs(path: str) -> Iterator[dict[str, Any]]:
+    """Each readable status file: `path` and `path.<pid>` (one per prefork child)."""
     for p in glob.glob(glob.escape(path) + "*"):
         if p.endswith(".tmp"):
             continue
@@ -136,14 +136,59 @@ def read_status(path: str) -> tuple[int, float | None]:
             data = json.loads(Path(p).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if not isinstance(data, dict):
-            continue
+        if isinstance(data, dict):
+            yield data
+
+
+def read_status(path: str) -> tuple[int, float | None]:
+    """Running tasks and last task time from the status file(s)."""
+    running, last = 0, None
+    for data in _status_docs(path):
         with contextlib.suppress(TypeError, ValueError):
             running += max(0, int(data.get("running") or 0))
         t = data.get("last_task_at")
         if isinstance(t, int | float):
             last = t if last is None else max(last, t)
     return running, last
+
+
+JOBS_PER_BEAT = 1000
+"""Finished jobs sent with one heartbeat at most (the API's limit); the rest go with the next."""
+SENT_KEPT = 5000
+"""Ids of jobs already sent, remembered so that a job still in a status file is sent once."""
+
+
+def read_jobs(path: str) -> list[dict[str, Any]]:
+    """The finished jobs the hook listed in the status file(s), well-formed ones only."""
+    out: list[dict[str, Any]] = []
+    for data in _status_docs(path):
+        jobs = data.get("jobs")
+        for j in jobs if isinstance(jobs, list) else ():
+            if (
+                isinstance(j, dict)
+                and isinstance(j.get("id"), str)
+                and all(isinstance(j.get(k), int | float) for k in ("started_at", "finished_at"))
+            ):
+                out.append(j)
+    out.sort(key=lambda j: j["finished_at"])
+    return out
+
+
+def job_reports(jobs: list[dict[str, Any]], sent: Collection[str]) -> list[dict[str, Any]]:
+    """The heartbeat's `jobs`: those not sent yet, at most JOBS_PER_BEAT, oldest first."""
+    fresh = [j for j in jobs if j["id"] not in sent][:JOBS_PER_BEAT]
+    return [
+        {
+            "id": j["id"][:200],
+            "queue": j.get("queue") if isinstance(j.get("queue"), str) else None,
+            "published_at": j.get("published_at")
+            if isinstance(j.get("published_at"), int | float)
+            else None,
+            "started_at": j["started_at"],
+            "finished_at": j["finished_at"],
+        }
+        for j in fresh
+    ]
 
 
 def gpu_utilisation() -> float | None:
@@ -239,6 +284,7 @@ class Agent:
         self.stopping = threading.Event()
         self.draining = False
         self._status_server: StatusServer | None = None
+        self.sent: deque[str] = deque(maxlen=SENT_KEPT)
 
     def status_url(self) -> str:
         """A loopback HTTP endpoint for workers that would rather POST their status
@@ -304,15 +350,18 @@ class Agent:
         running, last = read_status(self.status_file)
         if state == "auto":
             state = "busy" if running else "idle"
+        jobs = job_reports(read_jobs(self.status_file), set(self.sent))
         body: dict[str, Any] = {"state": state, "running_tasks": running}
+        if jobs:
+            body["jobs"] = jobs
         if self.cfg.launch_id is None:
             body = {
                 "name": self.cfg.name,
                 "queues": [self.cfg.queue],
                 "state": state,
                 "running_tasks": running,
-            }
-            return self.api.call("POST", "heartbeat", json=body)
+            } | ({"jobs": jobs} if jobs else {})
+            return self._sent(self.api.call("POST", "heartbeat", json=body), jobs)
         if last is not None:
             body["last_task_at"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(last))
         gpu = gpu_utilisation()
@@ -320,7 +369,12 @@ class Agent:
             body["gpu_utilisation"] = max(0.0, min(100.0, gpu))
         if detail:
             body["detail"] = detail[:500]
-        return self.api.call("POST", "heartbeat", json=body)
+        return self._sent(self.api.call("POST", "heartbeat", json=body), jobs)
+
+    def _sent(self, answer: dict[str, Any], jobs: list[dict[str, Any]]) -> dict[str, Any]:
+        """The heartbeat was answered: its jobs are recorded and not sent again."""
+        self.sent.extend(j["id"] for j in jobs)
+        return answer
 
     def run(self) -> int:
         cfg = self.cfg
@@ -370,6 +424,8 @@ class Agent:
                 self.beat("draining")
         code = self.stop_worker(signal.SIGTERM)
         log.info("worker stopped (code %s); reporting drained", code)
+        with contextlib.suppress(AgentError):
+            self.beat("draining")  # the jobs it finished since the last heartbeat
         self.api.call_retrying("POST", "drained")
         return 0
 

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -36,7 +36,7 @@ from autoscaler.credentials import describe_credentials, registered_provider_con
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.registry import source_url
 from autoscaler.settings import CONTROL_KEYPREFIX, redact_url
-from autoscaler.store import config_versions, fleet
+from autoscaler.store import config_versions, fleet, job_records
 from autoscaler.store.models import Instance, QueueStatus, ScaleEvent, WorkerSighting
 from autoscaler.store.models import Provider as ProviderRow
 
@@ -61,12 +61,35 @@ class Registered(BaseModel):
     heartbeat_interval: float
 
 
+EPOCH_S = Annotated[float, Field(ge=0, le=2**33, allow_inf_nan=False)]
+
+
+class JobReport(Strict):
+    """A job the worker finished (the agent's hook): its task id, the queue it came from, the
+    producer's publish stamp if any, and when it started and ended (epoch seconds)."""
+
+    id: Annotated[str, Field(min_length=1, max_length=200)]
+    queue: Name | None = None
+    published_at: EPOCH_S | None = None
+    started_at: EPOCH_S
+    finished_at: EPOCH_S
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "JobReport":
+        if self.finished_at < self.started_at:
+            raise ValueError("finished_at is before started_at")
+        if self.published_at is not None and self.published_at > self.started_at:
+            raise ValueError("published_at is after started_at")
+        return self
+
+
 class Heartbeat(Strict):
     state: Literal["starting", "idle", "busy", "draining", "crashed"]
     running_tasks: int = Field(default=0, ge=0, le=100_000)
     last_task_at: datetime | None = None
     gpu_utilisation: float | None = Field(default=None, ge=0, le=100)
     detail: str | None = Field(default=None, max_length=500)
+    jobs: list[JobReport] = Field(default_factory=list, max_length=1000)
 
 
 class HeartbeatAnswer(BaseModel):
@@ -113,6 +136,32 @@ class HandMadeBeat(Strict):
     queues: list[Name] = Field(min_length=1, max_length=50)
     state: Literal["starting", "idle", "busy", "draining", "crashed"] = "idle"
     running_tasks: int = Field(default=0, ge=0, le=100_000)
+    jobs: list[JobReport] = Field(default_factory=list, max_length=1000)
+
+
+def _job_rows(
+    jobs: list[JobReport], worker: str, queues: list[str], now: datetime
+) -> list[dict[str, Any]]:
+    """Rows for `job_records`: a job counts for the queue it names when the worker serves it,
+    else for the worker's first queue. Times after now (a clock running ahead) are clamped."""
+    def at(epoch: float) -> datetime:
+        return min(datetime.fromtimestamp(epoch, UTC), now)
+
+    rows = []
+    for j in jobs:
+        started, finished = at(j.started_at), at(j.finished_at)
+        rows.append(
+            {
+                "queue": j.queue if j.queue in queues else queues[0],
+                "task_id": j.id,
+                "worker": worker[:200],
+                "arrived_at": at(j.published_at) if j.published_at is not None else None,
+                "started_at": started,
+                "finished_at": finished,
+                "runtime_s": (finished - started).total_seconds(),
+            }
+        )
+    return rows
 
 
 class ConfigUpdate(Strict):
@@ -322,6 +371,8 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             .values(**values)
             .execution_options(synchronize_session=False)
         )
+        worker = row.worker_name or f"agent@{row.launch_id}"
+        job_records.record(session, _job_rows(body.jobs, worker, [row.queue], now), now)
         drain = row.state in (S.DRAINING, S.DRAINED)
         return HeartbeatAnswer(drain=drain, state=row.state.value)
 
@@ -364,6 +415,8 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             },
         )
         session.execute(stmt)
+        worker = f"agent@{body.name}"
+        job_records.record(session, _job_rows(body.jobs, worker, list(body.queues), now), now)
         return HeartbeatAnswer(drain=False, state="hand-made")
 
     @app.get("/v1/hand-made/deployment", response_model=Deployment)

@@ -157,3 +157,69 @@ def test_hand_made_heartbeat_counts_as_capacity(world):
     with world.rt.transaction() as session:
         seen = hand_made_workers(session, "inst", set(), datetime.now(UTC), 60)
     assert seen == {"q1": ("agent@desk-1",)}
+
+
+def _jobs(now: float, *ids: str, queue: str | None = "q1") -> list[dict[str, object]]:
+    return [
+        {
+            "id": i,
+            "queue": queue,
+            "published_at": now - 30 - n,
+            "started_at": now - 20,
+            "finished_at": now - 20 + 5 + n,
+        }
+        for n, i in enumerate(ids)
+    ]
+
+
+def _records(world: World) -> list[tuple[object, ...]]:
+    from sqlalchemy import select
+
+    from autoscaler.store.models import JobRecord
+
+    with world.rt.transaction() as session:
+        return [
+            (r.queue, r.task_id, r.worker, round(r.runtime_s, 3), r.arrived_at is not None)
+            for r in session.scalars(select(JobRecord).order_by(JobRecord.task_id))
+        ]
+
+
+def test_heartbeats_record_the_jobs_the_worker_finished_once_each(world):
+    tok = world.h(world.tokens["m1"])
+    now = datetime.now(UTC).timestamp()
+    body = {"state": "idle", "jobs": _jobs(now, "t1", "t2")}
+    for _ in range(2):  # a retried heartbeat records nothing twice
+        assert (
+            world.client.post("/v1/worker/m1/heartbeat", json=body, headers=tok).status_code == 200
+        )
+    assert _records(world) == [
+        ("q1", "t1", "agent@m1", 5.0, True),
+        ("q1", "t2", "agent@m1", 6.0, True),
+    ]
+    # a hand-made machine's jobs count for the queue they name when it serves it
+    r = world.client.post(
+        "/v1/hand-made/heartbeat",
+        json={"name": "desk-1", "queues": ["q1"], "jobs": _jobs(now, "h1", queue="other")},
+        headers=world.h(world.enrolment),
+    )
+    assert r.status_code == 200
+    assert ("q1", "h1", "agent@desk-1", 5.0, True) in _records(world)
+
+
+def test_a_job_report_that_cannot_be_true_is_refused_naming_the_field(world):
+    tok = world.h(world.tokens["m1"])
+    now = datetime.now(UTC).timestamp()
+    backwards = _jobs(now, "t1")
+    backwards[0]["finished_at"] = now - 100
+    r = world.client.post(
+        "/v1/worker/m1/heartbeat", json={"state": "idle", "jobs": backwards}, headers=tok
+    )
+    assert r.status_code == 422 and "finished_at is before started_at" in r.text
+    assert r.json()["detail"][0]["field"] == "jobs.0"
+    r = world.client.post(
+        "/v1/worker/m1/heartbeat",
+        json={"state": "idle", "jobs": _jobs(now, "x") * 1001},
+        headers=tok,
+    )
+    assert r.status_code == 422
+    assert _records(world) == []

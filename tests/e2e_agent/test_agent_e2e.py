@@ -28,6 +28,8 @@ import redis
 import requests
 from celery import Celery
 
+from autoscaler.metrics import stamp
+from autoscaler.sim.trace import load_trace
 from tests.agent.agentkit import AgentProc, free_port, git_repo
 from tests.control.loopkit import REDIS, WATCH_BROKER, Loop, local_machines, unique
 
@@ -150,10 +152,14 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
         loop.beat()
 
         jobs = [f"job-{i}" for i in range(4)]
-        for j in jobs:
-            publisher.send_task(
-                "e2eagent.job", args=[str(record), j, 4.0], queue=queue, routing_key=queue
-            )
+        stamp.install(publisher)  # the producer stamps its publish time: the jobs' arrivals
+        try:
+            for j in jobs:
+                publisher.send_task(
+                    "e2eagent.job", args=[str(record), j, 4.0], queue=queue, routing_key=queue
+                )
+        finally:
+            stamp.uninstall()
 
         # 1. a machine boots the agent, which clones the repo and runs a job with its own user
         first = loop.wait(
@@ -231,6 +237,25 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
         starts = Counter(e["job"] for e in got if e["phase"] == "start")
         ends = Counter(e["job"] for e in got if e["phase"] == "end")
         assert starts == Counter(jobs) == ends, (got, loop.dump())
+        # 5. every job finished was reported once by its agent, with the producer's stamp as
+        # its arrival; `trace export` makes a trace of them that the simulator reads back
+        def recorded() -> list[Any]:
+            return loop.sql(
+                "SELECT task_id, worker, arrived_at, started_at, runtime_s FROM job_records "
+                "WHERE queue = :q",
+                q=queue,
+            )
+
+        loop.wait(lambda: len(recorded()) >= len(jobs), 30, "every job reported")
+        records = recorded()
+        assert len(records) == len(jobs) == len({r[0] for r in records}), records
+        assert all(r[4] >= 4.0 and r[2] is not None and r[2] <= r[3] for r in records), records
+        assert all(r[1] == "agent@desk-7" or any(x in r[1] for x in launches) for r in records)
+        exported = tmp_path / "trace.csv"
+        loop.cli("trace", "export", "--queue", queue, "--since", "1h", "-o", str(exported))
+        replay = load_trace(exported)
+        assert len(replay) == len(jobs) and all(j.runtime_s >= 4.0 for j in replay)
+        assert replay[0].arrival_s == 0.0 and all(j.queue == queue for j in replay)
         assert hand.popen.poll() is None, hand.text()  # never told to stop
         events = loop.events(queue)
         assert not any(

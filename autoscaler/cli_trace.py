@@ -1,0 +1,102 @@
+"""`autoscaler trace export`: the jobs a queue ran, as a trace `simulate` and `tune` replay.
+
+The jobs come from `job_records` (the agents' reports). A job's arrival is the producer's
+publish stamp (`autoscaler.metrics.stamp`); an unstamped job's is when it started, so its wait
+reads zero and the trace shows the traffic the workers served, not how long it queued. The
+summary on stderr says how many jobs are so.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from datetime import datetime
+
+import click
+
+from autoscaler.cli_status import _now, _open, _when
+from autoscaler.store import job_records
+from autoscaler.store.db import transaction
+from autoscaler.store.models import JobRecord
+
+
+@click.group()
+def trace() -> None:
+    """Traces of live traffic, for `simulate` and `tune`."""
+
+
+def trace_rows(records: list[JobRecord]) -> tuple[list[tuple[float, float]], int]:
+    """(arrival_s from the first arrival, runtime_s) per job, and how many had no stamp."""
+    if not records:
+        return [], 0
+    arrivals = [r.arrived_at or r.started_at for r in records]
+    first = min(arrivals)
+    rows = [
+        ((at - first).total_seconds(), max(0.0, r.runtime_s))
+        for at, r in zip(arrivals, records, strict=True)
+    ]
+    return sorted(rows), sum(1 for r in records if r.arrived_at is None)
+
+
+@trace.command("export")
+@click.option("--queue", required=True, help="The queue whose jobs to export.")
+@click.option(
+    "--since",
+    default="7d",
+    show_default=True,
+    help="From this long ago (30m, 2h, 7d) or this time (ISO, UTC unless it says).",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+    default="-",
+    show_default=True,
+    help="The CSV file to write (arrival_s,runtime_s,queue); '-' for standard output.",
+)
+def export(queue: str, since: str, output: str) -> None:
+    """Write the jobs QUEUE ran since --since as a trace (CSV) for `autoscaler tune --trace`."""
+    now = _now()
+    start = _when(since, "--since", now)
+    assert start is not None
+    _, sessions = _open()
+    with transaction(sessions) as session:
+        records = list(job_records.since(session, queue, start))
+        rows, unstamped = trace_rows(records)
+        first = min((r.arrived_at or r.started_at for r in records), default=None)
+    if not rows:
+        raise click.UsageError(
+            f"no jobs of queue {queue!r} recorded since {start.isoformat(timespec='seconds')}: "
+            "jobs are recorded from the worker agents' heartbeats (the worker's app must call "
+            "autoscaler.agent.hook.install()); check the queue name and --since"
+        )
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["arrival_s", "runtime_s", "queue"])
+    for arrival, runtime in rows:
+        writer.writerow([f"{arrival:.3f}", f"{runtime:.3f}", queue])
+    if output == "-":
+        sys.stdout.write(buf.getvalue())
+    else:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(buf.getvalue())
+    click.echo(_summary(queue, rows, unstamped, first), err=True)
+
+
+def _summary(
+    queue: str, rows: list[tuple[float, float]], unstamped: int, first: datetime | None
+) -> str:
+    span = rows[-1][0] if rows else 0.0
+    work = sum(r for _, r in rows)
+    began = first.isoformat(timespec="seconds") if first else "?"
+    text = (
+        f"{len(rows)} job(s) of {queue!r} from {began} over {span / 3600:.1f} h, "
+        f"{work / 3600:.1f} h of work"
+    )
+    if unstamped:
+        text += (
+            f"; {unstamped} without a publish stamp: their arrival is when they started (stamp "
+            "the producers with autoscaler.metrics.stamp.install() for true waits)"
+        )
+    return text
