@@ -265,8 +265,35 @@ def table(
     lines = [HEADER, *(fmt_row(r) for r in reports)]
     lines += reference_rows(config, queue, jobs, world)
     lines.append(fmt_bound(reports[0], price))
+    lines.append(front_line(reports))
     lines += [f"  {name}: {note}" for name, note in BASELINE_NOTES.items()]
     return lines
+
+
+def dominated_by(reports: list[Report]) -> list[str]:
+    """The fair baselines both cheaper and faster (p95 wait) than ours, with nothing killed or
+    unserved: what the goal "ours on or beyond their cost/wait front" rules out."""
+    ours = next((r for r in reports if r.policy == "ours"), None)
+    if ours is None:
+        return []
+    return [
+        r.policy
+        for r in reports
+        if r.policy in BASELINE_NOTES
+        and r.killed == 0
+        and r.never_served == 0
+        and r.dollars < ours.dollars
+        and r.wait_p95 < ours.wait_p95
+    ]
+
+
+def front_line(reports: list[Report]) -> str:
+    beaten = dominated_by(reports)
+    return (
+        "  front: no fair baseline is both cheaper and faster (p95) than ours"
+        if not beaten
+        else f"  front: cheaper AND faster than ours: {', '.join(beaten)}"
+    )
 
 
 def run_account(

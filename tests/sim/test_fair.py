@@ -283,3 +283,38 @@ def test_simulate_all_queues_runs_them_in_one_account(tmp_path):
     assert data["peak_machines_account"] <= 3
     assert [q["policy"] for q in data["queues"]] == ["a", "b"]
     assert all(q["jobs"] == 6 and q["never_served"] == 0 for q in data["queues"])
+
+
+def test_sparse_jobs_cost_within_one_and_a_half_zero_wait_oracles():
+    """A 60 s job every ~11 min: the learned idle timeout lets each machine go at once instead
+    of paying the configured 5 min (with it off, ours costs 2.3× the oracle)."""
+    cfg = load_sim_config(CONFIG)
+    jobs = UNSEEN["sparse"]()
+    ours = summarize(run_one(cfg, "inference", jobs, "ours"))
+    oracle = zero_wait_oracle(jobs, 180.0, 0.60)
+    assert ours.killed == ours.never_served == 0
+    assert ours.dollars <= 1.5 * oracle.dollars, (ours.dollars, oracle.dollars)
+
+
+@pytest.mark.parametrize("name", ["steady", "diurnal"])
+def test_no_fair_baseline_is_both_cheaper_and_faster_on_the_shipped_traces(name):
+    from autoscaler.sim.run import dominated_by
+
+    cfg = load_sim_config(CONFIG)
+    reports, _ = compare(cfg, "inference", load_trace(TRACES_DIR / f"{name}.csv"))
+    assert dominated_by(reports) == [], [(r.policy, r.dollars, r.wait_p95) for r in reports]
+
+
+def test_dominated_by_names_a_baseline_cheaper_and_faster_only():
+    from dataclasses import replace
+
+    from autoscaler.sim.run import dominated_by
+
+    cfg = load_sim_config(CONFIG)
+    reports, _ = compare(cfg, "inference", UNSEEN["sparse"]()[:20])
+    ours = next(r for r in reports if r.policy == "ours")
+    keda = next(r for r in reports if r.policy == "keda")
+    better = replace(keda, dollars=ours.dollars - 1, wait_p95=ours.wait_p95 - 1)
+    assert dominated_by([ours, better]) == ["keda"]
+    assert dominated_by([ours, replace(better, wait_p95=ours.wait_p95 + 1)]) == []
+    assert dominated_by([ours, replace(better, killed=1)]) == []
