@@ -4,14 +4,8 @@ simulator before any of them goes into the decision core (autoscaler/policy/).
 Each wrapper keeps its own small history (what it saw in earlier snapshots), calls decide()
 with a config it adjusts or adds drains to decide()'s plan; none launches on its own, and none
 ever drains a busy machine. `python benchmarks/cost.py --candidates` prints them beside ours.
+(The learned idle timeout, prototyped here first, now lives in `policy/history.py`.)
 
-- learned-idle: the idle timeout learned from the observed gaps between jobs. A machine that
-  just went idle either waits for the next job (paying the gap) or goes and is rented again
-  (paying a boot, `B` seconds of billing, plus a rental's fixed fee in seconds of price). From the
-  last gaps seen at the queue (from "no job pending or running" to the next job), pick the
-  timeout T minimising Σ_gaps (g if g ≤ T else T + B): the ski-rental rule on the empirical
-  distribution. Until `min_gaps` gaps are seen, the configured timeout holds; T never exceeds
-  `max_factor` × the configured one.
 - hedge: when jobs wait, no machine serves and every booting machine is late (booting longer
   than `late_factor` × the median boot seen so far, 180 s × that before any), rent one more
   (within max_workers counting every billing machine, never in backoff): a failed boot then
@@ -29,7 +23,7 @@ import math
 from dataclasses import replace
 from datetime import datetime
 
-from autoscaler.config.models import Config, IdleTrigger, QueueDepthTrigger
+from autoscaler.config.models import Config, QueueDepthTrigger
 from autoscaler.policy.decide import decide
 from autoscaler.policy.plan import Drain, Launch, Plan
 from autoscaler.policy.snapshot import Snapshot
@@ -42,81 +36,6 @@ def _target(config: Config, queue: str) -> int:
         if isinstance(trig, QueueDepthTrigger):
             return max(1, trig.target_per_worker or trig.threshold or 1)
     return 1
-
-
-class LearnedIdle:
-    name = "learned-idle"
-
-    def __init__(
-        self,
-        min_gaps: int = 8,
-        keep: int = 200,
-        max_factor: float = 4.0,
-        rental_fee_s: float = 0.0,
-    ) -> None:
-        self.min_gaps = min_gaps
-        self.keep = keep
-        self.max_factor = max_factor
-        self.rental_fee_s = rental_fee_s
-        self.gaps: list[float] = []
-        self.quiet_since: datetime | None = None
-        self.boots: list[float] = []
-        self.seen_ready: set[str] = set()
-        self.configs: dict[tuple[str, float], Config] = {}
-
-    def timeout(self, configured: float) -> float:
-        if len(self.gaps) < self.min_gaps:
-            return configured
-        boot = sorted(self.boots)[len(self.boots) // 2] if self.boots else 180.0
-        b = boot + self.rental_fee_s
-        cap = configured * self.max_factor
-        candidates = sorted({0.0, *(g for g in self.gaps if g <= cap), cap})
-        best, best_cost = configured, math.inf
-        for t in candidates:
-            cost = sum(g if g <= t else t + b for g in self.gaps)
-            if cost < best_cost - 1e-9:
-                best, best_cost = t, cost
-        return max(best, 1.0)
-
-    def __call__(self, snapshot: Snapshot, config: Config, now: datetime) -> Plan:
-        for qs in snapshot.queues:
-            if qs.metrics is None:
-                continue
-            for m in qs.machines:
-                if m.ready_at is not None and m.launch_id not in self.seen_ready:
-                    self.seen_ready.add(m.launch_id)
-                    self.boots.append((m.ready_at - m.created_at).total_seconds())
-            load = qs.metrics.pending + qs.metrics.started_or_held
-            if load == 0:
-                if self.quiet_since is None:
-                    self.quiet_since = now
-            elif self.quiet_since is not None:
-                self.gaps.append((now - self.quiet_since).total_seconds())
-                self.gaps = self.gaps[-self.keep :]
-                self.quiet_since = None
-        queue = next(iter(snapshot.queues)).name if snapshot.queues else None
-        if queue is None or queue not in config.queues:
-            return decide(snapshot, config, now)
-        auto = config.queues[queue].autoscale
-        if auto is None:
-            return decide(snapshot, config, now)
-        idle = [tr for tr in auto.scale_down if isinstance(tr, IdleTrigger)]
-        if not idle:
-            return decide(snapshot, config, now)
-        learned = round(self.timeout(min(tr.timeout for tr in idle)))
-        key = (queue, learned)
-        cfg = self.configs.get(key)
-        if cfg is None:
-            down = tuple(
-                IdleTrigger(trigger="idle", timeout=learned) if isinstance(tr, IdleTrigger) else tr
-                for tr in auto.scale_down
-            )
-            q = config.queues[queue].model_copy(
-                update={"autoscale": auto.model_copy(update={"scale_down": down})}
-            )
-            cfg = config.model_copy(update={"queues": {**config.queues, queue: q}})
-            self.configs[key] = cfg
-        return decide(snapshot, cfg, now)
 
 
 class FleetScaleIn:
@@ -211,18 +130,6 @@ class Hedge:
         return replace(plan, queues=tuple(out))
 
 
-class Both:
-    """learned-idle inside fleet-scale-in inside hedge."""
-
-    name = "learned+fleet+hedge"
-
-    def __init__(self) -> None:
-        self.inner = Hedge(inner=FleetScaleIn(inner=LearnedIdle()))
-
-    def __call__(self, snapshot: Snapshot, config: Config, now: datetime) -> Plan:
-        return self.inner(snapshot, config, now)
-
-
 class StatelessFleet(FleetScaleIn):
     """fleet-scale-in with no history: only machines idle for the whole window go."""
 
@@ -233,9 +140,7 @@ class StatelessFleet(FleetScaleIn):
 
 
 CANDIDATES = {
-    "learned-idle": LearnedIdle,
     "fleet-scale-in": FleetScaleIn,
     "fleet-stateless": StatelessFleet,
     "hedge": Hedge,
-    "all three": Both,
 }

@@ -194,18 +194,6 @@ def test_candidate_rules_never_kill_and_serve_everything(name):
         assert r.killed == 0 and r.never_served == 0 and r.over_max == 0, r
 
 
-def test_learned_idle_picks_the_ski_rental_timeout():
-    from autoscaler.sim.candidates import LearnedIdle
-
-    p = LearnedIdle(min_gaps=3)
-    assert p.timeout(300) == 300  # too few gaps: the configured timeout
-    p.gaps = [600.0] * 10  # every gap far above a boot: release at once
-    p.boots = [180.0]
-    assert p.timeout(300) <= 1.0 + 1e-9
-    p.gaps = [60.0] * 10  # every gap below a boot: wait for the next job
-    assert p.timeout(300) == 60.0
-
-
 def test_simulate_realistic_prints_the_references_and_what_each_baseline_is(tmp_path):
     from autoscaler.sim.cli import simulate
 
