@@ -123,10 +123,13 @@ def burst_limit(
     when the fleet starts every waiting job before a new one could boot.
 
     No limit (None) without a trustworthy runtime (fewer than MIN_JOBS finished, or none), with
-    nothing serving, without a known age of the oldest job, or once that job has waited longer
-    than a boot and a job (the estimate was wrong: capacity is then added as the triggers ask)."""
+    nothing serving, with instant boots, without a known age of the oldest job, or once that job
+    has waited longer than a boot and a job (the estimate was wrong: capacity is then added as
+    the triggers ask)."""
     if job_seconds is None or jobs_seen < MIN_JOBS or job_seconds <= 0 or serving <= 0:
         return None
+    if boot_s <= 0:
+        return None  # a machine that is ready at once is never too late for the work
     if pending <= 0 or oldest_age is None or oldest_age > boot_s + job_seconds:
         return None
     through = serving * boot_s + sum(
