@@ -430,6 +430,7 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
         )
     else:
         drains = _scale_down(u, config, now)
+        notes.extend(_learned_notes(u, config))
         desired = u.capacity - len(drains)
     # While the queue asks for more, keep machines asked to leave: it may take them back.
     if not (u.up_fired or launches or reclaims):
@@ -467,7 +468,8 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
     poll = u.auto.poll_interval or config.poll_interval
     for trig in u.auto.scale_down:
         if isinstance(trig, IdleTrigger):
-            timeout, how = idle_timeout(trig, u.qs, config, poll)
+            timeout, why = idle_timeout(trig, u.qs, config, poll)
+            how = "learned " if why else ""
             for m, secs in t.idle_candidates(timeout, machines, now):
                 if m.launch_id not in idle or timeout < idle[m.launch_id][2]:
                     idle[m.launch_id] = (m, secs, timeout, how)
@@ -530,20 +532,32 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
 
 def idle_timeout(
     trig: IdleTrigger, qs: QueueSnapshot, config: Config, poll: float
-) -> tuple[float, str]:
+) -> tuple[float, str | None]:
     """The idle timeout in force: the configured one, or once the queue has shown enough quiet
     gaps (and `learn` is on) the one learned from them, plus a poll when it keeps the machine
     for a gap (a gap is seen to a poll), never above the configured × LEARNED_MAX_FACTOR.
-    Returns (seconds, "learned " or "")."""
+    Returns (seconds, why it was learned or None for the configured one)."""
     if not trig.learn:
-        return trig.timeout, ""
+        return trig.timeout, None
     boot = qs.boot_estimate if qs.boot_estimate is not None else t.DEFAULT_BOOT_ESTIMATE
     learned = learned_idle_timeout(qs.history.quiet_gaps, boot, trig.timeout)
     if learned is None or learned[0] == trig.timeout:
-        return trig.timeout, ""
+        return trig.timeout, None
     margin = poll if learned[0] > 0 else 0.0
     timeout = min(learned[0] + margin, trig.timeout * LEARNED_MAX_FACTOR)
-    return timeout, "learned "
+    return timeout, learned[1]
+
+
+def _learned_notes(u: _Up, config: Config) -> list[str]:
+    """What the status shows of a learned idle timeout in force (why, from how many gaps)."""
+    poll = u.auto.poll_interval or config.poll_interval
+    out = []
+    for trig in u.auto.scale_down:
+        if isinstance(trig, IdleTrigger):
+            timeout, why = idle_timeout(trig, u.qs, config, poll)
+            if why:
+                out.append(f"idle timeout {timeout:.0f}s instead of {trig.timeout:.0f}s: {why}")
+    return out
 
 
 def _fleet_down(
