@@ -16,27 +16,14 @@ from datetime import datetime
 import click
 
 from autoscaler.cli_status import _now, _open, _when
+from autoscaler.sim.trace import MAX_JOBS
 from autoscaler.store import job_records
 from autoscaler.store.db import transaction
-from autoscaler.store.models import JobRecord
 
 
 @click.group()
 def trace() -> None:
     """Traces of live traffic, for `simulate` and `tune`."""
-
-
-def trace_rows(records: list[JobRecord]) -> tuple[list[tuple[float, float]], int]:
-    """(arrival_s from the first arrival, runtime_s) per job, and how many had no stamp."""
-    if not records:
-        return [], 0
-    arrivals = [r.arrived_at or r.started_at for r in records]
-    first = min(arrivals)
-    rows = [
-        ((at - first).total_seconds(), max(0.0, r.runtime_s))
-        for at, r in zip(arrivals, records, strict=True)
-    ]
-    return sorted(rows), sum(1 for r in records if r.arrived_at is None)
 
 
 @trace.command("export")
@@ -61,37 +48,48 @@ def export(queue: str, since: str, output: str) -> None:
     start = _when(since, "--since", now)
     assert start is not None
     _, sessions = _open()
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["arrival_s", "runtime_s", "queue"])
+    count = unstamped = 0
+    first: datetime | None = None
+    work = span = 0.0
     with transaction(sessions) as session:
-        records = list(job_records.since(session, queue, start))
-        rows, unstamped = trace_rows(records)
-        first = min((r.arrived_at or r.started_at for r in records), default=None)
-    if not rows:
+        for arrived, started, runtime in job_records.since(session, queue, start, MAX_JOBS + 1):
+            if count == MAX_JOBS:
+                click.echo(
+                    f"warning: more than {MAX_JOBS:,} jobs since {start.isoformat()}: the trace "
+                    "holds the first ones only (the most a trace may hold); use a shorter --since",
+                    err=True,
+                )
+                break
+            at = arrived or started
+            first = first or at
+            span = (at - first).total_seconds()
+            writer.writerow([f"{span:.3f}", f"{max(0.0, runtime):.3f}", queue])
+            count += 1
+            unstamped += arrived is None
+            work += max(0.0, runtime)
+    if not count:
         raise click.UsageError(
             f"no jobs of queue {queue!r} recorded since {start.isoformat(timespec='seconds')}: "
             "jobs are recorded from the worker agents' heartbeats (the worker's app must call "
             "autoscaler.agent.hook.install()); check the queue name and --since"
         )
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["arrival_s", "runtime_s", "queue"])
-    for arrival, runtime in rows:
-        writer.writerow([f"{arrival:.3f}", f"{runtime:.3f}", queue])
     if output == "-":
         sys.stdout.write(buf.getvalue())
     else:
         with open(output, "w", encoding="utf-8") as fh:
             fh.write(buf.getvalue())
-    click.echo(_summary(queue, rows, unstamped, first), err=True)
+    click.echo(_summary(queue, count, span, work, unstamped, first), err=True)
 
 
 def _summary(
-    queue: str, rows: list[tuple[float, float]], unstamped: int, first: datetime | None
+    queue: str, count: int, span: float, work: float, unstamped: int, first: datetime | None
 ) -> str:
-    span = rows[-1][0] if rows else 0.0
-    work = sum(r for _, r in rows)
     began = first.isoformat(timespec="seconds") if first else "?"
     text = (
-        f"{len(rows)} job(s) of {queue!r} from {began} over {span / 3600:.1f} h, "
+        f"{count} job(s) of {queue!r} from {began} over {span / 3600:.1f} h, "
         f"{work / 3600:.1f} h of work"
     )
     if unstamped:

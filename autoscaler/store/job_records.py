@@ -8,7 +8,7 @@ them into a trace the simulator and `autoscaler tune` replay (`since`). A job re
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -59,11 +59,18 @@ def runtime_stats(
     return {q: RuntimeStats(float(mean), int(n)) for q, mean, n in rows if mean is not None}
 
 
-def since(session: Session, queue: str, start: datetime) -> Sequence[JobRecord]:
-    """The queue's jobs that started at or after `start`, in arrival order."""
+def since(
+    session: Session, queue: str, start: datetime, limit: int
+) -> Iterator[tuple[datetime | None, datetime, float]]:
+    """(publish stamp or None, start, runtime) of the queue's jobs that started at or after
+    `start`, in arrival order (the stamp, else the start), at most `limit`, streamed."""
     arrival = func.coalesce(JobRecord.arrived_at, JobRecord.started_at)
-    return session.scalars(
-        select(JobRecord)
+    rows = session.execute(
+        select(JobRecord.arrived_at, JobRecord.started_at, JobRecord.runtime_s)
         .where(JobRecord.queue == queue, JobRecord.started_at >= start)
         .order_by(arrival, JobRecord.id)
-    ).all()
+        .limit(limit)
+        .execution_options(yield_per=10_000)
+    )
+    for arrived, started, runtime in rows:
+        yield arrived, started, float(runtime)

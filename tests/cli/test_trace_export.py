@@ -77,3 +77,27 @@ def test_export_writes_the_recorded_jobs_as_a_trace(db_url, tmp_path):
     none = runner.invoke(main, ["trace", "export", "--queue", "nope"], env=env)
     assert none.exit_code == 2
     assert "no jobs of queue 'nope'" in none.output and "hook.install()" in none.output
+
+
+def test_an_export_larger_than_a_trace_may_hold_keeps_the_first_jobs_and_says_so(
+    db_url, tmp_path, monkeypatch
+):
+    from autoscaler import cli_trace
+
+    monkeypatch.setattr(cli_trace, "MAX_JOBS", 2)  # the cap, made small enough to reach
+    env = {"AUTOSCALER_HOME": str(tmp_path), "AUTOSCALER_DATABASE_URL": db_url}
+    runner = CliRunner()
+    assert runner.invoke(main, ["db", "upgrade"], env=env).exit_code == 0
+    engine = make_engine(db_url)
+    try:
+        with transaction(session_factory(engine)) as session:
+            job_records.record(
+                session, [_job(f"t{i}", float(i), float(i), 1.0) for i in range(3)], NOW
+            )
+    finally:
+        engine.dispose()
+    out = tmp_path / "trace.csv"
+    res = runner.invoke(main, ["trace", "export", "--queue", "inference", "-o", str(out)], env=env)
+    assert res.exit_code == 0, res.output
+    assert [j.arrival_s for j in load_trace(out)] == [0.0, 1.0]
+    assert "more than 2 jobs" in res.stderr and "shorter --since" in res.stderr
