@@ -13,10 +13,13 @@ Everything here is pure: the same numbers give the same answer in the loop and t
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import lru_cache
 
 GAPS_KEPT = 64
 """The last this many quiet gaps are kept: about a day of a sparse queue, enough for a
@@ -28,9 +31,6 @@ MIN_GAPS = 8
 LEARNED_MAX_FACTOR = 4.0
 """A learned idle timeout never exceeds this × the configured one."""
 
-LEARNED_MIN_S = 0.0
-"""A learned idle timeout is never shorter: a machine is not destroyed between two jobs of a
-burst the readings did not separate."""
 
 
 @dataclass(frozen=True)
@@ -78,23 +78,32 @@ def learned_idle_timeout(
     A machine that goes idle either waits for the next job (billing the gap) or is destroyed
     after T and rented again (billing T plus a boot). Over the gaps seen, the T minimising
     Σ (g if g ≤ T else T + boot) is the ski-rental rule on the queue's own distribution; it is
-    kept within [LEARNED_MIN_S, LEARNED_MAX_FACTOR × configured] and never below the configured
-    timeout when that costs the same. Returns (timeout, why)."""
+    kept within [0, LEARNED_MAX_FACTOR × configured] and is the configured timeout when that
+    costs the same. Returns (timeout, why). Pure and cached: decide() asks every evaluation."""
     if len(gaps) < MIN_GAPS:
         return None
-    cap = max(configured * LEARNED_MAX_FACTOR, LEARNED_MIN_S)
-    floor = min(LEARNED_MIN_S, configured)
-    candidates = sorted({floor, configured, cap, *(g for g in gaps if floor <= g <= cap)})
+    return _learned(tuple(gaps), float(boot_s), float(configured))
+
+
+@lru_cache(maxsize=4096)
+def _learned(gaps: tuple[float, ...], boot_s: float, configured: float) -> tuple[float, str]:
+    cap = configured * LEARNED_MAX_FACTOR
+    ordered = sorted(gaps)
+    prefix = [0.0, *itertools.accumulate(ordered)]
+    n = len(ordered)
 
     def cost(t: float) -> float:
-        return sum(g if g <= t else t + boot_s for g in gaps)
+        """Σ g over the gaps a machine kept for T waits through, T + boot for the others."""
+        k = bisect.bisect_right(ordered, t)
+        return prefix[k] + (n - k) * (t + boot_s)
 
+    candidates = sorted({0.0, configured, cap, *(g for g in ordered if g <= cap)})
     best = min(candidates, key=lambda t: (round(cost(t), 6), abs(t - configured)))
     if math.isclose(cost(best), cost(configured)):
         best = configured
     saved = cost(configured) - cost(best)
     why = (
-        f"learned from {len(gaps)} gaps (median {median(gaps) or 0:.0f}s, boot {boot_s:.0f}s): "
+        f"learned from {n} gaps (median {median(ordered) or 0:.0f}s, boot {boot_s:.0f}s): "
         f"{saved:.0f} machine-seconds less than the configured {configured:.0f}s over them"
     )
     return best, why
