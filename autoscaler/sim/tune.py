@@ -1,7 +1,8 @@
 """`autoscaler tune --trace FILE --config FILE --p95-wait 2m`: settings picked from your traffic.
 
-Sweeps the autoscale settings of one queue — the idle timeout, the queue_depth target per
-worker, the latency trigger's max_latency, min_workers — replays the trace through decide()
+Sweeps the autoscale settings of one queue — the idle timeout (fixed, or learned from the
+trace's gaps as decide() does by default), the queue_depth target per worker, the latency
+trigger's max_latency, min_workers — replays the trace through decide()
 for each setting (in parallel, one process per core), and prints:
 
 - the cheapest setting whose p95 job wait holds the target, with no job killed or unserved;
@@ -46,6 +47,7 @@ IDLE_TIMEOUTS = (60.0, 120.0, 300.0, 600.0, 1800.0)
 TARGETS = (1, 2, 4)
 MAX_LATENCIES: tuple[float | None, ...] = (None, 60.0, 120.0, 300.0)
 MIN_WORKERS = (0, 1)
+LEARN = (True, False)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Setting:
     target_per_worker: int
     max_latency: float | None
     min_workers: int
+    learn: bool = True
 
     def autoscale(self, base: Autoscale) -> Autoscale:
         """`base` with this setting's triggers; its other triggers are kept as they are."""
@@ -68,7 +71,9 @@ class Setting:
             for t in base.scale_up
             if not isinstance(t, NoWorkersTrigger | QueueDepthTrigger | LatencyTrigger)
         ]
-        down: list[ScaleDownTrigger] = [IdleTrigger(trigger="idle", timeout=self.idle_timeout)]
+        down: list[ScaleDownTrigger] = [
+            IdleTrigger(trigger="idle", timeout=self.idle_timeout, learn=self.learn)
+        ]
         down += [t for t in base.scale_down if not isinstance(t, IdleTrigger)]
         return base.model_copy(
             update={
@@ -88,7 +93,10 @@ class Setting:
             for t in base.scale_up
             if not isinstance(t, NoWorkersTrigger | QueueDepthTrigger | LatencyTrigger)
         ]
-        down: list[dict[str, object]] = [{"trigger": "idle", "timeout": _dur(self.idle_timeout)}]
+        idle: dict[str, object] = {"trigger": "idle", "timeout": _dur(self.idle_timeout)}
+        if not self.learn:
+            idle["learn"] = False
+        down: list[dict[str, object]] = [idle]
         down += [
             t.model_dump(mode="json", exclude_none=True)
             for t in base.scale_down
@@ -104,9 +112,10 @@ class Setting:
 
     def describe(self) -> str:
         lat = f"latency {_dur(self.max_latency)}" if self.max_latency is not None else "no latency"
+        learned = " (learned)" if self.learn else " (fixed)"
         return (
-            f"idle {_dur(self.idle_timeout)}, target {self.target_per_worker}/worker, {lat}, "
-            f"min {self.min_workers}"
+            f"idle {_dur(self.idle_timeout)}{learned}, target {self.target_per_worker}/worker, "
+            f"{lat}, min {self.min_workers}"
         )
 
 
@@ -121,9 +130,9 @@ def _dur(seconds: float) -> str:
 
 def grid() -> list[Setting]:
     return [
-        Setting(idle, target, lat, mn)
-        for idle, target, lat, mn in itertools.product(
-            IDLE_TIMEOUTS, TARGETS, MAX_LATENCIES, MIN_WORKERS
+        Setting(idle, target, lat, mn, learn)
+        for idle, target, lat, mn, learn in itertools.product(
+            IDLE_TIMEOUTS, TARGETS, MAX_LATENCIES, MIN_WORKERS, LEARN
         )
     ]
 

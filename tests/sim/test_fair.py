@@ -172,6 +172,20 @@ def test_tune_prints_the_choice_the_front_and_yaml(tmp_path, monkeypatch):
     load_sim_config(p)
 
 
+def test_a_fixed_idle_timeout_is_swept_and_pasted_as_learn_false():
+    cfg = load_sim_config(CONFIG)
+    base = cfg.queues["inference"].autoscale
+    fixed, learned = Setting(300, 2, None, 0, learn=False), Setting(300, 2, None, 0)
+    assert yaml.safe_load(fixed.yaml_block(base))["scale_down"][0]["learn"] is False
+    assert "learn" not in yaml.safe_load(learned.yaml_block(base))["scale_down"][0]
+    assert fixed.autoscale(base).scale_down[0].learn is False
+    assert "(fixed)" in fixed.describe() and "(learned)" in learned.describe()
+    # on jobs 11 minutes apart the learned timeout lets each machine go: cheaper than fixed
+    jobs = [Job(float(i * 660), 60.0) for i in range(40)]
+    (_, r_fixed), (_, r_learned) = sweep(cfg, "inference", jobs, [fixed, learned], workers=1)
+    assert r_learned.dollars < r_fixed.dollars
+
+
 def test_tune_refuses_bad_input(tmp_path):
     trace = tmp_path / "t.csv"
     write_csv([Job(0, 1)], trace)
