@@ -41,6 +41,7 @@ from autoscaler.policy.history import GAPS_KEPT, MIN_GAPS, NO_HISTORY, QueueHist
 from autoscaler.policy.plan import Drain, Launch, QueuePlan, Reclaim
 from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
 from autoscaler.store import fleet, job_records, leases, queue_samples
+from autoscaler.store.db import batchable
 from autoscaler.store.models import Instance, QueueStatus
 
 log = logging.getLogger("autoscaler.control.tick")
@@ -547,7 +548,7 @@ def write_status(
             "history": func.coalesce(stmt.excluded.history, QueueStatus.history),
         },
     )
-    session.execute(stmt, rows)
+    session.execute(stmt, batchable(rows))
 
 
 # --------------------------------------------------------------------------- fast path

@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from autoscaler.store.db import batchable
 from autoscaler.store.models import JobRecord
 
 KEEP = timedelta(days=14)
@@ -41,7 +42,7 @@ def record(session: Session, jobs: Sequence[dict[str, Any]], now: datetime) -> N
         stmt = ins(JobRecord).on_conflict_do_nothing(
             index_elements=[JobRecord.queue, JobRecord.task_id]
         )
-        session.execute(stmt, [dict(j) for j in jobs])
+        session.execute(stmt, batchable(jobs))
     session.execute(delete(JobRecord).where(JobRecord.finished_at < now - KEEP))
 
 

@@ -17,6 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from autoscaler.store.db import batchable
 from autoscaler.store.models import QueueSample
 
 KEEP = timedelta(days=7)
@@ -30,7 +31,7 @@ def record(session: Session, samples: Sequence[dict[str, Any]], now: datetime) -
         stmt = ins(QueueSample).on_conflict_do_nothing(
             index_elements=[QueueSample.queue, QueueSample.at]
         )
-        session.execute(stmt, [dict(s) for s in samples])
+        session.execute(stmt, batchable(samples))
     session.execute(delete(QueueSample).where(QueueSample.at < now - KEEP))
 
 
