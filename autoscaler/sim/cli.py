@@ -11,6 +11,7 @@ from autoscaler.config import ConfigError
 from autoscaler.sim.engine import World
 from autoscaler.sim.report import HEADER, LEGEND, fmt_row
 from autoscaler.sim.run import (
+    baseline_accounts,
     compare,
     jobs_for,
     load_sim_config,
@@ -115,13 +116,25 @@ def simulate(
 def _simulate_account(trace: str, config_path: str, seed: int, world: World, as_json: bool) -> None:
     try:
         config = load_sim_config(config_path)
-        reports, peak = run_account(config, load_trace(trace), seed, world)
+        jobs = load_trace(trace)
+        reports, peak = run_account(config, jobs, seed, world)
+        baselines = baseline_accounts(config, jobs, seed, world)
     except (ConfigError, TraceError, ValueError) as exc:
         raise Refused(str(exc)) from None
     if as_json:
         click.echo(
             json.dumps(
-                {"peak_machines_account": peak, "queues": [r.as_dict() for r in reports]},
+                {
+                    "peak_machines_account": peak,
+                    "queues": [r.as_dict() for r in reports],
+                    "baselines": {
+                        name: {
+                            "peak_machines_account": b_peak,
+                            "queues": [r.as_dict() for r in b_reports],
+                        }
+                        for name, (b_reports, b_peak) in baselines.items()
+                    },
+                },
                 indent=2,
             )
         )
@@ -131,6 +144,27 @@ def _simulate_account(trace: str, config_path: str, seed: int, world: World, as_
         f"{len(reports)} queues in one account (limits: max_machines {limits.max_machines}, "
         f"max_price_per_hour {limits.max_price_per_hour}); peak {peak} machines at once"
     )
-    click.echo("queue" + HEADER[len("queue"):])
+    click.echo(f"{'queue':<16}" + HEADER[16:])
     for r in reports:
         click.echo(fmt_row(r))
+    click.echo("")
+    click.echo(
+        "the account, every queue together (the baselines scale each queue on its own: "
+        "no account cap or priority holds them back)"
+    )
+    click.echo(
+        f"{'policy':16s} {'$':>9s} {'mach-h':>8s} {'worst p95 s':>12s} "
+        f"{'unserved':>8s} {'killed':>6s} {'peak':>5s}"
+    )
+    rows = [("ours", reports, peak), *((n, r, p) for n, (r, p) in baselines.items())]
+    for name, rs, pk in rows:
+        over = (
+            f"  over max_machines {limits.max_machines}"
+            if limits.max_machines is not None and pk > limits.max_machines
+            else ""
+        )
+        click.echo(
+            f"{name:16s} {sum(r.dollars for r in rs):9.2f} "
+            f"{sum(r.machine_hours for r in rs):8.1f} {max(r.wait_p95 for r in rs):12.0f} "
+            f"{sum(r.never_served for r in rs):8d} {sum(r.killed for r in rs):6d} {pk:5d}{over}"
+        )

@@ -304,6 +304,35 @@ def run_account(
     Returns a report per queue and the peak of machines billing at once across them."""
     from autoscaler.sim.engine import Account
 
+    sims = [
+        Simulation(config, name, queue_jobs, decide_factory(), name=name, seed=seed, world=world)
+        for name, queue_jobs in _account_queues(config, jobs)
+    ]
+    account = Account(sims)
+    results = account.run()
+    return [summarize(r) for r in results], peak_machines(results)
+
+
+def baseline_accounts(
+    config: Config, jobs: list[Job], seed: int = 0, world: World | None = None
+) -> dict[str, tuple[list[Report], int]]:
+    """Every fair baseline on every queue of the account, each queue scaled on its own (KEDA
+    scalers and runqy have no account-wide cap or priority: `limits` do not hold them back).
+    Per baseline: a report per queue and the peak of machines billing at once across them."""
+    out = {}
+    for policy, (factory, release_delay_s) in POLICIES.items():
+        if policy == "ours":
+            continue
+        w = replace(world or World(), release_delay_s=release_delay_s)
+        results = [
+            Simulation(config, name, queue_jobs, factory(), name=name, seed=seed, world=w).run()
+            for name, queue_jobs in _account_queues(config, jobs)
+        ]
+        out[policy] = ([summarize(r) for r in results], peak_machines(results))
+    return out
+
+
+def _account_queues(config: Config, jobs: list[Job]) -> list[tuple[str, list[Job]]]:
     names = [
         n
         for n, q in sorted(config.queues.items())
@@ -311,13 +340,24 @@ def run_account(
     ]
     if not names:
         raise ValueError("the config has no queue with an enabled autoscale block")
-    sims = []
+    out = []
     for name in names:
         queue_jobs = jobs_for(jobs, name, names[0])
         check_span(config, name, queue_jobs)
-        sims.append(
-            Simulation(config, name, queue_jobs, decide_factory(), name=name, seed=seed,
-                       world=world)
-        )
-    account = Account(sims)
-    return [summarize(r) for r in account.run()], account.peak_machines
+        out.append((name, queue_jobs))
+    return out
+
+
+def peak_machines(results: list[Result]) -> int:
+    """The most machines billing at the same moment across `results` (one account)."""
+    edges = sorted(
+        (t, step)
+        for r in results
+        for m in r.machines
+        for t, step in ((m.created_s, 1), (m.ended_s if m.ended_s is not None else r.end_s, -1))
+    )
+    peak = live = 0
+    for _, step in edges:  # at equal times an end (-1) sorts first: touching is not overlap
+        live += step
+        peak = max(peak, live)
+    return peak

@@ -285,6 +285,25 @@ def test_simulate_all_queues_runs_them_in_one_account(tmp_path):
     assert data["peak_machines_account"] <= 3
     assert [q["policy"] for q in data["queues"]] == ["a", "b"]
     assert all(q["jobs"] == 6 and q["never_served"] == 0 for q in data["queues"])
+    # the baselines run beside ours, each queue on its own: nothing holds them to the cap
+    assert set(data["baselines"]) == {"runqy", "keda", "keda+delay"}
+    keda = data["baselines"]["keda"]
+    assert [q["jobs"] for q in keda["queues"]] == [6, 6]
+    assert keda["peak_machines_account"] > 3  # 4 + 4 machines wanted at once
+    assert "keda" in out.output and "over max_machines 3" in out.output
+
+
+def test_the_account_peak_counts_machines_billing_at_the_same_moment():
+    from autoscaler.sim.engine import Result, SimMachine
+    from autoscaler.sim.run import peak_machines
+
+    def result(*spans):
+        ms = [SimMachine(f"m{i}", a, 0.6, ended_s=b) for i, (a, b) in enumerate(spans)]
+        return Result("x", [], {}, ms, 100.0, 0.6)
+
+    assert peak_machines([result((0, 10), (5, 20)), result((8, 9), (10, 30))]) == 3
+    assert peak_machines([result((0, 10)), result((10, 20))]) == 1  # touching is not overlap
+    assert peak_machines([result((50, None))]) == 1  # still billing at the end
 
 
 def test_sparse_jobs_cost_within_one_and_a_half_zero_wait_oracles():
