@@ -278,9 +278,10 @@ class QueueStatus(Base):
     evaluated_at: Mapped[datetime] = mapped_column()
     config_version: Mapped[int] = mapped_column(Integer)
     status: Mapped[dict[str, Any]] = mapped_column()
-    history: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    history: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
     """The queue's quiet gaps as the evaluations saw them (`policy.history.QueueHistory`):
-    {"gaps": [seconds, ...], "quiet_since": ISO time or null}."""
+    {"gaps": [seconds, ...], "quiet_since": ISO time or null}; SQL NULL when an evaluation
+    had none to write (the stored one is then kept)."""
 
 
 class MetricReading(Base):

@@ -64,6 +64,10 @@ def test_quiet_gaps_and_job_runtimes_reach_the_snapshot(tmp_path, db_url):
         tick(0, 160)
         tick(1, 400)
         assert stored() == {"gaps": [100.0, 240.0], "quiet_since": None}
+        # a status written without a history (none to write) keeps the stored one
+        with rt.transaction() as session:
+            loop.write_status(session, [{"queue": "jobs"}], 1, t0 + timedelta(seconds=401))
+        assert stored() == {"gaps": [100.0, 240.0], "quiet_since": None}
 
         with rt.transaction() as session:
             job_records.record(
