@@ -271,9 +271,10 @@ class ScheduleUpTrigger(Strict):
 class IdleTrigger(Strict):
     """A worker that has run no task for `timeout` is drained, most idle first.
 
-    `learn` (default on): once the queue has shown enough quiet gaps, the timeout is the one
-    that would have cost least over them (`policy.history.learned_idle_timeout`), between 30 s
-    and 4 × `timeout`; `learn: false` keeps `timeout` exactly."""
+    `learn` (default on): once the queue has shown enough quiet gaps, and while no job waits,
+    the timeout is the one that would have cost least over them
+    (`policy.history.learned_idle_timeout`), up to 4 × `timeout`; `learn: false` keeps
+    `timeout` exactly."""
 
     trigger: Literal["idle"]
     timeout: Duration = Field(gt=0)

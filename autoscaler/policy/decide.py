@@ -533,11 +533,13 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
 def idle_timeout(
     trig: IdleTrigger, qs: QueueSnapshot, config: Config, poll: float
 ) -> tuple[float, str | None]:
-    """The idle timeout in force: the configured one, or once the queue has shown enough quiet
-    gaps (and `learn` is on) the one learned from them, plus a poll when it keeps the machine
-    for a gap (a gap is seen to a poll), never above the configured × LEARNED_MAX_FACTOR.
+    """The idle timeout in force: the configured one, or — while no job waits, once the queue
+    has shown enough quiet gaps and `learn` is on — the one learned from them, plus a poll when
+    it keeps the machine for a gap (a gap is seen to a poll), never above the configured ×
+    LEARNED_MAX_FACTOR. A machine that jobs wait for (just ready, or between two jobs of a
+    burst) is never judged by a learned timeout: a timeout of 0 would drain it and rent again.
     Returns (seconds, why it was learned or None for the configured one)."""
-    if not trig.learn:
+    if not trig.learn or not _nothing_waits(qs):
         return trig.timeout, None
     boot = qs.boot_estimate if qs.boot_estimate is not None else t.DEFAULT_BOOT_ESTIMATE
     learned = learned_idle_timeout(qs.history.quiet_gaps, boot, trig.timeout)
@@ -546,6 +548,12 @@ def idle_timeout(
     margin = poll if learned[0] > 0 else 0.0
     timeout = min(learned[0] + margin, trig.timeout * LEARNED_MAX_FACTOR)
     return timeout, learned[1]
+
+
+def _nothing_waits(qs: QueueSnapshot) -> bool:
+    """Fresh numbers say no job waits: a learned timeout may judge the queue's idle machines."""
+    m = qs.metrics
+    return m is not None and not m.stale and m.pending == 0
 
 
 def _learned_notes(u: _Up, config: Config) -> list[str]:

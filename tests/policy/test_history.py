@@ -122,6 +122,23 @@ def test_decide_drains_an_idle_machine_at_the_learned_timeout() -> None:
     )
 
 
+def test_a_machine_jobs_wait_for_is_never_judged_by_a_learned_timeout() -> None:
+    # ready 3 s ago, its job not picked up yet: a learned 0 s must not drain it (and rent again)
+    cfg = config(
+        [{"trigger": "no_workers"}, {"trigger": "queue_depth", "target_per_worker": 1}],
+        [{"trigger": "idle", "timeout": "5m"}],
+    )
+    just_ready = replace(
+        ready("m1", created_ago=183.0), ready_at=NOW - timedelta(seconds=3), last_task_at=None
+    )
+    world = _sparse(metrics=metrics(pending=1, oldest=2.0), machines=(just_ready,))
+    qp = decide(world, cfg, NOW).for_queue("q")
+    assert qp is not None and qp.drains == () and qp.launches == ()
+    # the same machine once nothing waits: the learned timeout judges it
+    qp = decide(_sparse(machines=(just_ready,)), cfg, NOW).for_queue("q")
+    assert qp is not None and [d.launch_id for d in qp.drains] == ["m1"]
+
+
 def test_learn_false_keeps_the_configured_timeout() -> None:
     cfg = config(
         [{"trigger": "no_workers"}], [{"trigger": "idle", "timeout": "5m", "learn": False}]
