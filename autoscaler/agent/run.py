@@ -35,8 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,8 +126,32 @@ class Api:
         raise AgentError("unreachable")
 
 
-def _status_docs(path: str) -> Iterator[dict[str, Any]]:
-    """Each readable status file: `path` and `path.<pid>` (one per prefork child)."""
+@dataclass(frozen=True)
+class StatusFile:
+    """One status file: `path` itself or `path.<pid>` (one per prefork child), what it says,
+    and whether the process writing it still runs (a child killed mid-task leaves its last
+    word behind: "running": 1 for ever)."""
+
+    name: str
+    doc: dict[str, Any]
+    alive: bool
+
+
+def _writer_alive(name: str, base: str) -> bool:
+    suffix = name[len(base) :]
+    if not (suffix.startswith(".") and suffix[1:].isdigit()):
+        return True  # the agent's own file, or one a non-prefork worker writes
+    try:
+        os.kill(int(suffix[1:]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def status_files(path: str) -> Iterator[StatusFile]:
+    """Each readable status file."""
     for p in glob.glob(glob.escape(path) + "*"):
         if p.endswith(".tmp"):
             continue
@@ -137,16 +160,17 @@ def _status_docs(path: str) -> Iterator[dict[str, Any]]:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict):
-            yield data
+            yield StatusFile(p, data, _writer_alive(p, path))
 
 
 def read_status(path: str) -> tuple[int, float | None]:
-    """Running tasks and last task time from the status file(s)."""
+    """Running tasks (of live writers only) and last task time from the status file(s)."""
     running, last = 0, None
-    for data in _status_docs(path):
-        with contextlib.suppress(TypeError, ValueError):
-            running += max(0, int(data.get("running") or 0))
-        t = data.get("last_task_at")
+    for f in status_files(path):
+        if f.alive:
+            with contextlib.suppress(TypeError, ValueError):
+                running += max(0, int(f.doc.get("running") or 0))
+        t = f.doc.get("last_task_at")
         if isinstance(t, int | float):
             last = t if last is None else max(last, t)
     return running, last
@@ -154,41 +178,56 @@ def read_status(path: str) -> tuple[int, float | None]:
 
 JOBS_PER_BEAT = 1000
 """Finished jobs sent with one heartbeat at most (the API's limit); the rest go with the next."""
-SENT_KEPT = 5000
-"""Ids of jobs already sent, remembered so that a job still in a status file is sent once."""
+
+Mark = tuple[float, str]
+"""(finished_at, task id): how far a status file's jobs were sent (a file lists them in the
+order they finished)."""
 
 
-def read_jobs(path: str) -> list[dict[str, Any]]:
-    """The finished jobs the hook listed in the status file(s), well-formed ones only."""
-    out: list[dict[str, Any]] = []
-    for data in _status_docs(path):
-        jobs = data.get("jobs")
+def _time(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 2**33
+
+
+def read_jobs(path: str) -> list[tuple[str, dict[str, Any]]]:
+    """(status file, job) for the finished jobs the hook listed, well-formed ones only."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for f in status_files(path):
+        jobs = f.doc.get("jobs")
         for j in jobs if isinstance(jobs, list) else ():
             if (
                 isinstance(j, dict)
                 and isinstance(j.get("id"), str)
-                and all(isinstance(j.get(k), int | float) for k in ("started_at", "finished_at"))
+                and 0 < len(j["id"]) <= 200
+                and _time(j.get("started_at"))
+                and _time(j.get("finished_at"))
             ):
-                out.append(j)
-    out.sort(key=lambda j: j["finished_at"])
+                out.append((f.name, j))
+    out.sort(key=lambda fj: (fj[1]["finished_at"], fj[1]["id"]))
     return out
 
 
-def job_reports(jobs: list[dict[str, Any]], sent: Collection[str]) -> list[dict[str, Any]]:
-    """The heartbeat's `jobs`: those not sent yet, at most JOBS_PER_BEAT, oldest first."""
-    fresh = [j for j in jobs if j["id"] not in sent][:JOBS_PER_BEAT]
-    return [
-        {
-            "id": j["id"][:200],
-            "queue": j.get("queue") if isinstance(j.get("queue"), str) else None,
-            "published_at": j.get("published_at")
-            if isinstance(j.get("published_at"), int | float)
-            else None,
+def job_reports(
+    jobs: list[tuple[str, dict[str, Any]]], marks: Mapping[str, Mark]
+) -> list[tuple[str, Mark, dict[str, Any]]]:
+    """The heartbeat's `jobs`: those past their file's mark, at most JOBS_PER_BEAT, oldest
+    first; each with its file and its own mark (recorded once the heartbeat is answered)."""
+    out = []
+    for name, j in jobs:
+        mark: Mark = (float(j["finished_at"]), j["id"])
+        if name in marks and mark <= marks[name]:
+            continue
+        queue, stamp = j.get("queue"), j.get("published_at")
+        report = {
+            "id": j["id"],
+            "queue": queue[:200] if isinstance(queue, str) else None,
+            "published_at": stamp if _time(stamp) else None,
             "started_at": j["started_at"],
             "finished_at": j["finished_at"],
         }
-        for j in fresh
-    ]
+        out.append((name, mark, report))
+        if len(out) == JOBS_PER_BEAT:
+            break
+    return out
 
 
 def gpu_utilisation() -> float | None:
@@ -284,7 +323,7 @@ class Agent:
         self.stopping = threading.Event()
         self.draining = False
         self._status_server: StatusServer | None = None
-        self.sent: deque[str] = deque(maxlen=SENT_KEPT)
+        self.marks: dict[str, Mark] = {}
 
     def status_url(self) -> str:
         """A loopback HTTP endpoint for workers that would rather POST their status
@@ -350,18 +389,16 @@ class Agent:
         running, last = read_status(self.status_file)
         if state == "auto":
             state = "busy" if running else "idle"
-        jobs = job_reports(read_jobs(self.status_file), set(self.sent))
+        jobs = job_reports(read_jobs(self.status_file), self.marks)
         body: dict[str, Any] = {"state": state, "running_tasks": running}
-        if jobs:
-            body["jobs"] = jobs
         if self.cfg.launch_id is None:
             body = {
                 "name": self.cfg.name,
                 "queues": [self.cfg.queue],
                 "state": state,
                 "running_tasks": running,
-            } | ({"jobs": jobs} if jobs else {})
-            return self._sent(self.api.call("POST", "heartbeat", json=body), jobs)
+            }
+            return self._post_beat(body, jobs)
         if last is not None:
             body["last_task_at"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(last))
         gpu = gpu_utilisation()
@@ -369,12 +406,35 @@ class Agent:
             body["gpu_utilisation"] = max(0.0, min(100.0, gpu))
         if detail:
             body["detail"] = detail[:500]
-        return self._sent(self.api.call("POST", "heartbeat", json=body), jobs)
+        return self._post_beat(body, jobs)
 
-    def _sent(self, answer: dict[str, Any], jobs: list[dict[str, Any]]) -> dict[str, Any]:
-        """The heartbeat was answered: its jobs are recorded and not sent again."""
-        self.sent.extend(j["id"] for j in jobs)
+    def _post_beat(
+        self, body: dict[str, Any], jobs: list[tuple[str, Mark, dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """Send the heartbeat with the finished jobs. Jobs are never why a heartbeat is lost:
+        if the API refuses them (an older server, a report it cannot take) they are dropped
+        and the heartbeat goes without them. Answered: the jobs are marked sent, and the files
+        of children that are gone are removed once all their jobs went."""
+        try:
+            answer = self.api.call("POST", "heartbeat", json=body | {"jobs": [j for *_, j in jobs]})
+        except AgentError as exc:
+            if not jobs or "HTTP 4" not in str(exc):
+                raise
+            log.warning("the API refused %d finished job(s); dropped: %s", len(jobs), exc)
+            answer = self.api.call("POST", "heartbeat", json=body)
+        for name, mark, _ in jobs:
+            self.marks[name] = max(self.marks.get(name, mark), mark)
+        self._forget_gone_children()
         return answer
+
+    def _forget_gone_children(self) -> None:
+        jobs = read_jobs(self.status_file)
+        for f in status_files(self.status_file):
+            mine = [(n, j) for n, j in jobs if n == f.name]
+            if not f.alive and not job_reports(mine, self.marks):
+                with contextlib.suppress(OSError):
+                    os.remove(f.name)
+                self.marks.pop(f.name, None)
 
     def run(self) -> int:
         cfg = self.cfg

@@ -6,6 +6,7 @@ counted as capacity and never told to drain."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -197,3 +198,38 @@ def test_hand_made_agent_is_counted_and_never_drained(world, tmp_path):
             assert marks_of(marks)[-1] == "stopped"
         finally:
             agent.stop()
+
+
+def test_heartbeats_carry_finished_jobs_once_and_forget_gone_children(world, tmp_path):
+    """Through the real API: a child's jobs are sent once, its file removed once it is gone and
+    its jobs went; its last "running" never counts; a job the API cannot take never costs the
+    heartbeat (clocks that disagree are clamped)."""
+    from sqlalchemy import select
+
+    from autoscaler.agent.run import Agent, AgentConfig, read_status
+    from autoscaler.store.models import JobRecord
+
+    work = tmp_path / "work"
+    work.mkdir()
+    gone = 2**22 + 12345  # above any pid this machine hands out
+    now = datetime.now(UTC).timestamp()
+    jobs = [
+        {"id": "j1", "queue": "q1", "published_at": now - 9, "started_at": now - 8,
+         "finished_at": now - 5},
+        # a producer clock ahead, a worker clock stepping back: clamped, not refused
+        {"id": "j2", "queue": "odd/key", "published_at": now - 1, "started_at": now - 4,
+         "finished_at": now - 6},
+    ]
+    (work / f"status.json.{gone}").write_text(json.dumps({"running": 1, "jobs": jobs}))
+    live = work / f"status.json.{os.getpid()}"
+    live.write_text(json.dumps({"running": 1}))
+    assert read_status(str(work / "status.json"))[0] == 1  # the live child only
+    with serve(world) as api:
+        agent = Agent(AgentConfig.from_env(agent_env(world, api, tmp_path, tmp_path)))
+        agent.beat("auto")
+        agent.beat("auto")
+    with world.rt.transaction() as session:
+        rows = session.scalars(select(JobRecord).order_by(JobRecord.task_id)).all()
+        got = [(r.task_id, r.queue, r.runtime_s, r.arrived_at <= r.started_at) for r in rows]
+    assert got == [("j1", "q1", pytest.approx(3.0), True), ("j2", "q1", 0.0, True)]
+    assert not (work / f"status.json.{gone}").exists() and live.exists()

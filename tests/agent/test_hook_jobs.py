@@ -32,7 +32,7 @@ def test_a_finished_task_is_listed_with_its_stamp_and_times(status_file):
     stamp = time.time() - 5
     work.apply(task_id="job-1", headers={PUBLISHED_AT_HEADER: stamp})
     work.apply(task_id="job-2")
-    jobs = {j["id"]: j for j in read_jobs(str(status_file))}
+    jobs = {j["id"]: j for _, j in read_jobs(str(status_file))}
     assert set(jobs) >= {"job-1", "job-2"}
     one = jobs["job-1"]
     assert one["published_at"] == pytest.approx(stamp)
@@ -42,11 +42,15 @@ def test_a_finished_task_is_listed_with_its_stamp_and_times(status_file):
 
 def test_reports_leave_out_what_was_sent_and_are_bounded():
     jobs = [
-        {"id": f"t{i}", "queue": "q", "started_at": float(i), "finished_at": i + 1.0}
+        ("s.json.7", {"id": f"t{i}", "queue": "q", "started_at": float(i), "finished_at": i + 1.0})
         for i in range(JOBS_PER_BEAT + 5)
     ]
-    first = job_reports(jobs, set())
-    assert len(first) == JOBS_PER_BEAT and first[0]["id"] == "t0"
-    rest = job_reports(jobs, {j["id"] for j in first})
-    assert [j["id"] for j in rest] == [f"t{i}" for i in range(JOBS_PER_BEAT, JOBS_PER_BEAT + 5)]
-    assert job_reports(jobs, {j["id"] for j in jobs}) == []
+    first = job_reports(jobs, {})
+    assert len(first) == JOBS_PER_BEAT and first[0][2]["id"] == "t0"
+    marks = {"s.json.7": max(m for _, m, _ in first)}
+    rest = job_reports(jobs, marks)
+    assert [r["id"] for *_, r in rest] == [f"t{i}" for i in range(JOBS_PER_BEAT, JOBS_PER_BEAT + 5)]
+    marks["s.json.7"] = max(m for _, m, _ in rest)
+    assert job_reports(jobs, marks) == []
+    # another file's jobs are judged by its own mark
+    assert len(job_reports([("s.json.8", jobs[0][1])], marks)) == 1
