@@ -131,6 +131,12 @@ def burst_limit(
     that work (else it bills a boot to save less): at most ceil(left / boot_s) machines, none
     when the fleet starts every waiting job before a new one could boot.
 
+    A busy serving machine counts as free: its current job's end is not known, and counting it
+    as half a job away (boot − runtime/2) or a whole one (boot − runtime) undid the rule's
+    saving and let keda be cheaper and faster on the diurnal days of the realistic world. Where
+    that is wrong (hour-long jobs running, a short mean), the escape below bounds the cost: the
+    oldest job waits at most a boot and a mean runtime longer than it would have.
+
     No limit (None) without a trustworthy runtime (fewer than MIN_JOBS finished, or none), with
     nothing serving, with instant boots, without a known age of the oldest job, or once that job
     has waited longer than a boot and a job (the estimate was wrong: capacity is then added as
