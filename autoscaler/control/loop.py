@@ -276,15 +276,18 @@ def _histories(
     session: Session, metrics: Mapping[str, QueueMetrics], names: Collection[str], now: datetime
 ) -> dict[str, QueueHistory]:
     """Each queue's history (`policy.history`) as stored by the last evaluation, moved on by
-    this reading (a stale or missing one teaches nothing), with the mean runtime of its jobs
-    finished in the last day (`store.job_records`). Two queries whatever the number of queues."""
+    this reading (a stale or missing one teaches nothing), with — where jobs wait — the mean
+    runtime of its jobs finished in the last day (`store.job_records`). Two queries whatever
+    the number of queues."""
     stored = {
         q: _history_from_json(h)
         for q, h in session.execute(
             select(QueueStatus.queue, QueueStatus.history).where(QueueStatus.queue.in_(names))
         ).all()
     }
-    stats = job_records.runtime_stats(session, names, now)
+    # the mean runtime serves the burst rule only, which acts only while jobs wait
+    waiting = [n for n in names if (m := metrics.get(n)) is not None and m.pending > 0]
+    stats = job_records.runtime_stats(session, waiting, now)
     out = {}
     for name in names:
         h = stored.get(name) or NO_HISTORY

@@ -24,6 +24,9 @@ from autoscaler.store.models import JobRecord
 KEEP = timedelta(days=14)
 """Two weeks: `trace export --since 7d` twice over, a few MB for a busy queue."""
 
+EXPIRE_BATCH = 5000
+"""Expired jobs deleted per write at most (writes outnumber a day's expiries many times over)."""
+
 STATS_WINDOW = timedelta(hours=24)
 """The mean runtime the policy sees is over the jobs finished in the last day."""
 
@@ -36,14 +39,20 @@ class RuntimeStats:
 
 def record(session: Session, jobs: Sequence[dict[str, Any]], now: datetime) -> None:
     """Insert the reported jobs (one statement; a job already recorded is left alone) and forget
-    jobs finished longer than KEEP ago. Each dict has the columns of `JobRecord` but `id`."""
-    if jobs:
-        ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-        stmt = ins(JobRecord).on_conflict_do_nothing(
-            index_elements=[JobRecord.queue, JobRecord.task_id]
-        )
-        session.execute(stmt, batchable(jobs))
-    session.execute(delete(JobRecord).where(JobRecord.finished_at < now - KEEP))
+    up to EXPIRE_BATCH jobs finished longer than KEEP ago. Each dict has the columns of
+    `JobRecord` but `id`."""
+    if not jobs:
+        return  # most heartbeats: nothing to write, nothing to expire
+    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    stmt = ins(JobRecord).on_conflict_do_nothing(
+        index_elements=[JobRecord.queue, JobRecord.task_id]
+    )
+    session.execute(stmt, batchable(jobs))
+    # expire a bounded batch per write: never one long delete that heartbeats queue behind
+    expired = (
+        select(JobRecord.id).where(JobRecord.finished_at < now - KEEP).limit(EXPIRE_BATCH)
+    ).scalar_subquery()
+    session.execute(delete(JobRecord).where(JobRecord.id.in_(expired)))
 
 
 def runtime_stats(

@@ -361,7 +361,8 @@ class JobRecord(Base):
     __tablename__ = "job_records"
     __table_args__ = (
         UniqueConstraint("queue", "task_id", name="uq_job_records_queue_task"),
-        Index("ix_job_records_queue_finished", "queue", "finished_at"),
+        # (queue, finished_at) finds a queue's last day; runtime_s makes the mean an index scan
+        Index("ix_job_records_queue_finished", "queue", "finished_at", "runtime_s"),
         Index("ix_job_records_finished", "finished_at"),
     )
 

@@ -34,7 +34,9 @@ def upgrade() -> None:
     sa.UniqueConstraint('queue', 'task_id', name='uq_job_records_queue_task')
     )
     with op.batch_alter_table('job_records', schema=None) as batch_op:
-        batch_op.create_index('ix_job_records_queue_finished', ['queue', 'finished_at'], unique=False)
+        batch_op.create_index(
+            'ix_job_records_queue_finished', ['queue', 'finished_at', 'runtime_s'], unique=False
+        )
         batch_op.create_index('ix_job_records_finished', ['finished_at'], unique=False)
 
 

@@ -88,14 +88,18 @@ def test_quiet_gaps_and_job_runtimes_reach_the_snapshot(tmp_path, db_url):
             )
             loaded = rt.load(session)
             assert loaded is not None
-            reading = QueueMetrics("jobs", 0, None, 0, t0 + timedelta(seconds=500))
-            snap = loop.build_snapshot(
-                session, rt, loaded, {"jobs": reading}, t0 + timedelta(seconds=500)
-            )
+            at = t0 + timedelta(seconds=500)
+            quiet = QueueMetrics("jobs", 0, None, 0, at)
+            snap = loop.build_snapshot(session, rt, loaded, {"jobs": quiet}, at)
+            waiting = QueueMetrics("jobs", 2, 5.0, 0, at)
+            busy = loop.build_snapshot(session, rt, loaded, {"jobs": waiting}, at)
         qs = snap.queue("jobs")
         assert qs is not None
         assert qs.history.quiet_gaps == (100.0, 240.0)
-        assert qs.history.quiet_since == t0 + timedelta(seconds=500)
+        assert qs.history.quiet_since == at
+        assert qs.history.job_seconds is None  # read only where jobs wait (the burst rule)
+        qs = busy.queue("jobs")
+        assert qs is not None
         assert (qs.history.job_seconds, qs.history.jobs_seen) == (20.0, 3)
     finally:
         rt.close()

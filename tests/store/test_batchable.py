@@ -49,3 +49,44 @@ def test_a_hundred_samples_with_mixed_nulls_are_one_statement_or_two(pg_url):
             assert session.scalar(select(func.count()).select_from(QueueSample)) == 100
     finally:
         engine.dispose()
+
+
+def test_job_records_expire_in_bounded_batches_and_only_when_writing(pg_url, monkeypatch):
+    from autoscaler.store import job_records
+    from autoscaler.store.models import JobRecord
+
+    migrate.upgrade(pg_url)
+    engine = make_engine(pg_url)
+    now = datetime.now(UTC)
+    old = now - job_records.KEEP - timedelta(hours=1)
+
+    def job(i: int, at: datetime) -> dict[str, object]:
+        return {
+            "queue": "q",
+            "task_id": f"t{i}",
+            "worker": "w",
+            "arrived_at": None,
+            "started_at": at,
+            "finished_at": at,
+            "runtime_s": 1.0,
+        }
+
+    def count() -> int:
+        with transaction(session_factory(engine)) as session:
+            return session.scalar(select(func.count()).select_from(JobRecord)) or 0
+
+    monkeypatch.setattr(job_records, "EXPIRE_BATCH", 3)
+    try:
+        with transaction(session_factory(engine)) as session:
+            session.execute(JobRecord.__table__.insert(), [job(i, old) for i in range(5)])
+        with transaction(session_factory(engine)) as session:
+            job_records.record(session, [], now)  # no jobs: nothing expires
+        assert count() == 5
+        with transaction(session_factory(engine)) as session:
+            job_records.record(session, [job(100, now)], now)
+        assert count() == 1 + 5 - 3
+        with transaction(session_factory(engine)) as session:
+            job_records.record(session, [job(101, now)], now)
+        assert count() == 2
+    finally:
+        engine.dispose()
