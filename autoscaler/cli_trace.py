@@ -8,10 +8,13 @@ summary on stderr says how many jobs are so.
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import io
+import os
 import sys
+from dataclasses import dataclass
 from datetime import datetime
+from typing import TextIO
 
 import click
 
@@ -48,53 +51,78 @@ def export(queue: str, since: str, output: str) -> None:
     start = _when(since, "--since", now)
     assert start is not None
     _, sessions = _open()
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["arrival_s", "runtime_s", "queue"])
-    count = unstamped = 0
-    first: datetime | None = None
-    work = span = 0.0
-    with transaction(sessions) as session:
-        for arrived, started, runtime in job_records.since(session, queue, start, MAX_JOBS + 1):
-            if count == MAX_JOBS:
-                click.echo(
-                    f"warning: more than {MAX_JOBS:,} jobs since {start.isoformat()}: the trace "
-                    "holds the first ones only (the most a trace may hold); use a shorter --since",
-                    err=True,
+    partial = None if output == "-" else f"{output}.partial"
+    sink: TextIO | None = None
+    try:
+        with transaction(sessions) as session:
+            rows = job_records.since(session, queue, start, MAX_JOBS + 1)
+            for n, (arrived, started, runtime) in enumerate(rows):
+                if n == MAX_JOBS:
+                    click.echo(
+                        f"warning: more than {MAX_JOBS:,} jobs since {start.isoformat()}: the "
+                        "trace holds the first ones only (the most a trace may hold); use a "
+                        "shorter --since",
+                        err=True,
+                    )
+                    break
+                if sink is None:  # the first job: only now is there a trace to write
+                    sink = sys.stdout if partial is None else open(partial, "w", encoding="utf-8")  # noqa: SIM115
+                    writer = csv.writer(sink, lineterminator="\n")
+                    writer.writerow(["arrival_s", "runtime_s", "queue"])
+                    summary = _Summary(queue, arrived or started)
+                at = arrived or started
+                writer.writerow(
+                    [
+                        f"{summary.add(at, runtime, arrived is None):.3f}",
+                        f"{max(0.0, runtime):.3f}",
+                        queue,
+                    ]
                 )
-                break
-            at = arrived or started
-            first = first or at
-            span = (at - first).total_seconds()
-            writer.writerow([f"{span:.3f}", f"{max(0.0, runtime):.3f}", queue])
-            count += 1
-            unstamped += arrived is None
-            work += max(0.0, runtime)
-    if not count:
-        raise click.UsageError(
-            f"no jobs of queue {queue!r} recorded since {start.isoformat(timespec='seconds')}: "
-            "jobs are recorded from the worker agents' heartbeats (the worker's app must call "
-            "autoscaler.agent.hook.install()); check the queue name and --since"
-        )
-    if output == "-":
-        sys.stdout.write(buf.getvalue())
-    else:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(buf.getvalue())
-    click.echo(_summary(queue, count, span, work, unstamped, first), err=True)
+        if sink is None:
+            raise click.UsageError(
+                f"no jobs of queue {queue!r} recorded since {start.isoformat(timespec='seconds')}: "
+                "jobs are recorded from the worker agents' heartbeats (the worker's app must call "
+                "autoscaler.agent.hook.install()); check the queue name and --since"
+            )
+        if partial is not None:
+            sink.close()
+            os.replace(partial, output)
+    finally:
+        if partial is not None and sink is not None and not sink.closed:
+            sink.close()
+            with contextlib.suppress(OSError):
+                os.remove(partial)
+    click.echo(summary.text(), err=True)
 
 
-def _summary(
-    queue: str, count: int, span: float, work: float, unstamped: int, first: datetime | None
-) -> str:
-    began = first.isoformat(timespec="seconds") if first else "?"
-    text = (
-        f"{count} job(s) of {queue!r} from {began} over {span / 3600:.1f} h, "
-        f"{work / 3600:.1f} h of work"
-    )
-    if unstamped:
-        text += (
-            f"; {unstamped} without a publish stamp: their arrival is when they started (stamp "
-            "the producers with autoscaler.metrics.stamp.install() for true waits)"
+@dataclass
+class _Summary:
+    """What the export tells on stderr: how many jobs, over how long, how much work, how many
+    arrivals are start times (unstamped producers)."""
+
+    queue: str
+    first: datetime
+    jobs: int = 0
+    span: float = 0.0
+    work: float = 0.0
+    unstamped: int = 0
+
+    def add(self, at: datetime, runtime: float, unstamped: bool) -> float:
+        """Count one job; its arrival in seconds from the first (rows come in arrival order)."""
+        self.span = (at - self.first).total_seconds()
+        self.jobs += 1
+        self.work += max(0.0, runtime)
+        self.unstamped += unstamped
+        return self.span
+
+    def text(self) -> str:
+        text = (
+            f"{self.jobs} job(s) of {self.queue!r} from {self.first.isoformat(timespec='seconds')}"
+            f" over {self.span / 3600:.1f} h, {self.work / 3600:.1f} h of work"
         )
-    return text
+        if self.unstamped:
+            text += (
+                f"; {self.unstamped} without a publish stamp: their arrival is when they started "
+                "(stamp the producers with autoscaler.metrics.stamp.install() for true waits)"
+            )
+        return text

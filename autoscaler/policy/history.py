@@ -5,7 +5,7 @@ and updates it with `observe_load` from each reading, before `decide()` sees it:
 
 - quiet gaps: from the moment nothing was pending or running to the next job, as the readings
   saw them (a poll's resolution). They say how long an idle machine would have waited for work.
-- job seconds: the median runtime of the queue's recently finished jobs, as the workers
+- job seconds: the mean runtime of the queue's jobs finished in the last day, as the workers
   reported them (the agent's hook); None where no worker reports jobs.
 
 Everything here is pure: the same numbers give the same answer in the loop and the simulator.
@@ -36,7 +36,7 @@ LEARNED_MAX_FACTOR = 4.0
 @dataclass(frozen=True)
 class QueueHistory:
     """A queue's traffic as the loop saw it: recent quiet gaps (seconds, oldest first), when
-    the current quiet period began (None while busy or never quiet), and the median runtime of
+    the current quiet period began (None while busy or never quiet), and the mean runtime of
     its recently finished jobs (None until a worker reported one)."""
 
     quiet_gaps: tuple[float, ...] = ()

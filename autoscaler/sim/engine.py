@@ -27,7 +27,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from statistics import fmean
 
 from autoscaler.config.models import Autoscale, Config
 from autoscaler.control.executor import execute
@@ -55,8 +54,9 @@ TAIL_S = 4 * 3600.0
 """After the last arrival (or the day's end), the run continues this long at most so that idle
 tails are billed and late jobs may still be served; then it stops."""
 
-JOBS_KEPT = 200
-"""Runtimes of the last this many finished jobs make the history's median (as in the store)."""
+RUNTIME_WINDOW_S = 86400.0
+"""The history's mean runtime is over the jobs finished in the last day (as the loop's,
+`store.job_records.STATS_WINDOW`)."""
 BOOT_HISTORY = 5
 """The boot estimate is the longest of the last this many boots (as the loop's)."""
 
@@ -184,7 +184,9 @@ class Simulation:
         self.history = QueueHistory()
         """What the loop would have learned: quiet gaps from the readings, runtimes of
         finished jobs as the workers report them, the last boots."""
-        self.runtimes: deque[float] = deque(maxlen=JOBS_KEPT)
+        self.runtimes: deque[tuple[float, float]] = deque()
+        """(finished at, runtime) of the jobs finished within RUNTIME_WINDOW_S."""
+        self.runtime_sum = 0.0
         self.boots: deque[float] = deque(maxlen=BOOT_HISTORY)
         self.result = Result(
             name,
@@ -342,7 +344,8 @@ class Simulation:
             return  # a stale completion of a killed-and-restarted job
         del m.jobs[job]
         m.last_task_s = self.now
-        self.runtimes.append(self.jobs[job].runtime_s)
+        self.runtimes.append((self.now, self.jobs[job].runtime_s))
+        self.runtime_sum += self.jobs[job].runtime_s
         if m.drain_requested and not m.jobs and launch_id not in self.racing:
             self._destroy(m, released=True)
         self._dispatch()
@@ -415,9 +418,11 @@ class Simulation:
             for m in live
         )
         backoffs = (self.backoff,) if self.backoff is not None else ()
+        while self.runtimes and self.runtimes[0][0] < self.now - RUNTIME_WINDOW_S:
+            self.runtime_sum -= self.runtimes.popleft()[1]
         self.history = replace(
             observe_load(self.history, pending + running, metrics.read_at),
-            job_seconds=fmean(self.runtimes) if self.runtimes else None,
+            job_seconds=max(0.0, self.runtime_sum / len(self.runtimes)) if self.runtimes else None,
             jobs_seen=len(self.runtimes),
         )
         qs = QueueSnapshot(
