@@ -13,6 +13,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
+from autoscaler.digits import ASCII_FORM, ascii_whole
+
 MAX_URL_LENGTH = 2048
 
 SECRET_QUERY_PARAMS = frozenset(
@@ -45,6 +47,11 @@ class ParsedUrl:
     port: int | None
     path: str
     raw: str
+    db: int | None = None
+    """A Redis URL's database number (0 when it names none); None for other schemes."""
+
+
+REDIS_SCHEMES = frozenset({"redis", "rediss", "unix"})
 
 
 def split_url(url: str) -> SplitResult | None:
@@ -138,7 +145,8 @@ def parse_url(
     except ValueError:
         raw_port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
         raise UrlError(
-            f"{shown} has port {raw_port[:20]!r}, not a number from 1 to 65535; {fix}"
+            f"{shown} has port {raw_port[:20]!r}, not a number from 1 to 65535 in ASCII "
+            f"digits; {fix}"
         ) from None
     if port == 0:
         raise UrlError(f"{shown} has port 0; use a port from 1 to 65535")
@@ -147,4 +155,27 @@ def parse_url(
         raise UrlError(f"{shown} has scheme {scheme!r}; use one of: {', '.join(sorted(schemes))}")
     if need_host and not parts.hostname:
         raise UrlError(f"{shown} names no host; {fix}")
-    return ParsedUrl(scheme, parts.hostname, port, parts.path, url)
+    db = _redis_db(parts, shown) if scheme in REDIS_SCHEMES else None
+    return ParsedUrl(scheme, parts.hostname, port, parts.path, url, db)
+
+
+def _redis_db(parts: SplitResult, shown: str) -> int:
+    """The database a Redis URL selects, as redis-py reads it (`?db=N` wins over the path's
+    `/N`), refused where redis-py would guess: redis-py ignores a path that is no number (so
+    `/²` silently meant database 0) and reads `/٣` as database 3."""
+    fix = f"write the database as /N or ?db=N with N in {ASCII_FORM}, e.g. redis://host:6379/15"
+    queried = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "db"]
+    if queried:
+        db = ascii_whole(queried[-1])
+        if db is None:
+            raise UrlError(f"{shown} has database {queried[-1][:20]!r}, not a number; {fix}")
+        return db
+    if parts.scheme.lower() == "unix":
+        return 0  # a socket's path is the socket
+    raw = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if raw == "":
+        return 0
+    db = ascii_whole(raw)
+    if db is None:
+        raise UrlError(f"{shown} has database {raw[:20]!r}, not a number; {fix}")
+    return db

@@ -30,6 +30,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from autoscaler.config.models import MetricsSource
 from autoscaler.metrics.registry import MetricsConfigError, source_url
 from autoscaler.providers.labels import make_label
+from autoscaler.urls import UrlError, parse_url
 
 COMMANDS = (
     # connection and introspection kombu does on connect
@@ -168,12 +169,10 @@ def plan_for(source: MetricsSource, queue: str, env: Mapping[str, str] | None = 
             "credentials of the broker URL it is given (use a RabbitMQ user limited to this "
             "queue's vhost)"
         )
-    parts = urlsplit(url)
-    path = (parts.path or "/0").strip("/") or "0"
     try:
-        db = int(path)
-    except ValueError:
-        db = 0
+        db = parse_url(url).db or 0
+    except UrlError as exc:
+        raise NoBrokerUser(str(exc)) from None
     version = _redis_version(url)
     if version < (6, 0):
         raise NoBrokerUser(

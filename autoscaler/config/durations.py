@@ -35,6 +35,12 @@ def parse_duration(value: Any) -> float:
     """Seconds for a user-written duration; ValueError naming the accepted forms otherwise."""
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration; use {ACCEPTED_FORMS}")
+    if isinstance(value, str) and not value.isascii():
+        raise ValueError(
+            f"{_shown(value)} is not a duration: it has characters outside ASCII (another "
+            "script's digits, a superscript, a no-break or zero-width space?); use "
+            f"{ACCEPTED_FORMS}, in ASCII"
+        )
     if isinstance(value, str) and len(value) > 40:
         raise ValueError(
             f"a duration of {len(value)} characters is not a duration; use {ACCEPTED_FORMS}, "

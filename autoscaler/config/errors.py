@@ -233,6 +233,9 @@ def refusals_from_validation(err: ValidationError) -> list[Refusal]:
         elif kind == "value_error":
             cause, fix = _split(str(ctx.get("error", e["msg"])))
             refusals.append(Refusal(path, cause, fix))
+        elif kind == "not_ascii_number":  # raised for a block, about one of its fields
+            cause, fix = _split(e["msg"])
+            refusals.append(Refusal(format_path((*loc, str(ctx.get("field")))), cause, fix))
         elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
             bound = next(iter(ctx.values()), "")
             word = {

@@ -25,8 +25,7 @@ def _redis_target(url: str) -> tuple[str, int, int] | None:
     parts = parse_url(url)
     if parts.scheme not in _REDIS:
         return None
-    db = parts.path.strip("/") or "0"
-    return (parts.hostname or "localhost", parts.port or 6379, int(db) if db.isdigit() else 0)
+    return (parts.hostname or "localhost", parts.port or 6379, parts.db or 0)
 
 
 def check_broker_isolation(

@@ -9,22 +9,67 @@ from __future__ import annotations
 import re
 import unicodedata
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from autoscaler.config.durations import Duration
+from autoscaler.digits import ASCII_FORM
 from autoscaler.urls import UrlError, parse_url
 
 DEFAULT_WORKER_IMAGE = "ghcr.io/gpu-queue-autoscaler/worker:latest"
 
 
 class Strict(BaseModel):
-    """Unknown keys are refused (typos), and so are NaN and infinity (an infinite price cap)."""
+    """Unknown keys are refused (typos), and so are NaN and infinity (an infinite price cap).
+
+    A number or a duration written as text is read from ASCII only: pydantic strips a no-break
+    space around "3" and Python reads "٣" as 3, so a pasted number would silently mean
+    something else (see `autoscaler.digits`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_in_ascii(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            if not (isinstance(name, str) and isinstance(value, str)) or value.isascii():
+                continue
+            field = cls.model_fields.get(name)
+            if field is not None and _numeric(field.annotation):
+                raise PydanticCustomError(
+                    NOT_ASCII_NUMBER,
+                    "{shown} is written with characters outside ASCII (another script's "
+                    "digits, a superscript, a no-break or zero-width space?); write the number "
+                    "in {form}",
+                    {"field": name, "shown": _shown(value), "form": ASCII_FORM},
+                )
+        return data
+
+
+NOT_ASCII_NUMBER = "not_ascii_number"
+"""The pydantic error type of a number written outside ASCII (its ctx names the field)."""
+
+
+def _numeric(annotation: Any) -> bool:
+    """Does a field of this type hold numbers (int, float, durations; optional or in a tuple)?"""
+    if annotation is bool:
+        return False
+    if annotation in (int, float):
+        return True
+    return any(_numeric(arg) for arg in get_args(annotation) if arg is not type(None))
 
 
 # --------------------------------------------------------------------------- bounds and text
@@ -142,7 +187,7 @@ def _cron_field_problem(fields: list[str]) -> str | None:
             continue
         # numbers of values and ranges (not of steps: */90 is a step, not a minute)
         values = [
-            int(n) for part in field.split(",") for n in re.findall(r"\d+", part.split("/")[0])
+            int(n) for part in field.split(",") for n in re.findall(r"[0-9]+", part.split("/")[0])
         ]
         bad = [n for n in values if not low <= n <= high]
         where = f"field {i + 1} ({name}) {field!r}"
@@ -164,6 +209,11 @@ def _check_cron(expr: str) -> str:
     # at a different time than its author meant, so exactly five fields are accepted.
     if len(expr) > 100:
         raise ValueError(f"the cron expression is {len(expr)} characters long; {CRON_FIX}")
+    if not expr.isascii():
+        raise ValueError(
+            f"{_shown(expr)} has characters outside ASCII (another script's digits, a no-break "
+            f"or zero-width space?); write it in ASCII digits 0-9 and symbols: {CRON_FIX}"
+        )
     if expr != expr.strip() or _control_chars(expr) or any(c.isspace() and c != " " for c in expr):
         raise ValueError(
             f"{_shown(expr)} has blanks around it, tabs, newlines or control characters; "

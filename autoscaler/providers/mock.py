@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import MockProvider as MockConfig
+from autoscaler.digits import ascii_whole
 from autoscaler.providers.base import (
     CapacityError,
     LaunchSpec,
@@ -37,7 +38,7 @@ def _row_id(provider_instance_id: str) -> int | None:
     if not provider_instance_id.startswith(ID_PREFIX):
         return None
     rest = provider_instance_id[len(ID_PREFIX) :]
-    return int(rest) if rest.isdigit() else None
+    return ascii_whole(rest)
 
 
 class MockMachines(Protocol):

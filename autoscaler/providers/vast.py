@@ -28,6 +28,7 @@ import requests
 
 from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import VastProvider as VastConfig
+from autoscaler.digits import ascii_whole, is_ascii_whole
 from autoscaler.providers.api import ApiOptions, ApiProvider
 from autoscaler.providers.base import (
     AmbiguousCreateError,
@@ -134,7 +135,7 @@ class VastProvider(ApiProvider):
             q["cuda_max_good"] = {"gte": self.config.min_cuda_version}
         if self.config.min_reliability is not None:
             q["reliability"] = {"gte": self.config.min_reliability}
-        ids = [int(h) for h in avoid if h.isdigit()]
+        ids = [n for h in avoid if (n := ascii_whole(h)) is not None]
         if ids:
             q["machine_id"] = {"notin": ids}
         return q
@@ -198,7 +199,7 @@ class VastProvider(ApiProvider):
 
     def create(self, offer: Offer, launch: LaunchSpec) -> ProviderMachine:
         self._check_launch(launch)
-        if not offer.offer_id.isdigit():
+        if not is_ascii_whole(offer.offer_id):
             raise ValueError(f"{offer.offer_id!r} is not a Vast offer id")
         spec = offer.spec
         body: dict[str, Any] = {
@@ -305,7 +306,7 @@ class VastProvider(ApiProvider):
         return None
 
     def _get_instance(self, instance_id: str) -> dict[str, Any] | None:
-        if not instance_id.isdigit():
+        if not is_ascii_whole(instance_id):
             raise ValueError(f"{instance_id!r} is not a Vast instance id")
         resp = self._http.request("GET", f"/api/v0/instances/{instance_id}/")
         if resp.status_code == 404:

@@ -134,6 +134,26 @@ HOSTILE_URLS = [
     "redis://u:secret-pw@h:65536/0",
 ]
 NAMES = ["jobs", "gpu", "inference", "a.b-c_d", "q:1@x/y"]
+ODD_DIGITS = ["¹", "²", "³", "０", "３", "９", "٠", "٣", "۳", "३"]
+"""Digits a paste or another keyboard brings: superscripts, fullwidth, Arabic-Indic (both),
+Devanagari. Python's checks and parsers disagree about them (`autoscaler.digits`)."""
+ODD_BLANKS = ["\u00a0", "\u2007", "\u202f", "\u200b", "\u2060", "\ufeff"]
+"""No-break, figure and narrow no-break spaces; zero-width space, word joiner, BOM."""
+
+
+@st.composite
+def oddly_written(draw: st.DrawFn, text: str) -> str:
+    """`text` with one of its numbers written as a word processor or another keyboard writes
+    it: one ASCII digit replaced by another script's, or a blank put before, inside or after
+    the number."""
+    spots = [i for i, c in enumerate(text) if c.isascii() and c.isdigit()]
+    if not spots:
+        return text + draw(st.sampled_from(ODD_BLANKS))
+    i = draw(st.sampled_from(spots))
+    if draw(st.booleans()):
+        return text[:i] + draw(st.sampled_from(ODD_DIGITS)) + text[i + 1 :]
+    at = i + draw(st.sampled_from([0, 1]))
+    return text[:at] + draw(st.sampled_from(ODD_BLANKS)) + text[at:]
 
 
 def hostile_scalar() -> st.SearchStrategy[Any]:
@@ -164,7 +184,17 @@ def mix(good: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 def durations() -> st.SearchStrategy[Any]:
-    return _sometimes(st.sampled_from(HOSTILE_DURATIONS), mix(st.sampled_from(GOOD_DURATIONS)), 8)
+    odd = st.sampled_from([str(d) for d in GOOD_DURATIONS]).flatmap(oddly_written)
+    return _sometimes(
+        st.sampled_from(HOSTILE_DURATIONS) | odd, mix(st.sampled_from(GOOD_DURATIONS)), 8
+    )
+
+
+def counts(low: int, high: int) -> st.SearchStrategy[Any]:
+    """A whole number of the block (machines, a threshold, a priority): mostly fine, sometimes
+    hostile, sometimes written with another script's digit or a blank in it."""
+    odd = st.integers(low, high).map(str).flatmap(oddly_written)
+    return _sometimes(odd, mix(st.integers(low, high)), 8)
 
 
 def names() -> st.SearchStrategy[Any]:
@@ -178,7 +208,8 @@ def crons() -> st.SearchStrategy[Any]:
 
 
 def urls() -> st.SearchStrategy[Any]:
-    hostile = st.sampled_from(HOSTILE_URLS) | st.text(max_size=30)
+    odd = st.sampled_from(GOOD_URLS).flatmap(oddly_written)  # a port or a database number
+    hostile = st.sampled_from(HOSTILE_URLS) | st.text(max_size=30) | odd
     return _sometimes(hostile, st.sampled_from(GOOD_URLS), 4)
 
 
@@ -192,7 +223,7 @@ def _block(required: dict[str, Any], optional: dict[str, Any]) -> st.SearchStrat
 
 
 def triggers_up() -> st.SearchStrategy[Any]:
-    ints = mix(st.integers(0, 50))
+    ints = counts(0, 50)
     return st.one_of(
         st.just({"trigger": "no_workers"}),
         _block({"trigger": st.just("queue_depth")}, {"threshold": ints, "target_per_worker": ints}),
@@ -242,7 +273,7 @@ def instance() -> st.SearchStrategy[Any]:
             "max_price_per_hour": mix(st.sampled_from([0.6, 1, 2.5, 0.01])),
         },
         {
-            "gpu_count": mix(st.integers(1, 16)),
+            "gpu_count": counts(1, 16),
             "disk_gb": mix(st.sampled_from([50, 10**18])),
             "image": mix(st.just("img:latest")),
         },
@@ -258,7 +289,7 @@ def metrics_block() -> st.SearchStrategy[Any]:
             "url_env": mix(st.just("WATCHED")),
             "queue": mix(st.just("q")),
             "sep": mix(st.sampled_from(["\x06\x16", ":"])),
-            "priority_steps": mix(st.lists(st.integers(-5, 300), max_size=5)),
+            "priority_steps": mix(st.lists(counts(-5, 300), max_size=5)),
             "global_keyprefix": mix(st.sampled_from(["", "autoscaler-control:"])),
             "management_url": urls(),
             "timeout": durations(),
@@ -271,13 +302,13 @@ def autoscale(provider_names: list[str]) -> st.SearchStrategy[Any]:
     return _block(
         {
             "provider": mix(st.sampled_from(provider_names or ["gpu"])),
-            "max_workers": mix(st.integers(0, 20)),
+            "max_workers": counts(0, 20),
             "instance": instance(),
         },
         {
             "enabled": mix(st.booleans()),
-            "min_workers": mix(st.integers(0, 5)),
-            "priority": mix(st.integers(-5, 5)),
+            "min_workers": counts(0, 5),
+            "priority": counts(-5, 5),
             "scale_up": mix(st.lists(triggers_up(), max_size=3)),
             "scale_down": mix(st.lists(triggers_down(), max_size=2)),
             "poll_interval": durations(),
@@ -343,7 +374,7 @@ def config_docs(draw: st.DrawFn) -> Any:
                 "limits": _block(
                     {},
                     {
-                        "max_machines": mix(st.integers(0, 10)),
+                        "max_machines": counts(0, 10),
                         "max_price_per_hour": mix(st.sampled_from([0, 3.5])),
                     },
                 ),
@@ -706,7 +737,8 @@ def cli_cases(draw: st.DrawFn, world: CliWorld) -> tuple[list[str], bytes | None
                         "1e400",
                         "",
                     ]
-                ),
+                )
+                | st.sampled_from(["3", "2h", "30m"]).flatmap(oddly_written),
                 max_size=3,
             )
         )

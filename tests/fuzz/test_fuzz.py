@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from autoscaler.config import ConfigError, load_config_text
 from tests.fuzz.harness import (
     GOOD_URLS,
     HOSTILE_URLS,
@@ -92,3 +93,45 @@ def _pg_world(url: str) -> CliWorld:
         _PG_WORLDS.clear()
         _PG_WORLDS[url] = CliWorld(url)
     return _PG_WORLDS[url]
+
+
+UNICODE_CASES = [
+    # (where, YAML value, the refusal's path)
+    ("url", "'redis://h/²'", "queues.q.metrics.url"),  # once a ValueError out of validate
+    ("url", "'redis://h/٣'", "queues.q.metrics.url"),  # redis-py would read database 3
+    ("url", "'redis://h:６３７９/0'", "queues.q.metrics.url"),
+    ("url", "'redis://h/0?db=۳'", "queues.q.metrics.url"),
+    ("url", "'redis://h/1\u200b'", "queues.q.metrics.url"),
+    ("count", "'٣'", "queues.q.autoscale.max_workers"),
+    ("count", "'3\u00a0'", "queues.q.autoscale.max_workers"),  # pydantic would strip it
+    ("count", "'３'", "queues.q.autoscale.max_workers"),
+    ("duration", "'5m\u00a0'", "queues.q.autoscale.scale_down[0].timeout"),
+    ("duration", "'３0s'", "queues.q.autoscale.scale_down[0].timeout"),
+    ("duration", "'1\u2060h'", "queues.q.autoscale.scale_down[0].timeout"),
+    ("duration", "'²'", "queues.q.autoscale.scale_down[0].timeout"),
+]
+
+
+@pytest.mark.parametrize(("where", "value", "path"), UNICODE_CASES)
+def test_numbers_written_outside_ascii_are_refused_with_path_cause_and_fix(where, value, path):
+    """Another script's digit or a no-break / zero-width blank at a numeric position of a URL,
+    a count or a duration: a refusal naming the field (never a crash, never another number)."""
+    fields = {"url": "'redis://h:6379/0'", "count": "3", "duration": "'5m'"}
+    fields[where] = value
+    text = (
+        "providers: {gpu: {kind: mock}}\n"
+        "queues:\n  q:\n"
+        f"    metrics: {{url: {fields['url']}}}\n"
+        "    autoscale:\n      provider: gpu\n"
+        f"      max_workers: {fields['count']}\n"
+        f"      scale_down: [{{trigger: idle, timeout: {fields['duration']}}}]\n"
+        "      instance: {gpu: RTX 4090, max_price_per_hour: 0.6}\n"
+    )
+    outcome, detail = run_config(text.encode(), WORKDIR)
+    assert outcome == "refused", detail
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text, "c.yaml", {})
+    (refusal,) = info.value.refusals
+    assert refusal.path == path, refusal
+    said = f"{refusal.cause} {refusal.fix}"
+    assert "ASCII" in said or "control characters" in said, refusal
