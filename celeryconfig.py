@@ -10,7 +10,7 @@ A distinct database number (or server) is required; `global_keyprefix` below is 
 and `autoscaler validate` refuses a config whose watched queue shares both.
 """
 
-from autoscaler.settings import CONTROL_KEYPREFIX, CONTROL_QUEUE, Settings
+from autoscaler.settings import Settings
 
 _settings = Settings.from_env()
 if _settings.broker_url.startswith("sqla+sqlite") or _settings.result_backend.startswith(
@@ -29,19 +29,28 @@ timezone = "UTC"
 enable_utc = True
 
 # The control plane's own queue; watched application queues are only ever *read*.
-task_default_queue = CONTROL_QUEUE
+task_default_queue = _settings.control_queue
 worker_prefetch_multiplier = 1
 task_track_started = True
 result_expires = 86400
 broker_connection_retry_on_startup = True
 worker_hijack_root_logger = False
 
+# Results on Redis carry the same prefix: two control planes sharing a database never read
+# (or purge) each other's.
+result_backend_transport_options: dict[str, object] = {}
+if result_backend.startswith(("redis://", "rediss://")):
+    result_backend_transport_options = {"global_keyprefix": _settings.control_keyprefix}
+
 broker_transport_options: dict[str, object] = {}
 if broker_url.startswith("sqla+sqlite"):
     # Worker, beat and CLI share one SQLite file: wait for its lock instead of failing at once.
     broker_transport_options = {"connect_args": {"timeout": 30}}
 elif broker_url.startswith(("redis://", "rediss://")):
-    broker_transport_options = {"global_keyprefix": CONTROL_KEYPREFIX, "visibility_timeout": 3600}
+    broker_transport_options = {
+        "global_keyprefix": _settings.control_keyprefix,
+        "visibility_timeout": 3600,
+    }
 
 # The loop: our scheduler builds beat's entries from the stored config (tick, fast path,
 # reconcile, one per cron trigger) and keeps them in memory: no schedule file is written.

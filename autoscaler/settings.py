@@ -14,10 +14,12 @@ from pathlib import Path
 from autoscaler.urls import SECRET_QUERY_PARAMS, redact_url, url_secrets
 
 CONTROL_QUEUE = "autoscaler"
-"""The control plane's own Celery queue (watched application queues are only ever read)."""
+"""The control plane's own Celery queue (watched application queues are only ever read);
+AUTOSCALER_CONTROL_QUEUE changes it (two control planes sharing one broker database)."""
 
 CONTROL_KEYPREFIX = "autoscaler-control:"
-"""Prefix of every Redis key of the control plane's own broker (see celeryconfig.py)."""
+"""Prefix of every Redis key of the control plane's own broker (see celeryconfig.py);
+AUTOSCALER_CONTROL_KEYPREFIX changes it."""
 
 __all__ = ["CONTROL_KEYPREFIX", "SECRET_QUERY_PARAMS", "Settings", "redact_url", "url_secrets"]
 
@@ -38,6 +40,10 @@ class Settings:
     """AUTOSCALER_API_URL is set: machines can reach the API, so launches make their broker
     users (a machine learns its own only from the API)."""
     """Where `autoscaler serve` listens (AUTOSCALER_API_BIND, host:port)."""
+    control_queue: str = CONTROL_QUEUE
+    """The control plane's own Celery queue (AUTOSCALER_CONTROL_QUEUE)."""
+    control_keyprefix: str = CONTROL_KEYPREFIX
+    """The prefix of the control plane's keys on a Redis broker (AUTOSCALER_CONTROL_KEYPREFIX)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -59,6 +65,9 @@ class Settings:
             or f"http://{e.get('AUTOSCALER_API_BIND', '127.0.0.1:8480').strip()}",
             api_bind=e.get("AUTOSCALER_API_BIND", "127.0.0.1:8480").strip(),
             api_url_set=bool(e.get("AUTOSCALER_API_URL", "").strip()),
+            control_queue=e.get("AUTOSCALER_CONTROL_QUEUE", "").strip() or CONTROL_QUEUE,
+            control_keyprefix=e.get("AUTOSCALER_CONTROL_KEYPREFIX", "").strip()
+            or CONTROL_KEYPREFIX,
         )
 
     def ensure_home(self) -> None:

@@ -28,7 +28,6 @@ from autoscaler.config.models import Config
 from autoscaler.config.summary import describe
 from autoscaler.control.runtime import log
 from autoscaler.credentials import registered_provider_configs
-from autoscaler.settings import CONTROL_KEYPREFIX
 from autoscaler.store import config_versions, queue_samples, views
 
 STATIC = FsPath(__file__).parent / "static"
@@ -133,7 +132,7 @@ def install(
         registered = registered_provider_configs(session)
         config = load_config_text(text, source, registered, runnable=True)
         refusals = check_broker_isolation(
-            config, runtime().settings.broker_url, CONTROL_KEYPREFIX, os.environ
+            config, runtime().settings.broker_url, runtime().settings.control_keyprefix, os.environ
         )
         if refusals:
             raise ConfigError(refusals, source)

@@ -49,7 +49,7 @@ def revisions(engine: Engine) -> tuple[str | None, str | None]:
     return current, head
 
 
-def prepare_embedded_broker(broker_url: str) -> bool:
+def prepare_embedded_broker(broker_url: str, control_queue: str = CONTROL_QUEUE) -> bool:
     """Create kombu's tables for an SQLAlchemy broker now, once, rather than racing for them.
 
     kombu creates them lazily in every process that connects; worker and beat starting together
@@ -66,7 +66,7 @@ def prepare_embedded_broker(broker_url: str) -> bool:
     ) as conn:
         # The control plane's own queue too: kombu creates a queue's row without a lock, so
         # beat publishing and a worker consuming a brand-new queue at once can collide.
-        queue = Queue(CONTROL_QUEUE, routing_key=CONTROL_QUEUE)  # type: ignore[no-untyped-call]
+        queue = Queue(control_queue, routing_key=control_queue)  # type: ignore[no-untyped-call]
         queue.bind(conn.default_channel).declare()  # type: ignore[no-untyped-call]
         conn.default_channel.session.close()
     return True

@@ -10,8 +10,9 @@ provider's state files, then any process still carrying this installation's labe
 Redis keys its test created — even when the test fails.
 
 Redis: the control plane's broker and results on database 13 (CONTROL_DB), watched
-applications on database 12 (WATCH_DB) with a unique queue name per test. Control tasks go to
-the fixed `autoscaler` queue, so two of these tests must not run at once against one Redis.
+applications on database 12 (WATCH_DB) with a unique queue name per test. Each Loop has its own
+control queue and key prefix (AUTOSCALER_CONTROL_QUEUE / _KEYPREFIX), so two runs of the suite
+on one Redis (a flake hunt beside a developer's run) never take or purge each other's tasks.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.lifecycle import LIVE_STATES, InstanceState
 from autoscaler.providers.labels import parse_label
-from autoscaler.settings import CONTROL_KEYPREFIX
 from autoscaler.store import installation
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.models import Instance, MockMachine, ScaleEvent
@@ -164,6 +164,8 @@ class Loop:
     _client: Celery | None = None
 
     def __post_init__(self) -> None:
+        self.control_queue = unique("autoscaler")
+        self.control_prefix = f"{self.control_queue}-control:"
         self.home = self.tmp_path / "home"
         self.logs = self.tmp_path / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -178,12 +180,14 @@ class Loop:
         # The local provider passes PYTHONPATH on to its machines: they import the e2e app.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        env["AUTOSCALER_CONTROL_QUEUE"] = self.control_queue
+        env["AUTOSCALER_CONTROL_KEYPREFIX"] = self.control_prefix
         env.update(self.extra_env)
         self.env = env
         if self.database_url is None:
             self.database_url = f"sqlite:///{self.home / 'state.db'}"
         if self.broker_url and self.broker_url.startswith("redis"):
-            purge_control_plane(self.broker_url)
+            purge_control_plane(self.broker_url, self.control_prefix)
 
     # ------------------------------------------------------------------ CLI
 
@@ -245,10 +249,12 @@ class Loop:
                 task_serializer="json",
                 accept_content=["json"],
                 result_serializer="json",
-                task_default_queue="autoscaler",
+                task_default_queue=self.control_queue,
             )
             if self.broker_url.startswith("redis"):
-                app.conf.broker_transport_options = {"global_keyprefix": CONTROL_KEYPREFIX}
+                prefixed = {"global_keyprefix": self.control_prefix}
+                app.conf.broker_transport_options = prefixed
+                app.conf.result_backend_transport_options = prefixed
             self._client = app
         return self._client
 
@@ -298,7 +304,7 @@ class Loop:
             "--concurrency",
             str(concurrency),
             "-Q",
-            "autoscaler",
+            self.control_queue,
             *(["-E"] if events else []),
             env=env,
         )
@@ -427,7 +433,7 @@ class Loop:
         if self._client is not None:
             self._client.close()
         if self.broker_url and self.broker_url.startswith("redis"):
-            purge_control_plane(self.broker_url)
+            purge_control_plane(self.broker_url, self.control_prefix)
         if self.watch_keys:
             forget_watched(self.watch_keys)
         if self._engine is not None:
@@ -438,16 +444,17 @@ def _as_dict(row: Any) -> dict[str, Any]:
     return {c.key: getattr(row, c.key) for c in row.__mapper__.column_attrs}
 
 
-def purge_control_plane(url: str) -> None:
-    """The control plane's keys on its own Redis database (tasks, bindings, results)."""
+def purge_control_plane(url: str, prefix: str) -> None:
+    """One control plane's keys on its Redis database (tasks, bindings, results: all carry its
+    prefix, letters, digits and dashes only), nobody else's."""
     r = redis.Redis.from_url(url)
     try:
-        for pattern in (f"{CONTROL_KEYPREFIX}*", "celery-task-meta-*"):
-            keys = list(r.scan_iter(match=pattern, count=500))
-            if keys:
-                r.delete(*keys)
+        keys = list(r.scan_iter(match=f"{prefix}*", count=500))
+        if keys:
+            r.delete(*keys)
     finally:
         r.close()
+
 
 
 def forget_watched(keys: set[str]) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from autoscaler.settings import CONTROL_KEYPREFIX
 from tests.control.loopkit import (
     CONTROL_BROKER,
     Loop,
@@ -252,10 +251,10 @@ def test_e2e_schedule_prewarms_on_the_minute_and_drains_after_the_window(pg_url,
 class ReceivedTasks(threading.Thread):
     """What Flower shows of each task: the workers' `task-received` events, captured live."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str) -> None:
         super().__init__(daemon=True)
         self.app = Celery("loop-events", broker=CONTROL_BROKER, set_as_current=False)
-        self.app.conf.broker_transport_options = {"global_keyprefix": CONTROL_KEYPREFIX}
+        self.app.conf.broker_transport_options = {"global_keyprefix": prefix}
         self.seen: dict[str, dict[str, Any]] = {}
         self.ready = threading.Event()
         self.receiver: Any = None
@@ -285,7 +284,7 @@ def test_e2e_manual_scale_by_celery_call_up_to_two_then_down_to_zero(pg_url, mak
     loop.worker("w1", concurrency=3, events=True)  # task events: what Flower shows
     loop.beat()
 
-    flower = ReceivedTasks()
+    flower = ReceivedTasks(loop.control_prefix)
     flower.start()
     assert flower.ready.wait(10)
     time.sleep(1.0)  # the receiver's queue is bound before the first call
