@@ -33,7 +33,8 @@ from autoscaler.credentials import (
     registered_provider_configs,
     validate_provider,
 )
-from autoscaler.settings import CONTROL_KEYPREFIX, Settings, redact_url, url_secrets
+from autoscaler.digits import ASCII_FORM, ascii_whole
+from autoscaler.settings import Settings, redact_url, url_secrets
 from autoscaler.sim.cli import simulate
 from autoscaler.sim.tune import tune
 from autoscaler.store import config_versions, migrate
@@ -170,7 +171,7 @@ def db_upgrade(revision: str) -> None:
         )
     click.echo(f"database {redact_url(settings.database_url)} is at {revision}")
     try:
-        prepared = migrate.prepare_embedded_broker(settings.broker_url)
+        prepared = migrate.prepare_embedded_broker(settings.broker_url, settings.control_queue)
     except (SQLAlchemyError, ValueError, ImportError, OSError) as exc:
         _fail(
             f"the embedded broker {redact_url(settings.broker_url)} cannot be prepared "
@@ -194,7 +195,7 @@ def _load_checked(
     try:
         config = load_config(file, registered, store_readable=store_readable)
         refusals = check_broker_isolation(
-            config, settings.broker_url, CONTROL_KEYPREFIX, os.environ
+            config, settings.broker_url, settings.control_keyprefix, os.environ
         )
         if refusals:
             raise ConfigError(refusals, file)
@@ -350,10 +351,9 @@ def scale(queue: str, workers: str | None, for_: str | None, auto: bool, by: str
         _fail("give WORKERS (a whole number, 0 releases every machine) or --auto, not both")
     count: int | None = None
     if workers is not None:
-        try:
-            count = int(workers)
-        except ValueError:
-            _fail(f"WORKERS must be a whole number ≥ 0, not {workers!r}")
+        count = ascii_whole(workers)
+        if count is None:
+            _fail(f"WORKERS must be a whole number ≥ 0 in {ASCII_FORM}, not {workers!r}")
     settings = _settings()
     _sessions(settings)  # refuses a store that was never migrated
     rt = Runtime(settings)
@@ -369,17 +369,21 @@ def scale(queue: str, workers: str | None, for_: str | None, auto: bool, by: str
 @click.argument("launch_id")
 @click.option("--by", default=lambda: os.environ.get("USER", "operator"), help="Who asks.")
 def drain(launch_id: str, by: str) -> None:
-    """Drain one machine: it takes no new job, finishes its task, then is destroyed."""
+    """Drain one machine: it takes no new job, finishes its task, then is destroyed.
+
+    A machine not ready yet (pending, creating, booting) is cancelled: never rented, or
+    destroyed as soon as it exists. Only a machine already gone is refused."""
     from autoscaler.control.drain import run_drain
     from autoscaler.control.manual import ManualError, request_drain
     from autoscaler.control.runtime import Runtime
+    from autoscaler.control.tasks import send_step
 
     settings = _settings()
     _sessions(settings)
     rt = Runtime(settings)
     try:
         click.echo(request_drain(rt, launch_id, by))
-        click.echo(run_drain(rt, launch_id, f"{by} asked to drain it"))
+        click.echo(run_drain(rt, launch_id, f"{by} asked to drain it", enqueue=send_step))
     except ManualError as exc:
         _fail(str(exc))
     finally:

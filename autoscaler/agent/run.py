@@ -6,7 +6,9 @@ hand-made machine it is given an enrolment key, a name and the queue instead; it
 as capacity and is never drained or destroyed by the control plane.
 
     register -> GET deployment -> git clone (at its ref) -> pip install -r requirements.txt
-    (when the repository has one) -> start the startup command in its own process group ->
+    (when the repository has one) -> a heartbeat saying the worker starts (the machine is
+    ready from it; an answer "drain" or a refused token starts nothing) -> start the startup
+    command in its own process group ->
     heartbeat every few seconds (running tasks and last task time from the status file the
     Celery hook or any worker writes, or that a worker POSTs to `$AUTOSCALER_STATUS_URL`; GPU
     utilisation from nvidia-smi where there is one).
@@ -43,6 +45,7 @@ from typing import Any
 import requests
 
 from autoscaler.agent import gpu
+from autoscaler.digits import ascii_whole
 
 log = logging.getLogger("autoscaler.agent")
 
@@ -139,10 +142,11 @@ class StatusFile:
 
 def _writer_alive(name: str, base: str) -> bool:
     suffix = name[len(base) :]
-    if not (suffix.startswith(".") and suffix[1:].isdigit()):
+    pid = ascii_whole(suffix[1:]) if suffix.startswith(".") else None
+    if pid is None:
         return True  # the agent's own file, or one a non-prefork worker writes
     try:
-        os.kill(int(suffix[1:]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except (PermissionError, OverflowError):
@@ -449,6 +453,8 @@ class Agent:
             dep = self.api.call_retrying("GET", f"deployment?queue={cfg.queue}")
             interval = cfg.heartbeat_interval or 10.0
         repo = deploy(dep, cfg.workdir)
+        if cfg.launch_id is not None and not self.may_start():
+            return 0
         self.start_worker(dep, repo)
         assert self.proc is not None
         while True:
@@ -470,6 +476,27 @@ class Agent:
                 continue
             if answer.get("drain") and cfg.launch_id is not None:
                 return self.drain(interval)
+
+    def may_start(self) -> bool:
+        """The heartbeat that says the worker starts now, sent *before* it starts: the control
+        plane marks the machine ready on it (and from then on drains it like any ready one),
+        so a machine cancelled while it booted never starts a worker that a destroy could
+        catch mid-job. A token refused (4xx: the machine is being destroyed) or an answer
+        "drain" (drained before its worker ran) means: start nothing."""
+        try:
+            answer = self.api.call_retrying(
+                "POST", "heartbeat", json={"state": "idle", "running_tasks": 0}
+            )
+        except AgentError as exc:
+            if "HTTP 4" not in str(exc):
+                raise
+            log.info("the machine is no longer wanted (%s): starting no worker", exc)
+            return False
+        if answer.get("drain"):
+            log.info("drained before its worker started: starting no worker")
+            self.api.call_retrying("POST", "drained")
+            return False
+        return True
 
     def drain(self, interval: float) -> int:
         """Warm shutdown: SIGTERM once (Celery stops taking jobs and finishes the running

@@ -35,7 +35,7 @@ from autoscaler.control.runtime import Runtime, log
 from autoscaler.credentials import describe_credentials, registered_provider_configs
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.registry import source_url
-from autoscaler.settings import CONTROL_KEYPREFIX, redact_url
+from autoscaler.settings import redact_url
 from autoscaler.store import config_versions, fleet, job_records
 from autoscaler.store.models import Instance, QueueStatus, ScaleEvent, WorkerSighting
 from autoscaler.store.models import Provider as ProviderRow
@@ -282,7 +282,10 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         session.execute(
             update(Instance)
             .where(Instance.launch_id == row.launch_id)
-            .values(worker_name=name, last_heartbeat_at=now, agent_registered_at=now)
+            # not yet a sign of its worker's life: the agent deploys first, and the machine is
+            # ready only at the heartbeat that says its worker starts (booting is judged by
+            # the boot timeout meanwhile)
+            .values(worker_name=name, agent_registered_at=now)
             .execution_options(synchronize_session=False)
         )
         fleet.record_events(
@@ -331,12 +334,21 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
 
     @app.post("/v1/worker/{launch_id}/heartbeat", response_model=HeartbeatAnswer)
     def heartbeat(body: Heartbeat, row: Worker, session: DB) -> HeartbeatAnswer:
+        """The agent's word on its worker. Every state but `starting` and `crashed` says the
+        worker is up (the agent sends its first heartbeat as it starts the worker): a booting
+        machine is ready at once, with the move and event reconcile would make. The answer
+        tells the agent to drain, and its state (a machine no longer live gets a 401 from the
+        token instead, and its agent starts nothing)."""
         now = _now()
+        state = row.state
+        up = body.state not in ("starting", "crashed")
         values: dict[str, Any] = {
             "last_heartbeat_at": now,
             "running_tasks": body.running_tasks,
             "gpu_utilisation": body.gpu_utilisation,
         }
+        if not up:
+            values.pop("last_heartbeat_at")
         if not row.worker_name:
             values["worker_name"] = f"agent@{row.launch_id}"
         busy = body.running_tasks > 0 or row.running_tasks > 0
@@ -348,7 +360,6 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             values["last_task_at"] = now
         if body.state == "crashed":
             # the worker process died: no sign of life from it; reconcile replaces the machine
-            values.pop("last_heartbeat_at")
             values["running_tasks"] = 0
             fleet.record_events(
                 session,
@@ -369,10 +380,14 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             .values(**values)
             .execution_options(synchronize_session=False)
         )
+        if up and state == S.BOOTING:
+            why = "its worker is up (its agent's first heartbeat)"
+            if fleet.mark_ready(session, row.launch_id, row.queue, row.provider, now, why):
+                state = S.READY
         worker = row.worker_name or f"agent@{row.launch_id}"
         job_records.record(session, _job_rows(body.jobs, worker, [row.queue], now), now)
-        drain = row.state in (S.DRAINING, S.DRAINED)
-        return HeartbeatAnswer(drain=drain, state=row.state.value)
+        drain = state in (S.DRAINING, S.DRAINED)
+        return HeartbeatAnswer(drain=drain, state=state.value)
 
     @app.post("/v1/worker/{launch_id}/drained", response_model=Drained)
     def drained(row: Worker, session: DB) -> Drained:
@@ -534,7 +549,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             registered = registered_provider_configs(session)
             config = load_config_text(body.yaml, "config", registered, runnable=True)
             refusals = check_broker_isolation(
-                config, settings.broker_url, CONTROL_KEYPREFIX, os.environ
+                config, settings.broker_url, settings.control_keyprefix, os.environ
             )
             if refusals:
                 raise ConfigError(refusals, "config")
@@ -580,7 +595,10 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             request_drain(runtime(), launch_id, by=f"api:{who}")
         except ManualError as exc:
             raise HTTPException(409, str(exc)) from None
-        return Message(message=run_drain(runtime(), launch_id, f"api:{who} asked to drain it"))
+        from autoscaler.control.tasks import send_step
+
+        why = f"api:{who} asked to drain it"
+        return Message(message=run_drain(runtime(), launch_id, why, enqueue=send_step))
 
     @app.get("/v1/admin/providers")
     def providers(who: Admin, session: DB) -> list[dict[str, Any]]:

@@ -2,6 +2,12 @@
 destroyed. A busy worker is never destroyed here: a job it took between the drain decision and
 now keeps running, and the step is simply tried again later.
 
+A machine asked to drain before it is ready is cancelled instead: a pending one is never rented;
+a creating one is destroyed as soon as its create returns (or its label is found); a booting
+one whose worker has not shown itself (a heartbeat, a remote-control sighting, looked for once
+more right now) is destroyed at once — its agent asks before starting the worker, so nothing
+can be running — and one whose worker is up is ready, and drained like any other.
+
 For a Celery worker (seen through the watched broker's remote control):
     cancel_consumer for its queue -> confirm it no longer consumes it -> nothing running or
     reserved -> drained (warm shutdown sent) -> terminating.
@@ -13,11 +19,16 @@ worker at all (the mock provider) is drained at once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 
-from autoscaler.control.runtime import Runtime, log, utc_now
+from sqlalchemy.orm import Session
+
+from autoscaler.control.observe import observe_celery_workers
+from autoscaler.control.runtime import Loaded, Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.base import SourceError
 from autoscaler.store import fleet
+from autoscaler.store.models import Instance
 
 S = InstanceState
 
@@ -28,21 +39,59 @@ def run_drain(
     reason: str = "drain requested",
     enqueue: Callable[[str, str], None] | None = None,
 ) -> str:
-    """One step of draining `launch_id` (idempotent); returns where it stands. Once drained,
-    the terminate step is enqueued (reconcile enqueues it again if that is lost)."""
+    """One step of draining `launch_id` (idempotent); returns where it stands. Once drained
+    (or cancelled with a machine to destroy), the terminate step is enqueued (reconcile
+    enqueues it again if that is lost)."""
     outcome = _step(rt, launch_id, reason)
-    if outcome == "drained" and enqueue is not None:
+    if enqueue is not None and (outcome == "drained" or outcome.startswith(DESTROYING)):
         enqueue("terminate", launch_id)
     return outcome
 
 
+DESTROYING = "cancelled: its machine is being destroyed"
+_AGAIN = None  # the row moved under this step (its launch claimed it, its create returned)
+
+
 def _step(rt: Runtime, launch_id: str, reason: str) -> str:
+    probed = False
+    for _ in range(4):
+        outcome, probe_first = _once(rt, launch_id, reason, probe=not probed)
+        if probe_first:
+            probed = True
+            _look_for_its_worker(rt, launch_id)
+            continue
+        if outcome is not _AGAIN:
+            return outcome
+    return "waiting: the machine changed state while asked to drain; ask again"
+
+
+def _look_for_its_worker(rt: Runtime, launch_id: str) -> None:
+    """A booting machine whose worker Celery remote control could see: look once before
+    cancelling it, so a worker already taking jobs is drained (warm), never destroyed."""
+    with rt.transaction() as session:
+        loaded = rt.load(session)
+        row = fleet.get(session, launch_id)
+        queue = row.queue if row is not None else None
+    queue_cfg = loaded.config.queues.get(queue) if loaded and queue else None
+    if loaded is not None and queue_cfg is not None:
+        observe_celery_workers(rt, loaded, utc_now(), only=[queue_cfg])
+
+
+def _once(rt: Runtime, launch_id: str, reason: str, probe: bool) -> tuple[str | None, bool]:
+    """(outcome, False), or (None, False) to read the row again, or (None, True) to look for
+    its worker through remote control first."""
     now = utc_now()
     with rt.transaction() as session:
         loaded = rt.load(session)
         row = fleet.get(session, launch_id)
         if row is None:
-            return "no such machine"
+            return "no such machine", False
+        if row.state in (S.PENDING, S.CREATING, S.BOOTING):
+            queue_cfg = loaded.config.queues.get(row.queue) if loaded else None
+            remote = queue_cfg is not None and rt.worker_probe(queue_cfg.metrics) is not None
+            if row.state == S.BOOTING and probe and remote and not _alive(row):
+                return None, True
+            return _cancel(session, row, reason, now), False
         if row.state == S.READY:  # an operator's drain: the tick's drains arrive as DRAINING
             fleet.move(session, launch_id, S.READY, S.DRAINING, now, reason, drain_requested=False)
             fleet.record_events(
@@ -50,13 +99,71 @@ def _step(rt: Runtime, launch_id: str, reason: str) -> str:
                 [fleet.event("drain", "start", reason, queue=row.queue, launch_id=launch_id)],
                 now,
             )
+        elif row.state in (S.DRAINED, S.TERMINATING):
+            return f"already leaving: it is {row.state.value}", False
         elif row.state != S.DRAINING:
-            return f"not draining ({row.state.value})"
+            return f"not draining ({row.state.value})", False
         queue, worker = row.queue, row.worker_name
         if row.agent_registered_at is not None:
             # its agent saw DRAINING in its heartbeat answer: it stops the worker (warm
             # shutdown, the running task finishes) and reports drained through the API
-            return "waiting: the agent drains its worker and reports drained"
+            return "waiting: the agent drains its worker and reports drained", False
+        last_heartbeat_at = row.last_heartbeat_at
+    return _drain_worker(rt, loaded, launch_id, queue, worker, last_heartbeat_at), False
+
+
+def _alive(row: Instance) -> bool:
+    """Its worker has shown itself since the machine booted (a heartbeat, a sighting)."""
+    seen = row.last_heartbeat_at
+    return row.running_tasks > 0 or (
+        seen is not None and row.booting_at is not None and seen >= row.booting_at
+    )
+
+
+def _cancel(session: Session, row: Instance, reason: str, now: datetime) -> str | None:
+    """An operator's drain of a machine that is not ready yet: cancel it. Returns the outcome,
+    or None when the row moved meanwhile (read it again)."""
+    launch_id, queue = row.launch_id, row.queue
+    action = "cancelled"
+    if row.state == S.PENDING:
+        why = f"{fleet.CANCELLED} ({reason}): it was not rented yet; nothing will be"
+        if not fleet.move(session, launch_id, S.PENDING, S.FAILED, now, why):
+            return _AGAIN
+        outcome = "cancelled: it was not rented yet, and nothing will be"
+    elif row.state == S.CREATING:
+        if not fleet.request_cancel(session, launch_id, now):
+            return _AGAIN
+        why = (
+            f"{fleet.CANCELLED} ({reason}): its create is in flight; the machine is destroyed "
+            "as soon as the provider answers (or found by its label if the answer is lost)"
+        )
+        outcome = (
+            "cancelling: its create is in flight; the machine is destroyed as soon as it exists"
+        )
+        action = "cancelling"
+    elif _alive(row):  # booting in the row, but its worker is up: ready, then drained warm
+        fleet.mark_ready(session, launch_id, queue, row.provider, now, "its worker is up")
+        return _AGAIN
+    else:
+        why = f"{fleet.CANCELLED} ({reason}): no worker was up on it yet; destroyed now"
+        if not fleet.move(session, launch_id, S.BOOTING, S.TERMINATING, now, why):
+            return _AGAIN
+        outcome = DESTROYING
+    fleet.record_events(
+        session, [fleet.event("drain", action, why, queue=queue, launch_id=launch_id)], now
+    )
+    return outcome
+
+
+def _drain_worker(
+    rt: Runtime,
+    loaded: Loaded | None,
+    launch_id: str,
+    queue: str,
+    worker: str | None,
+    last_heartbeat_at: datetime | None,
+) -> str:
+    """The drain of a worker that remote control reaches (or of a machine with none)."""
     queue_cfg = loaded.config.queues.get(queue) if loaded else None
     probe = rt.worker_probe(queue_cfg.metrics) if queue_cfg is not None else None
     if worker and probe is not None:
@@ -81,7 +188,7 @@ def _step(rt: Runtime, launch_id: str, reason: str) -> str:
         except SourceError as exc:
             log.warning("drain %s: shutdown not sent: %s", launch_id, exc)
         return _drained(rt, launch_id, queue, "its worker stopped taking jobs and is idle")
-    if worker and row.last_heartbeat_at is not None and probe is None:
+    if worker and last_heartbeat_at is not None and probe is None:
         return "waiting: the agent drains its worker and reports drained"
     return _drained(rt, launch_id, queue, "no worker to drain")
 

@@ -4,7 +4,12 @@ pending -> creating (a conditional write: one claimant) -> booting with the prov
 price and host. What failed decides what comes next:
 - capacity, auth, a refused request, a transient error: the launch failed, the (queue,
   provider) backs off (persisted), the row is closed as failed;
-- a 429: the same, waiting at least the provider's reset hint;
+- a 429 (nothing was rented): the row is closed as failed and the provider's reset is recorded
+  for every process (`control.rate_limits`): no launch for that provider calls it before then,
+  and it is no failure of the rental (the backoff does not grow);
+- an operator's drain while the create is in flight (`cancel_requested_at`): checked before the
+  create (nothing is rented) and in the same transaction as the move to booting (the machine
+  goes straight to terminating, and its destroy is enqueued);
 - an ambiguous create (5xx or timeout after the request left) or any unexpected error once the
   provider may have been called: the row stays `creating`; reconcile looks the label up and
   adopts the machine, or fails the launch after a grace time. A create is never tried twice
@@ -13,12 +18,13 @@ price and host. What failed decides what comes next:
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import update
 
 from autoscaler.api import broker_users, keys
+from autoscaler.control import rate_limits
 from autoscaler.control.runtime import Runtime, log, utc_now
 from autoscaler.credentials import CredentialError
 from autoscaler.lifecycle import InstanceState
@@ -61,8 +67,12 @@ def machine_env(
     return env
 
 
-def run_launch(rt: Runtime, launch_id: str) -> str:
-    """Carry out one launch intent; returns what happened (for the task's result)."""
+def run_launch(
+    rt: Runtime, launch_id: str, enqueue: Callable[[str, str], None] | None = None
+) -> str:
+    """Carry out one launch intent; returns what happened (for the task's result). `enqueue`
+    sends the destroy of a machine cancelled while its create was in flight (reconcile sends
+    it too, later, if it is lost)."""
     now = utc_now()
     token = keys.new_secret()  # the machine's worker token: only its hash is stored
     with rt.transaction() as session:
@@ -91,6 +101,16 @@ def run_launch(rt: Runtime, launch_id: str) -> str:
         provider = rt.provider(provider_name)
     except (CredentialError, ProviderError, KeyError, ValueError) as exc:
         return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff)
+    limit = rate_limits.current(rt, provider_name)
+    if limit is not None:
+        why = (
+            f"rate limited: {provider_name} takes no calls before "
+            f"{limit.until.isoformat(timespec='seconds')} ({limit.reason}); nothing was rented"
+        )
+        return _fail(rt, launch_id, queue, provider_name, why, None, action="rate_limited")
+    if _cancel_requested(rt, launch_id):
+        why = f"{fleet.CANCELLED}: an operator drained it before its create; nothing was rented"
+        return _fail(rt, launch_id, queue, provider_name, why, None, action="cancelled")
     _broker_user(rt, install, launch_id, queue, queue_cfg, token)
     env = machine_env(queue, queue_cfg, rt.settings.api_url, token)
     launch = LaunchSpec.new(install, launch_id, env)
@@ -101,8 +121,8 @@ def run_launch(rt: Runtime, launch_id: str) -> str:
         _note(rt, launch_id, queue, "create_ambiguous", f"{exc}; reconcile looks it up by label")
         return "ambiguous: left to reconcile"
     except RateLimitedError as exc:
-        wait = exc.retry_after
-        return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff, wait)
+        rate_limits.note(rt, provider_name, exc, queue)
+        return _fail(rt, launch_id, queue, provider_name, _text(exc), None, action="rate_limited")
     except ProviderError as exc:
         return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff)
     except Exception as exc:  # the create may have left: treat as ambiguous, never re-create
@@ -143,7 +163,18 @@ def run_launch(rt: Runtime, launch_id: str) -> str:
             ],
             utc_now(),
         )
+        cancelled = fleet.cancel_if_requested(session, launch_id, utc_now())
+    if cancelled:
+        if enqueue is not None:
+            enqueue("terminate", launch_id)
+        return f"cancelled: {machine.provider_instance_id} is being destroyed"
     return f"booting: {machine.provider_instance_id}"
+
+
+def _cancel_requested(rt: Runtime, launch_id: str) -> bool:
+    with rt.transaction() as session:
+        row = fleet.get(session, launch_id)
+        return row is not None and row.cancel_requested_at is not None
 
 
 def _broker_user(
@@ -209,8 +240,12 @@ def _fail(
     provider: str,
     reason: str,
     backoff: Any,
-    retry_after: float | None = None,
+    *,
+    action: str = "failed",
 ) -> str:
+    """Close the launch as failed (nothing rented); `backoff` given: a failed rental of
+    (queue, provider), which backs off; None: no failure of the rental (a rate limit, a cancel,
+    a queue no longer autoscaled)."""
     _drop_broker_user(rt, launch_id, queue)
     now = utc_now()
     with rt.transaction() as session:
@@ -218,18 +253,11 @@ def _fail(
         details: dict[str, Any] = {"provider": provider}
         if backoff is not None:
             state = fleet.record_rental_failure(session, queue, provider, now, backoff, reason)
-            if retry_after:
-                fleet.extend_backoff(
-                    session, queue, provider, now + timedelta(seconds=retry_after), reason
-                )
             details.update(failures=state.failures, backoff_until=state.until.isoformat())
+        kind = "drain" if action == "cancelled" else "launch"
         fleet.record_events(
             session,
-            [
-                fleet.event(
-                    "launch", "failed", reason, queue=queue, launch_id=launch_id, details=details
-                )
-            ],
+            [fleet.event(kind, action, reason, queue=queue, launch_id=launch_id, details=details)],
             now,
         )
     log.warning("launch %s for %s failed: %s", launch_id, queue, reason)

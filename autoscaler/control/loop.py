@@ -40,7 +40,7 @@ from autoscaler.policy.decide import decide
 from autoscaler.policy.history import GAPS_KEPT, MIN_GAPS, NO_HISTORY, QueueHistory, observe_load
 from autoscaler.policy.plan import Drain, Launch, QueuePlan, Reclaim
 from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
-from autoscaler.store import fleet, job_records, leases, queue_samples
+from autoscaler.store import fleet, job_records, leases, queue_samples, rate_limits
 from autoscaler.store.db import batchable
 from autoscaler.store.models import Instance, QueueStatus
 
@@ -269,7 +269,7 @@ def build_snapshot(
                 history=histories[name],
             )
         )
-    return Snapshot(tuple(queues))
+    return Snapshot(tuple(queues), rate_limits=rate_limits.active(session, now))
 
 
 def _histories(

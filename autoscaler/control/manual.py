@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 
 from autoscaler.config.durations import format_duration, parse_duration
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.lifecycle import FINAL_STATES
 from autoscaler.store import fleet
 
 DEFAULT_FOR = 3600.0
@@ -75,13 +76,18 @@ def set_target(
 
 
 def request_drain(rt: Runtime, launch_id: str, by: str = "operator") -> str:
-    """Check that `launch_id` can be drained (the drain task does it)."""
+    """Check that `launch_id` can be drained, and audit the request (the drain step does it:
+    a machine not ready yet is cancelled, `control.drain`). Only a machine that no longer
+    exists is refused."""
     with rt.transaction() as session:
         row = fleet.get(session, launch_id)
         if row is None:
             raise ManualError(f"no machine with launch id {launch_id!r} ('autoscaler instances')")
-        if row.state.value not in ("ready", "draining"):
-            raise ManualError(f"machine {launch_id} is {row.state.value}: only a ready one drains")
+        if row.state in FINAL_STATES:
+            raise ManualError(
+                f"machine {launch_id} is already {row.state.value} ({row.state_reason or 'closed'})"
+                ": there is nothing left to drain"
+            )
         fleet.record_events(
             session,
             [

@@ -16,7 +16,7 @@ running job under Celery's default early acks).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, update
@@ -24,11 +24,13 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from autoscaler.config.models import Queue
 from autoscaler.control.runtime import Loaded, Runtime, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.base import SourceError
 from autoscaler.metrics.workers import QueueLoad, WorkerStatus, host_of
 from autoscaler.providers.labels import parse_label
+from autoscaler.store import fleet
 from autoscaler.store.models import Instance, WorkerSighting
 
 SEEN_STATES = (InstanceState.BOOTING, InstanceState.READY, InstanceState.DRAINING)
@@ -42,12 +44,15 @@ def launch_of(worker: str, installation_id: str) -> str | None:
     return parsed.launch_id
 
 
-def observe_celery_workers(rt: Runtime, loaded: Loaded, now: datetime) -> dict[str, str]:
-    """Probe every watched Celery broker once; write what answered. Returns errors by source."""
+def observe_celery_workers(
+    rt: Runtime, loaded: Loaded, now: datetime, only: Iterable[Queue] | None = None
+) -> dict[str, str]:
+    """Probe every watched Celery broker once (or those of `only`'s queues); write what
+    answered. Returns errors by source."""
     seen: dict[str, WorkerStatus] = {}
     errors: dict[str, str] = {}
     probed: set[object] = set()
-    for q in loaded.autoscaled.values():
+    for q in loaded.autoscaled.values() if only is None else only:
         key = q.metrics.model_copy(update={"queue": None})
         if key in probed:
             continue
@@ -113,12 +118,20 @@ def record_sightings(
     if not ours:
         return
     rows = session.execute(
-        select(Instance.launch_id, Instance.running_tasks).where(
-            Instance.launch_id.in_(list(ours)), Instance.state.in_(SEEN_STATES)
-        )
+        select(
+            Instance.launch_id,
+            Instance.running_tasks,
+            Instance.state,
+            Instance.queue,
+            Instance.provider,
+        ).where(Instance.launch_id.in_(list(ours)), Instance.state.in_(SEEN_STATES))
     ).all()
+    for launch_id, _, state, queue, provider in rows:
+        if state == InstanceState.BOOTING:  # ready at the first sight of its worker
+            why = f"its worker is up ({ours[launch_id][0][:200]} answered remote control)"
+            fleet.mark_ready(session, launch_id, queue, provider, now, why)
     params = []
-    for launch_id, before in rows:
+    for launch_id, before, *_ in rows:
         name, running = ours[launch_id]
         params.append(
             {

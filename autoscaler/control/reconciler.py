@@ -14,12 +14,13 @@ from typing import Any
 
 from sqlalchemy import delete, select
 
+from autoscaler.control import rate_limits
 from autoscaler.control.observe import observe_celery_workers
 from autoscaler.control.runtime import Loaded, Runtime, log, utc_now
 from autoscaler.credentials import CredentialError
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile
-from autoscaler.providers.base import ProviderError
+from autoscaler.providers.base import ProviderError, RateLimitedError
 from autoscaler.providers.mock import MockProvider
 from autoscaler.store import fleet
 from autoscaler.store.models import OrphanSighting
@@ -46,12 +47,14 @@ def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) ->
             for o in session.scalars(select(OrphanSighting))
         }
         plan = reconcile(rows, views, seen, loaded.config, now)
-        _apply(rt, session, loaded, plan, now)
+        cancelled = _apply(rt, session, loaded, plan, now)
     for r in plan.retries:
         enqueue(r.step, r.launch_id)
     for t in plan.transitions:
         if t.dst == S.TERMINATING:
             enqueue("terminate", t.launch_id)
+    for launch_id in cancelled:
+        enqueue("terminate", launch_id)
     destroyed = _destroy_orphans(rt, plan, now)
     _sweep_broker_users(rt, loaded, {r.launch_id for r in live})
     return {
@@ -79,12 +82,20 @@ def _sweep_broker_users(rt: Runtime, loaded: Loaded, live: set[str]) -> None:
 
 
 def list_providers(rt: Runtime, loaded: Loaded) -> dict[str, ProviderView]:
-    """Each provider's machines with our label; a failing list gives `listed=False`."""
+    """Each provider's machines with our label; a failing list gives `listed=False`, and so
+    does a provider whose rate limit is in force (it is not called until its reset)."""
     views: dict[str, ProviderView] = {}
     for name in loaded.config.providers:
+        if rate_limits.current(rt, name) is not None:
+            views[name] = ProviderView(name, listed=False)
+            continue
         try:
             provider = rt.provider(name)
             machines = provider.list_owned()
+        except RateLimitedError as exc:
+            rate_limits.note(rt, name, exc)
+            views[name] = ProviderView(name, listed=False)
+            continue
         except (ProviderError, CredentialError, KeyError, ValueError) as exc:
             log.warning("reconcile: cannot list %s: %s", name, str(exc)[:300])
             views[name] = ProviderView(name, listed=False)
@@ -102,9 +113,17 @@ def list_providers(rt: Runtime, loaded: Loaded) -> dict[str, ProviderView]:
     return views
 
 
-def _apply(rt: Runtime, session: Any, loaded: Loaded, plan: ReconcilePlan, now: datetime) -> None:
+def _apply(
+    rt: Runtime, session: Any, loaded: Loaded, plan: ReconcilePlan, now: datetime
+) -> list[str]:
+    """Carry the plan's moves out; returns the launches to destroy beyond the plan's own (a
+    create adopted by label that an operator had cancelled meanwhile)."""
     events = []
+    cancelled: list[str] = []
     for t in plan.transitions:
+        if t.dst == S.READY:  # the one way a machine becomes ready, wherever it is seen
+            fleet.mark_ready(session, t.launch_id, t.queue, t.provider, now, t.reason)
+            continue
         fields: dict[str, Any] = {}
         if t.provider_instance_id is not None:
             fields["provider_instance_id"] = t.provider_instance_id
@@ -112,6 +131,8 @@ def _apply(rt: Runtime, session: Any, loaded: Loaded, plan: ReconcilePlan, now: 
             fields["host_id"] = t.host_id
         if not fleet.move(session, t.launch_id, t.src, t.dst, now, t.reason, **fields):
             continue  # someone moved it first
+        if t.dst == S.BOOTING and fleet.cancel_if_requested(session, t.launch_id, now):
+            cancelled.append(t.launch_id)
         events.append(
             fleet.event(
                 "reconcile",
@@ -147,14 +168,20 @@ def _apply(rt: Runtime, session: Any, loaded: Loaded, plan: ReconcilePlan, now: 
             for (p, pid), (label, first) in plan.orphans.items()
         )
     fleet.record_events(session, events, now)
+    return cancelled
 
 
 def _destroy_orphans(rt: Runtime, plan: ReconcilePlan, now: datetime) -> int:
     done = 0
     events = []
     for d in plan.destroys:
+        if rate_limits.current(rt, d.provider) is not None:
+            continue  # after its reset: the orphan is still listed, and still past its grace
         try:
             rt.provider(d.provider).destroy(d.provider_instance_id)
+        except RateLimitedError as exc:
+            rate_limits.note(rt, d.provider, exc)
+            continue
         except (ProviderError, CredentialError, KeyError) as exc:
             log.warning("orphan %s not destroyed: %s", d.provider_instance_id, exc)
             continue

@@ -19,7 +19,7 @@ from autoscaler.control import drain as drain_step
 from autoscaler.control import launch as launch_step
 from autoscaler.control import loop, manual, reconciler
 from autoscaler.control import terminate as terminate_step
-from autoscaler.control.runtime import runtime
+from autoscaler.control.runtime import log, runtime
 from autoscaler.settings import Settings, redact_url
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.inspect import store_summary
@@ -31,6 +31,15 @@ def enqueue(step: str, launch_id: str) -> None:
     """Send the lifecycle task `step` for one machine (the loop's `Enqueue` port)."""
     task = {"launch": launch, "drain": drain, "terminate": terminate}[step]
     task.apply_async((launch_id,), expires=STEP_EXPIRES)
+
+
+def send_step(step: str, launch_id: str) -> None:
+    """`enqueue` from outside a worker (the CLI, the API): best effort, since reconcile sends
+    every unfinished step again a poll later; a broker that cannot be reached is logged."""
+    try:
+        enqueue(step, launch_id)
+    except Exception as exc:
+        log.warning("could not send %s of %s (%s); reconcile will", step, launch_id, exc)
 
 
 @app.task(name="autoscaler.tick")
@@ -46,12 +55,14 @@ def fast_path() -> dict[str, Any]:
 
 @app.task(name="autoscaler.launch", acks_late=True)
 def launch(launch_id: str) -> str:
-    return launch_step.run_launch(runtime(), launch_id)
+    return launch_step.run_launch(runtime(), launch_id, enqueue=enqueue)
 
 
 @app.task(name="autoscaler.drain", acks_late=True)
 def drain(launch_id: str) -> str:
-    return drain_step.run_drain(runtime(), launch_id, enqueue=enqueue)
+    """Drain one machine (a machine not ready yet is cancelled; see `control.drain`)."""
+    why = "asked to drain it through autoscaler.drain"
+    return drain_step.run_drain(runtime(), launch_id, why, enqueue=enqueue)
 
 
 @app.task(name="autoscaler.terminate", acks_late=True)

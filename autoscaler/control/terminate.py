@@ -8,10 +8,11 @@ terminating; reconcile enqueues this step again until the provider no longer lis
 from __future__ import annotations
 
 from autoscaler.api import broker_users, keys
+from autoscaler.control import rate_limits
 from autoscaler.control.runtime import Runtime, log, utc_now
 from autoscaler.credentials import CredentialError
 from autoscaler.lifecycle import InstanceState, MachineStatus
-from autoscaler.providers.base import ProviderError
+from autoscaler.providers.base import ProviderError, RateLimitedError
 from autoscaler.providers.labels import make_label
 from autoscaler.store import fleet
 
@@ -28,6 +29,9 @@ def run_terminate(rt: Runtime, launch_id: str) -> str:
         broker_user = row.broker_user
         keys.revoke_worker_token(session, launch_id)  # the machine can call nothing any more
         label = make_label(rt.installation_id(session), launch_id)
+    limit = rate_limits.current(rt, provider_name)
+    if limit is not None:  # reconcile enqueues this step again once the reset has come
+        return f"waiting: {provider_name} is rate-limited until {limit.until.isoformat()}"
     try:
         provider = rt.provider(provider_name)
         if pid is None:
@@ -38,6 +42,9 @@ def run_terminate(rt: Runtime, launch_id: str) -> str:
             after = provider.get(pid)
             if after is not None and after.status != MachineStatus.GONE:
                 return f"waiting: {pid} is still {after.status.value} at the provider"
+    except RateLimitedError as exc:
+        limit = rate_limits.note(rt, provider_name, exc, queue)
+        return f"waiting: {provider_name} is rate-limited until {limit.until.isoformat()}"
     except (ProviderError, CredentialError, KeyError) as exc:
         log.warning("terminate %s: %s", launch_id, exc)
         return f"waiting: {str(exc)[:300]}"

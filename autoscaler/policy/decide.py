@@ -8,7 +8,8 @@ Per queue, in this order:
    for), then launches = desired - capacity - reclaims, never more than max_workers minus every
    machine of the queue that may still bill (draining ones included). Metrics stale or missing:
    only the floor may launch, and nothing is scaled down (missing data never scales to zero).
-3. A (queue, provider) in backoff launches nothing and the plan says until when.
+3. A (queue, provider) in backoff, or a provider that rate-limited the account (a 429 whose
+   reset is still ahead, `Snapshot.rate_limits`), launches nothing and the plan says until when.
 4. Spend caps (config.limits) grant the remaining launches across queues by priority.
 5. Scale-down only when no scale-up trigger fired, nothing is launched for the queue and every
    `metric` trigger has a current value (a failing Prometheus blocks scale-down, not scale-up):
@@ -25,7 +26,7 @@ machine for an empty queue one boot time (`QueueSnapshot.boot_estimate`, else
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from autoscaler.config.models import (
@@ -50,6 +51,7 @@ from autoscaler.policy.snapshot import (
     Machine,
     ManualTarget,
     QueueSnapshot,
+    RateLimit,
     Snapshot,
 )
 
@@ -101,6 +103,7 @@ class _Up:
     waits: tuple[Wait, ...]
     manual: ManualTarget | None = None
     keep_one: bool = False
+    rate_limit: RateLimit | None = None
 
 
 def decide(snapshot: Snapshot, config: Config, now: datetime) -> Plan:
@@ -115,7 +118,9 @@ def decide(snapshot: Snapshot, config: Config, now: datetime) -> Plan:
             plan_notes.append(f"{name}: autoscaling disabled, nothing decided")
             continue
         qs = snapshot.queue(name) or QueueSnapshot(name=name, metrics=None)
-        ups.append(_scale_up(name, auto, qs, config, now))
+        up = _scale_up(name, auto, qs, config, now)
+        limit = snapshot.rate_limit_for(auto.provider, now)
+        ups.append(replace(up, rate_limit=limit) if limit is not None else up)
 
     grants = _grants(ups, snapshot, config)
     queues = tuple(_finish(u, grants.get(u.name), config, now) for u in ups)
@@ -310,8 +315,9 @@ def late_boot_s(auto: Autoscale, qs: QueueSnapshot, config: Config) -> float:
         ]
         estimate = max(boots) if boots else t.DEFAULT_BOOT_ESTIMATE
     poll = auto.poll_interval or config.poll_interval
-    # Never late before a minute, nor before two polls past the estimate: readiness is only
-    # seen at a reconcile, so a quick boot looks a poll or two longer than it is.
+    # Never late before a minute, nor before two polls past the estimate: a worker seen only
+    # through remote control is seen ready at a reconcile, so its quick boot looks a poll or
+    # two longer than it is (an agent's machine is ready at its first heartbeat).
     late = max(HEDGE_LATE_FACTOR * max(0.0, estimate), estimate + 2 * poll, HEDGE_MIN_LATE_S)
     return min(late, timeout)
 
@@ -353,7 +359,7 @@ def _grants(ups: list[_Up], snapshot: Snapshot, config: Config) -> dict[str, Gra
     requests = [
         Request(u.name, u.auto.priority, u.wanted, u.auto.instance.max_price_per_hour)
         for u in ups
-        if u.wanted > 0 and u.backoff is None
+        if u.wanted > 0 and u.backoff is None and u.rate_limit is None
     ]
     used_machines, used_dollars = usage(snapshot, config)
     return allocate(requests, limits, used_machines, used_dollars)
@@ -366,6 +372,22 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
     waits = list(u.waits)
     notes = list(u.notes)
     count = u.wanted
+    if count > 0 and u.rate_limit is not None:
+        left = (u.rate_limit.until - now).total_seconds()
+        waits.append(
+            Wait(
+                queue=u.name,
+                kind="rate_limit",
+                machines=count,
+                until=u.rate_limit.until,
+                reason=(
+                    f"rate limit: {u.auto.provider} takes no calls before "
+                    f"{u.rate_limit.until.isoformat()} ({left:.0f}s left; {u.rate_limit.reason}); "
+                    f"{count} machine(s) wait"
+                ),
+            )
+        )
+        count = 0
     if count > 0 and u.backoff is not None:
         left = (u.backoff.until - now).total_seconds()
         err = f" (last error: {u.backoff.last_error})" if u.backoff.last_error else ""

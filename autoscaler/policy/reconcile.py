@@ -9,8 +9,9 @@ workers, and proposes moves along `lifecycle.ALLOWED_TRANSITIONS`, each with its
 - booting: worker seen -> ready; dead or gone at the provider, or no worker by the boot
   timeout -> terminate (a failed rental: backoff, host avoided);
 - ready or draining: gone -> lost; dead at the provider, or silent past the heartbeat timeout
-  -> terminate (a worker whose last word was "busy", on a machine the provider still lists
-  as running, gets drain_timeout: a busy solo-pool worker cannot answer). These are the only
+  -> terminate (a worker whose last word was "busy", or that only remote control sees, on a
+  machine the provider still lists as running, gets drain_timeout: a busy solo-pool worker
+  cannot answer, and may have taken its job just after it was last seen idle). These are the only
   ways a machine whose worker may be busy is destroyed;
 - drained -> terminating; terminating -> terminated once the provider no longer lists it;
 - an intent no launch picked up, a drain or a destroy not finished: retried;
@@ -64,6 +65,9 @@ class Row:
     host_id: str | None = None
     last_seen_at: datetime | None = None
     running_tasks: int = 0
+    remote_control: bool = False
+    """Its worker is seen only through Celery remote control (no agent heartbeats it): silence
+    then cannot tell a busy `--pool solo` worker from a dead one."""
 
 
 @dataclass(frozen=True)
@@ -277,8 +281,13 @@ def _row(
     blind = view is not None and view.ready_when_running and not known
     # A worker busy with a task may not answer (a `--pool solo` Celery worker cannot while it
     # runs one): while its machine still runs (or the list is unknown), its last word "busy"
-    # holds for drain_timeout.
-    busy_and_running = row.running_tasks > 0 and (running or not known)
+    # holds for drain_timeout. A worker seen only through remote control may have taken a job
+    # right after a sighting that found it idle (a solo worker is then silent for the whole
+    # job): on a machine its provider lists as running, its silence gets drain_timeout too. An
+    # agent heartbeats from its own process, busy or not: its silence is the agent's.
+    busy_and_running = (row.running_tasks > 0 and (running or not known)) or (
+        row.remote_control and running
+    )
     limit = (
         max(config.heartbeat_timeout, config.drain_timeout)
         if busy_and_running

@@ -135,6 +135,21 @@ class BackoffState:
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    """A provider rate-limited the account (HTTP 429 with a long reset): no call before `until`.
+
+    Not a failure of the rental: it does not grow the (queue, provider) backoff, it only holds
+    every launch for that provider until the provider's own reset."""
+
+    provider: str
+    until: datetime
+    reason: str = "rate limited"
+
+    def active(self, now: datetime) -> bool:
+        return now < self.until
+
+
+@dataclass(frozen=True)
 class ManualTarget:
     """An operator pinned the queue at `workers` machines until `until` (`autoscaler scale`)."""
 
@@ -178,10 +193,15 @@ class Snapshot:
     """Every queue at one instant. Queues without config still count toward spend caps."""
 
     queues: tuple[QueueSnapshot, ...] = ()
+    rate_limits: tuple[RateLimit, ...] = ()
 
     @cached_property
     def _by_name(self) -> dict[str, QueueSnapshot]:
         return {q.name: q for q in self.queues}
+
+    def rate_limit_for(self, provider: str, now: datetime) -> RateLimit | None:
+        """The provider's rate limit in force at `now`, if any."""
+        return next((r for r in self.rate_limits if r.provider == provider and r.active(now)), None)
 
     def queue(self, name: str) -> QueueSnapshot | None:
         """O(1): decide() asks once per queue, so a scan would make it O(queues²)."""

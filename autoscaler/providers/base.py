@@ -265,7 +265,8 @@ def create_on_first_offer(
     2. Try the offers in order, moving on after a capacity error (no stock, offer gone).
     3. An ambiguous create is looked up by label once more; if still not found it is raised
        rather than trying the next offer, since the first create may yet appear.
-    Auth, rate-limit and transient errors are raised as they come.
+    Auth, rate-limit and transient errors are raised as they come, except on the lookup
+    after an ambiguous create: the create may have happened, so the launch stays ambiguous.
     """
     existing = provider.find_by_label(launch.label)
     if existing is not None:
@@ -280,7 +281,10 @@ def create_on_first_offer(
             last = exc
             continue
         except AmbiguousCreateError:
-            found = provider.find_by_label(launch.label)
+            try:
+                found = provider.find_by_label(launch.label)
+            except ProviderError:  # a 429 or an outage on the lookup: still unknown
+                found = None
             if found is not None:
                 return found
             raise
@@ -313,7 +317,15 @@ def find_after_ambiguous_create(
     for attempt in range(max(1, attempts)):
         if attempt:
             sleep(delay)
-        found = provider.find_by_label(label)
+        try:
+            found = provider.find_by_label(label)
+        except ProviderError as exc:
+            # A 429 or an outage on the lookup says nothing about the create: the outcome
+            # stays unknown (never "failed"), so the launch is left to reconcile.
+            log.warning("%s: lookup of %s failed: %s", provider.name, label, exc)
+            if isinstance(exc, RateLimitedError | AuthError):
+                break
+            continue
         if found is not None:
             log.info(
                 "%s: the ambiguous create did happen: %s", provider.name, found.provider_instance_id

@@ -6,7 +6,11 @@
   sends one, so the backoff is ours). A create is never retried here: a 5xx or a read timeout
   on a create raises `AmbiguousCreateError` (or returns the 5xx to the provider, which may know
   it as a capacity refusal), because the machine may exist.
-- 401/403 raise `AuthError`, 429 (after retries) `RateLimitedError`.
+- A 429 is waited out inside the call only while the waits add up to at most
+  `RetryPolicy.rate_limit_budget` (2 s): a longer reset (RunPod's `RateLimit: …, reset=30`)
+  raises `RateLimitedError` at once, carrying the reset, so no Celery worker sleeps through it;
+  the control loop records it for every process (`store.rate_limits`).
+- 401/403 raise `AuthError`.
 - The key travels only in the Authorization header, set by an auth hook whose repr is redacted;
   messages built here never include headers, and `redact` scrubs the key from anything echoed
   back (response bodies).
@@ -46,7 +50,8 @@ class RetryPolicy:
     attempts: int = 4
     base: float = 0.5
     cap: float = 10.0
-    max_retry_after: float = 30.0
+    rate_limit_budget: float = 2.0
+    """Seconds one call may sleep in all on 429s; a reset beyond what is left raises at once."""
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         """Backoff before retry number `attempt` (0-based): uniform in [d/2, d]."""
@@ -93,12 +98,6 @@ def reset_hint(resp: requests.Response) -> float | None:
         if match:
             return float(match.group(1))
     return None
-
-
-def _retry_after(resp: requests.Response, policy: RetryPolicy) -> float | None:
-    """How long to sleep before our own retry of the call: the hint, capped."""
-    hint = reset_hint(resp)
-    return None if hint is None else min(hint, policy.max_retry_after)
 
 
 class HttpClient:
@@ -171,6 +170,7 @@ class HttpClient:
         url = self.base_url + path
         attempts = self.retry.attempts if idempotent else 1
         what = f"{self.display}: {method} {path}"
+        rate_limited_for = 0.0  # seconds this call slept on 429s so far
         for attempt in range(attempts):
             last_try = attempt == attempts - 1
             t0 = time.monotonic()
@@ -242,15 +242,18 @@ class HttpClient:
                     provider=self.provider,
                 )
             if status == 429:
-                wait = _retry_after(resp, self.retry)
-                if last_try:
+                hint = reset_hint(resp)
+                wait = hint if hint is not None else self.retry.delay(attempt, self._rng)
+                if last_try or rate_limited_for + wait > self.retry.rate_limit_budget:
+                    reset = f"; the provider resets in {hint:.0f}s" if hint is not None else ""
                     raise RateLimitedError(
-                        f"{what}: rate limited (HTTP 429): {self.excerpt(resp, 120)}",
+                        f"{what}: rate limited (HTTP 429){reset}: {self.excerpt(resp, 120)}",
                         provider=self.provider,
-                        retry_after=reset_hint(resp),
+                        retry_after=hint,
                     )
-                log.info("%s: rate limited, backing off (attempt %d)", what, attempt + 1)
-                self._sleep(wait if wait is not None else self.retry.delay(attempt, self._rng))
+                log.info("%s: rate limited, waiting %.2fs (attempt %d)", what, wait, attempt + 1)
+                self._sleep(wait)
+                rate_limited_for += wait
                 continue
             if status >= 500 and idempotent:
                 if last_try:

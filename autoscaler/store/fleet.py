@@ -62,6 +62,7 @@ class InstanceRecord:
     running_tasks: int
     drain_requested: bool
     price_per_hour: float | None
+    agent_registered_at: datetime | None = None
 
 
 _RECORD_COLUMNS = (
@@ -79,6 +80,7 @@ _RECORD_COLUMNS = (
     Instance.running_tasks,
     Instance.drain_requested,
     Instance.price_per_hour,
+    Instance.agent_registered_at,
     *(getattr(Instance, column) for column in dict.fromkeys(STATE_SINCE.values())),
 )
 
@@ -104,6 +106,7 @@ def _records(session: Session, where: Any) -> list[InstanceRecord]:
                 running_tasks=r.running_tasks,
                 drain_requested=r.drain_requested,
                 price_per_hour=r.price_per_hour,
+                agent_registered_at=r.agent_registered_at,
             )
         )
     return out
@@ -144,6 +147,9 @@ def as_row(row: InstanceRecord) -> Row:
         host_id=row.host_id,
         last_seen_at=row.last_heartbeat_at,
         running_tasks=row.running_tasks,
+        remote_control=row.agent_registered_at is None
+        and bool(row.worker_name)
+        and not (row.worker_name or "").startswith("agent@"),
     )
 
 
@@ -211,12 +217,15 @@ def move(
     dst: InstanceState,
     now: datetime,
     reason: str,
+    *,
+    only_if: Any = None,
     **fields: Any,
 ) -> bool:
     """Move a row from `src` (one state or several) to `dst` if it is still there; True if moved.
 
-    The write is conditional on the current state, so of two processes making the same move
-    exactly one succeeds. Only the lifecycle's allowed transitions are accepted.
+    The write is conditional on the current state (and on `only_if`, a further SQL condition
+    on the row), so of two processes making the same move exactly one succeeds. Only the
+    lifecycle's allowed transitions are accepted.
     """
     sources = (src,) if isinstance(src, InstanceState) else tuple(src)
     for s in sources:
@@ -224,13 +233,72 @@ def move(
             raise ValueError(f"{s} -> {dst} is not an allowed transition")
     values = {"state": dst, STATE_SINCE[dst]: now, "state_reason": reason[:2000], "updated_at": now}
     values.update(fields)
+    where = [Instance.launch_id == launch_id, Instance.state.in_(sources)]
+    if only_if is not None:
+        where.append(only_if)
     result = session.execute(
         update(Instance)
-        .where(Instance.launch_id == launch_id, Instance.state.in_(sources))
+        .where(*where)
         .values(**values)
         .execution_options(synchronize_session=False)
     )
     return bool(getattr(result, "rowcount", 0))
+
+
+READY_EVENT = ("lifecycle", "booting->ready")
+"""(kind, action) of the event every path that sees a machine ready records."""
+
+
+def mark_ready(
+    session: Session, launch_id: str, queue: str, provider: str, now: datetime, why: str
+) -> bool:
+    """booting -> ready at the first proof of life of the machine's worker, wherever it is
+    seen (its agent's heartbeat, Celery remote control, reconcile): one conditional write, one
+    event, and the rental counts as good (the (queue, provider) backoff is cleared). True if
+    this call made the move (of two racing callers, one does)."""
+    if not move(session, launch_id, InstanceState.BOOTING, InstanceState.READY, now, why):
+        return False
+    kind, action = READY_EVENT
+    record_events(session, [event(kind, action, why, queue=queue, launch_id=launch_id)], now)
+    clear_backoff(session, queue, provider)
+    return True
+
+
+CANCELLED = "cancelled before it was ready"
+
+
+def request_cancel(session: Session, launch_id: str, now: datetime) -> bool:
+    """Mark a `creating` row (its create in flight) to be destroyed as soon as it exists; True
+    if the row was still creating (else the caller reads it again and acts on its new state)."""
+    result = session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id, Instance.state == InstanceState.CREATING)
+        .values(cancel_requested_at=now, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def cancel_if_requested(session: Session, launch_id: str, now: datetime) -> bool:
+    """booting -> terminating for a machine cancelled while its create was in flight (called
+    in the same transaction as the move to booting, so no heartbeat can come between). True if
+    it moved: the caller enqueues the destroy."""
+    queue = session.scalar(select(Instance.queue).where(Instance.launch_id == launch_id))
+    why = f"{CANCELLED}: its create returned after an operator drained it; destroyed now"
+    moved = move(
+        session,
+        launch_id,
+        InstanceState.BOOTING,
+        InstanceState.TERMINATING,
+        now,
+        why,
+        only_if=Instance.cancel_requested_at.is_not(None),
+    )
+    if moved:
+        record_events(
+            session, [event("drain", "cancelled", why, queue=queue, launch_id=launch_id)], now
+        )
+    return moved
 
 
 def note_retry(session: Session, launch_id: str, step: str, reason: str) -> bool:
@@ -321,20 +389,6 @@ def record_rental_failure(
         row.failures, row.until, row.last_error = state.failures, state.until, state.last_error
     session.flush()
     return state
-
-
-def extend_backoff(
-    session: Session, queue: str, provider: str, until: datetime, error: str
-) -> None:
-    """No launch before `until` (a provider's rate-limit reset), without counting a failure."""
-    row = session.get(RentalBackoff, (queue, provider), with_for_update=True)
-    if row is None:
-        session.add(
-            RentalBackoff(queue=queue, provider=provider, failures=0, until=until, last_error=error)
-        )
-    elif row.until < until:
-        row.until, row.last_error = until, error
-    session.flush()
 
 
 def clear_backoff(session: Session, queue: str, provider: str) -> None:

@@ -161,6 +161,9 @@ class Instance(Base):
     worker_token_hash: Mapped[str | None] = mapped_column(String(128), default=None, unique=True)
     broker_user: Mapped[str | None] = mapped_column(String(100), default=None)
     agent_registered_at: Mapped[datetime | None] = mapped_column(default=None)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    """An operator drained the machine before it was ready: it is destroyed as soon as it
+    exists (a launch in flight sees this when the provider answers)."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
@@ -176,6 +179,18 @@ class RentalBackoff(Base):
     until: Mapped[datetime] = mapped_column()
     last_error: Mapped[str | None] = mapped_column(Text, default=None)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class ProviderRateLimit(Base):
+    """A provider that answered 429 with a reset beyond what a call may wait: no call to it
+    (launch, list, destroy) before `until`, in any worker process. Survives restarts."""
+
+    __tablename__ = "provider_rate_limits"
+
+    provider: Mapped[str] = mapped_column(String(100), primary_key=True)
+    until: Mapped[datetime] = mapped_column()
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    since: Mapped[datetime] = mapped_column()
 
 
 class AvoidedHost(Base):

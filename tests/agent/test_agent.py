@@ -233,3 +233,39 @@ def test_heartbeats_carry_finished_jobs_once_and_forget_gone_children(world, tmp
         got = [(r.task_id, r.queue, r.runtime_s, r.arrived_at <= r.started_at) for r in rows]
     assert got == [("j1", "q1", pytest.approx(3.0), True), ("j2", "q1", 0.0, True)]
     assert not (work / f"status.json.{gone}").exists() and live.exists()
+
+
+@pytest.mark.timeout(60)
+def test_the_agent_asks_before_starting_its_worker_and_a_cancelled_machine_starts_none(
+    world, tmp_path
+):
+    """The heartbeat that says the worker starts comes first: on a booting machine it makes
+    the machine ready (then the worker may take jobs); on one cancelled while its agent
+    deployed (its token dead) or drained before its worker ran, nothing is started."""
+    from autoscaler.agent.run import Agent, AgentConfig
+    from autoscaler.control.drain import run_drain
+    from tests.api.apikit import add_machine
+
+    with serve(world) as api:
+
+        def agent_of(launch_id: str, token: str) -> Agent:
+            cfg = AgentConfig(api_url=api, token=token, launch_id=launch_id, queue="q1")
+            cfg.workdir = tmp_path / launch_id
+            agent = Agent(cfg)
+            agent.api.call("POST", "register", json={"worker_name": f"agent@{launch_id}"})
+            return agent
+
+        # booting: ready on the agent's word, before any job could run
+        booting = agent_of("m4", add_machine(world.rt, "m4", S.BOOTING))
+        assert world.row("m4").state == S.BOOTING
+        assert booting.may_start() is True and world.row("m4").state == S.READY
+        # cancelled while its agent deployed: its token is dead, no worker starts
+        cancelled = agent_of("m5", add_machine(world.rt, "m5", S.BOOTING))
+        assert "being destroyed" in run_drain(world.rt, "m5", "ops asked to drain it")
+        assert cancelled.may_start() is False and cancelled.proc is None
+        assert world.row("m5").state == S.TERMINATING
+        # drained before its worker ran: reported drained, no worker starts
+        drained = agent_of("m6", add_machine(world.rt, "m6", S.READY))
+        world.set_state("m6", S.DRAINING)
+        assert drained.may_start() is False and drained.proc is None
+        assert world.row("m6").state == S.TERMINATING

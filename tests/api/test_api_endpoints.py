@@ -47,6 +47,47 @@ def test_register_and_heartbeat_write_the_columns_observe_writes(world):
     assert world.row("m1").last_task_at <= datetime.now(UTC)
 
 
+def test_a_booting_machine_is_ready_at_its_agents_first_heartbeat(world):
+    """Registering is no sign of the worker (the agent deploys first); the heartbeat the agent
+    sends as it starts its worker makes the machine ready at once — the move, the event and the
+    cleared backoff reconcile would give — so status, the dashboard and drain never show a
+    machine that runs jobs as booting."""
+    from sqlalchemy import select
+
+    from autoscaler.config.models import Backoff
+    from autoscaler.store import fleet
+    from autoscaler.store.models import ScaleEvent
+    from tests.api.apikit import add_machine
+
+    token = add_machine(world.rt, "m3", S.BOOTING)
+    tok = world.h(token)
+    with world.rt.transaction() as session:
+        fleet.record_rental_failure(
+            session, "q1", "sandbox", datetime.now(UTC), Backoff(base=30, jitter=0), "boom"
+        )
+    world.client.post("/v1/worker/m3/register", json={"worker_name": "agent@m3"}, headers=tok)
+    row = world.row("m3")
+    assert row.state == S.BOOTING and row.last_heartbeat_at is None
+    r = world.client.post("/v1/worker/m3/heartbeat", json={"state": "starting"}, headers=tok)
+    assert r.json() == {"drain": False, "state": "booting"}
+    assert world.row("m3").last_heartbeat_at is None  # starting: not its worker's life yet
+    r = world.client.post("/v1/worker/m3/heartbeat", json={"state": "idle"}, headers=tok)
+    assert r.status_code == 200 and r.json() == {"drain": False, "state": "ready"}
+    row = world.row("m3")
+    assert row.state == S.READY and row.ready_at is not None and row.last_heartbeat_at
+    world.client.post(
+        "/v1/worker/m3/heartbeat", json={"state": "busy", "running_tasks": 1}, headers=tok
+    )
+    with world.rt.transaction() as session:
+        moves = session.scalars(
+            select(ScaleEvent.action).where(
+                ScaleEvent.launch_id == "m3", ScaleEvent.kind == "lifecycle"
+            )
+        ).all()
+        assert moves == ["booting->ready"]  # once
+        assert fleet.backoffs(session) == {}
+
+
 def test_heartbeat_answers_drain_now_once_draining_and_drained_hands_it_over(world):
     tok = world.h(world.tokens["m1"])
     r = world.client.post("/v1/worker/m1/drained", headers=tok)

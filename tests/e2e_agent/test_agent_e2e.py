@@ -61,9 +61,12 @@ def record(path, entry):
 
 
 @app.task(name="e2eagent.job", bind=True)
-def job(self, path, job_id, seconds):
+def job(self, path, job_id, seconds, gate=None):
     record(path, {"job": job_id, "phase": "start", "worker": self.request.hostname,
                   "at": time.time()})
+    deadline = time.time() + 120
+    while gate and not os.path.exists(gate) and time.time() < deadline:
+        time.sleep(0.05)  # held until the test opens the gate: mid-task for as long as it needs
     time.sleep(seconds)
     record(path, {"job": job_id, "phase": "end", "worker": self.request.hostname,
                   "at": time.time()})
@@ -152,11 +155,15 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
         loop.beat()
 
         jobs = [f"job-{i}" for i in range(4)]
+        gate = tmp_path / "gate"  # every job runs until the test opens it
         stamp.install(publisher)  # the producer stamps its publish time: the jobs' arrivals
         try:
             for j in jobs:
                 publisher.send_task(
-                    "e2eagent.job", args=[str(record), j, 4.0], queue=queue, routing_key=queue
+                    "e2eagent.job",
+                    args=[str(record), j, 4.0, str(gate)],
+                    queue=queue,
+                    routing_key=queue,
                 )
         finally:
             stamp.uninstall()
@@ -177,9 +184,19 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
         assert busy["broker_user"] == f"asg-{loop.installation_id}-{busy['launch_id']}"
         assert busy["broker_user"] in acl_users()
         assert busy["agent_registered_at"] is not None
+        # ready at its agent's first heartbeat, sent before its worker started: a machine
+        # running a job is never shown booting
+        assert busy["state"] == "ready" and busy["ready_at"] is not None, busy
 
-        # 2. the operator drains it mid-task: the task finishes, then the machine goes
+        # 2. the operator drains it mid-task (its job is held by the gate): the task
+        # finishes once the gate opens, then the machine goes
         loop.cli("drain", busy["launch_id"], "--by", "e2e")
+        loop.wait(
+            lambda: _row(loop, queue, busy["launch_id"])["state"] == "draining",
+            30,
+            "the machine draining",
+        )
+        gate.touch()
         loop.wait(
             lambda: _row(loop, queue, busy["launch_id"])["state"] == "terminated",
             60,

@@ -8,7 +8,10 @@ Switches (attributes, set them from a test):
 - `fail_after_create`: the next N creates make the pod, then answer 500.
 - `fail_before_create`: the next N creates answer 500 without making anything.
 - `delay_after_create`: seconds to hold the answer of a create after making the pod (timeout).
-- `rate_limit_next`, `fail_next` (base class): 429 (no Retry-After) / 503 for the next N calls.
+- `hold_create`: a `threading.Event`: creates make the pod, set `create_held`, then hold their
+  answer until the event is set (a create in flight, for as long as the test needs; 60 s at most).
+- `rate_limit_next`, `fail_next` (base class): 429 (no Retry-After) / 503 for the next N calls;
+  `rate_limit_header`: the 429's IETF `RateLimit` header (RunPod's own; `t=` or `reset=`).
 - `boot_seconds`: PROVISIONING → RUNNING after this long (slow boots).
 - `kill(pod_id, status)`: a machine dies (EXITED or ERROR).
 `add_pod(name)` makes a pod as a human would (hand-made, not ours).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -92,7 +96,10 @@ class FakeRunPod(FakeServer):
         self.fail_after_create = 0
         self.fail_before_create = 0
         self.delay_after_create = 0.0
+        self.hold_create: threading.Event | None = None
+        self.create_held = threading.Event()
         self.boot_seconds = 0.0
+        self.rate_limit_header = '"minute";r=0;t=12'
         super().__init__(
             SpecChecker(runpod_api(), RUNPOD_SERVER, strip_trailing_slash=False), api_key
         )
@@ -120,7 +127,7 @@ class FakeRunPod(FakeServer):
 
     def rate_limited(self) -> Response:
         resp = self.problem(429, "Too Many Requests", "rate limit exceeded for the minute window")
-        resp.headers["RateLimit"] = '"minute";r=0;t=12'
+        resp.headers["RateLimit"] = self.rate_limit_header
         return resp  # deliberately no Retry-After: clients must back off by themselves
 
     def unavailable(self) -> Response:
@@ -289,6 +296,10 @@ class FakeRunPod(FakeServer):
             if fail:
                 self.fail_after_create -= 1
             delay = self.delay_after_create
+            hold = self.hold_create
+        if hold is not None:
+            self.create_held.set()
+            hold.wait(60)
         if delay:
             sleep_quietly(delay)
         if fail:

@@ -52,3 +52,38 @@ def test_a_queues_boot_time_is_the_longest_of_its_last_five_boots(sessions):
     with transaction(sessions) as s:
         assert _boot_estimates(s, ["gpu", "cpu"], T0) == {"gpu": 90.0}
         assert _boot_estimates(s, [], T0) == {}
+
+
+def test_a_booting_machine_seen_through_remote_control_is_ready_at_once(sessions):
+    """The first sight of one of our workers moves its row booting -> ready in the same write
+    as the sighting (the event and the cleared backoff reconcile would give), once; rows of
+    another installation, or already ready, are not moved."""
+    from sqlalchemy import select
+
+    from autoscaler.config.models import Backoff
+    from autoscaler.lifecycle import InstanceState as S
+    from autoscaler.store import fleet
+    from autoscaler.store.models import Instance, ScaleEvent
+
+    with transaction(sessions) as s:
+        for lid, state in (("boot1", S.BOOTING), ("ready1", S.READY)):
+            s.add(Instance(launch_id=lid, queue="gpu", provider="p", state=state,
+                           created_at=T0, booting_at=T0))
+        fleet.record_rental_failure(s, "gpu", "p", T0, Backoff(base=30, jitter=0), "boom")
+    seen = {
+        "asg-inst-boot1@gpu-host": WorkerStatus(("gpu",), 0),
+        "asg-inst-ready1@gpu-host2": WorkerStatus(("gpu",), 1),
+        "asg-other-boot1@elsewhere": WorkerStatus(("gpu",), 0),  # another installation's
+    }
+    for at in (T0 + timedelta(seconds=5), T0 + timedelta(seconds=10)):
+        with transaction(sessions) as s:
+            record_sightings(s, seen, "inst", at)
+    with transaction(sessions) as s:
+        rows = {r.launch_id: r for r in s.scalars(select(Instance))}
+        assert rows["boot1"].state == S.READY
+        assert rows["boot1"].ready_at == T0 + timedelta(seconds=5)
+        assert rows["boot1"].last_heartbeat_at == T0 + timedelta(seconds=10)
+        assert rows["ready1"].ready_at is None  # was ready already: not moved again
+        events = [(e.kind, e.action, e.launch_id) for e in s.scalars(select(ScaleEvent))]
+        assert events == [("lifecycle", "booting->ready", "boot1")]
+        assert fleet.backoffs(s) == {}  # the rental worked

@@ -79,11 +79,14 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
         if n:
             assert cap + r + n <= auto.max_workers, (cap, r, n, auto.max_workers)
             assert billing + n <= auto.max_workers, (billing, n, auto.max_workers)
-        # never below the floor unless in backoff, held by a spend cap or by billing machines
-        if not kinds & {"backoff", "spend_cap", "max_workers"}:
+        # never below the floor unless in backoff, rate-limited, held by a spend cap or by
+        # billing machines
+        if not kinds & {"backoff", "rate_limit", "spend_cap", "max_workers"}:
             assert cap + r + n >= qp.floor
-        # backoff: nothing launched
+        # backoff or a provider's rate limit: nothing launched
         if active_backoff(qs.backoff_for(auto.provider), now) is not None:
+            assert n == 0
+        if snapshot.rate_limit_for(auto.provider, now) is not None:
             assert n == 0
         # no stacking: while a machine boots, only the floor or a grown target load launches
         booting = sum(1 for m in qs.machines if m.state in BOOTING)

@@ -15,6 +15,7 @@ from autoscaler.policy.snapshot import (
     ManualTarget,
     QueueMetrics,
     QueueSnapshot,
+    RateLimit,
     Snapshot,
 )
 
@@ -191,7 +192,11 @@ def worlds(draw):
     # a queue the config does not know still bills and counts toward caps
     if draw(st.booleans()):
         queues.append(QueueSnapshot("orphan", None, draw(machines(now, "orphan"))))
-    return Snapshot(tuple(queues)), cfg, now
+    # the provider rate-limited the account, sometimes: in force or already expired
+    limits = ()
+    if draw(st.integers(0, 3)) == 0:
+        limits = (RateLimit("gpu", now + timedelta(seconds=draw(st.integers(-60, 600)))),)
+    return Snapshot(tuple(queues), rate_limits=limits), cfg, now
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

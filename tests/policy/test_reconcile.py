@@ -77,9 +77,11 @@ def row(
     host: str | None = None,
     seen: float | None = None,
     running: int = 0,
+    remote: bool = False,
 ) -> Row:
     """`since` and `seen` are seconds before NOW."""
     return Row(
+        remote_control=remote,
         launch_id=lid,
         queue=queue,
         provider=provider,
@@ -349,6 +351,26 @@ def test_a_silent_worker_last_seen_busy_on_a_running_machine_gets_the_drain_time
             act = only(at(silent, providers))
             assert not (isinstance(act, Transition) and act.dst == S.TERMINATING), (silent, act)
         moved(at(drain, providers), S.TERMINATING, src=state)
+
+
+@pytest.mark.parametrize("state", [S.READY, S.DRAINING])
+def test_a_worker_only_remote_control_sees_is_not_judged_by_silence_while_its_machine_runs(state):
+    """Last seen idle, then silent: a `--pool solo` worker that took a job right after that
+    sighting answers nothing until the job ends. While the provider lists its machine as
+    running it gets drain_timeout; a machine the list does not show running (list failed:
+    nothing known) is judged as before, and an agent's silence is the agent's own."""
+    drain = 3600.0
+
+    def at(silent: float, providers: Any, remote: bool = True) -> Any:
+        r = row(state, since=9000, seen=silent, running=0, pid="p1", remote=remote)
+        return run(r, providers)
+
+    for silent in (HEARTBEAT, 10 * HEARTBEAT, drain - 1):
+        act = only(at(silent, view(machine())))
+        assert not (isinstance(act, Transition) and act.dst == S.TERMINATING), (silent, act)
+    moved(at(drain, view(machine())), S.TERMINATING, src=state)
+    moved(at(HEARTBEAT, FAILED_LIST), S.TERMINATING, src=state)
+    moved(at(HEARTBEAT, view(machine()), remote=False), S.TERMINATING, src=state)
 
 
 @pytest.mark.parametrize("state", [S.READY, S.DRAINING])

@@ -88,6 +88,7 @@ def worlds(draw):
                 host_id=draw(st.sampled_from([None, f"h{i}"])),
                 last_seen_at=None if seen is None else NOW - timedelta(seconds=seen),
                 running_tasks=draw(st.sampled_from([0, 1, 3])),
+                remote_control=draw(st.booleans()),
             )
         )
     views: dict[str, ProviderView] = {}
@@ -388,3 +389,23 @@ def test_a_second_machine_for_a_launch_never_decides_its_rows_fate(world, data):
         return tuple(a for a in (*plan.transitions, *plan.retries) if a.launch_id == r.launch_id)
 
     assert actions(crowded) == actions(alone), (r, crowded)
+
+
+@SETTINGS
+@given(worlds())
+def test_a_worker_only_remote_control_sees_is_never_destroyed_for_silence_on_a_running_machine(
+    world,
+):
+    """However its last sighting read, a worker seen only through remote control (it may be a
+    busy solo pool) whose own machine the provider lists as running is not destroyed for
+    silence before drain_timeout."""
+    _rows, views, _seen, cfg = world
+    plan, by_id = run(world)
+    for t in plan.transitions:
+        r = by_id[t.launch_id]
+        if t.dst != S.TERMINATING or not r.remote_control or "silent" not in t.reason:
+            continue
+        own = _own_machines(r, views) if _list_read(views, r.provider) else []
+        if any(m.status == M.RUNNING for m in own):
+            silent = (NOW - (r.last_seen_at or r.since)).total_seconds()
+            assert silent >= max(cfg.heartbeat_timeout, cfg.drain_timeout), (r, t.reason)

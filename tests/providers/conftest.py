@@ -30,7 +30,7 @@ SECRET = "rpa_SUPERSECRET_4f9c2e7b1d_do_not_log"
 VAST_SECRET = "vast_SUPERSECRET_8e1a5c0f3b_do_not_log"
 INSTALLATION = "inst0a1b2c3d"
 OTHER_INSTALLATION = "othr9z8y7x6w"
-FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05, max_retry_after=0.05)
+FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05, rate_limit_budget=0.2)
 TIMEOUT = (1.0, 0.3)  # connect, read: a fake holding a create 0.6 s is a timeout
 
 

@@ -187,15 +187,26 @@ def test_bad_key_is_an_auth_error_said_plainly(fake_runpod: FakeRunPod, all_logs
     assert len(fake_runpod.calls("GET", "/v2/catalog/gpus")) == 1  # not retried
 
 
-def test_rate_limit_without_retry_after_is_backed_off_on_reads(fake_runpod: FakeRunPod) -> None:
+def test_a_short_reset_is_waited_out_on_reads_and_a_long_one_raises_at_once(
+    fake_runpod: FakeRunPod,
+) -> None:
+    """A reset within the call's budget is slept (the read then succeeds); a longer one raises
+    on the first 429, carrying the reset, so no worker sleeps through it."""
+    slept: list[float] = []
     rp = make_runpod(fake_runpod, gpu_types=PREFS)
+    rp._http._sleep = slept.append
+    fake_runpod.rate_limit_header = '"minute";r=0;t=0.05'
     fake_runpod.rate_limit_next = 2
     assert rp.find_offers(spec())
     assert len(fake_runpod.calls("GET", "/v2/catalog/gpus")) == 3
+    assert slept == [0.05, 0.05]
+    fake_runpod.rate_limit_header = "limit=60, remaining=0, reset=30"
     fake_runpod.rate_limit_next = 10
-    with pytest.raises(RateLimitedError):
+    with pytest.raises(RateLimitedError, match="resets in 30s") as info:
         rp.list_owned()
-    assert len(fake_runpod.calls("GET", "/v2/pods")) == 4  # attempts, then give up
+    assert info.value.retry_after == 30.0
+    assert len(fake_runpod.calls("GET", "/v2/pods")) == 1  # no sleep, no second attempt
+    assert slept == [0.05, 0.05]
 
 
 def test_rate_limited_create_is_not_retried(fake_runpod: FakeRunPod) -> None:

@@ -12,10 +12,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.config.models import Backoff
 from autoscaler.lifecycle import ALLOWED_TRANSITIONS, InstanceState
-from autoscaler.policy.snapshot import BackoffState, Machine, ManualTarget
-from autoscaler.store import fleet, leases, migrate
+from autoscaler.policy.snapshot import BackoffState, Machine, ManualTarget, RateLimit
+from autoscaler.store import fleet, leases, migrate, rate_limits
 from autoscaler.store.db import make_engine, session_factory, transaction
-from autoscaler.store.models import Base, Instance, RentalBackoff, ScaleEvent, TickSlot
+from autoscaler.store.models import (
+    Base,
+    Instance,
+    ProviderRateLimit,
+    RentalBackoff,
+    ScaleEvent,
+    TickSlot,
+)
 from autoscaler.store.models import ManualTarget as ManualTargetRow
 
 S = InstanceState
@@ -248,23 +255,23 @@ def test_jitter_only_shortens_and_the_cap_is_hard(sessions):
         assert state.failures == n
 
 
-def test_extend_backoff_never_shortens_and_counts_no_failure(sessions):
+def test_a_rate_limit_never_shortens_counts_no_failure_and_is_one_stretch(sessions):
+    """A provider's reset is kept per provider, for every queue: a later reset extends it, an
+    earlier one changes nothing; a new stretch (worth one event) starts only once it expired."""
     with transaction(sessions) as s:
-        fleet.extend_backoff(s, "q", "gpu", at(60), "rate limited")
+        assert rate_limits.record(s, "gpu", at(60), "429 reset=60", T0)
     with transaction(sessions) as s:
-        fleet.extend_backoff(s, "q", "gpu", at(30), "earlier reset")
-        assert fleet.backoffs(s) == {"q": (BackoffState("gpu", 0, at(60), "rate limited"),)}
+        assert not rate_limits.record(s, "gpu", at(30), "earlier reset", at(1))
+        assert rate_limits.active(s, at(1)) == (RateLimit("gpu", at(60), "429 reset=60"),)
+        assert not rate_limits.record(s, "gpu", at(120), "later reset", at(2))
     with transaction(sessions) as s:
-        fleet.extend_backoff(s, "q", "gpu", at(60), "same reset")
-        assert fleet.backoffs(s)["q"][0].last_error == "rate limited"
-        fleet.extend_backoff(s, "q", "gpu", at(120), "later reset")
-    with transaction(sessions) as s:
-        assert fleet.backoffs(s) == {"q": (BackoffState("gpu", 0, at(120), "later reset"),)}
-        # a failure counts from the stored count; extending keeps it
-        fleet.record_rental_failure(s, "q", "gpu", T0, Backoff(base=30, jitter=0), "boom")
-        assert fleet.backoffs(s)["q"][0].failures == 1
-        fleet.extend_backoff(s, "q", "gpu", at(10), "short")
-        assert fleet.backoffs(s)["q"][0] == BackoffState("gpu", 1, at(30), "boom")
+        assert rate_limits.of(s, "gpu", at(119)) == RateLimit("gpu", at(120), "later reset")
+        assert rate_limits.of(s, "gpu", at(120)) is None  # the reset has come
+        assert rate_limits.active(s, at(120)) == ()
+        assert fleet.backoffs(s) == {}  # no failure of any rental was counted
+        assert rate_limits.record(s, "gpu", at(200), "again", at(150))  # a new stretch
+        assert s.get(ProviderRateLimit, "gpu").since == at(150)
+        assert rate_limits.purge_expired(s, at(200)) == 1
 
 
 def test_clear_backoff_removes_only_its_queue_and_provider(sessions):
@@ -404,7 +411,7 @@ def test_the_fleet_queries_run_on_the_migrated_schema(db_url):
         with transaction(factory) as s:
             fleet.add_intents(s, [("L1", "q", "gpu", "launch")], T0)
             fleet.record_rental_failure(s, "q", "gpu", T0, Backoff(base=30, jitter=0), "e")
-            fleet.extend_backoff(s, "q", "gpu", at(90), "rate limited")
+            rate_limits.record(s, "gpu", at(90), "rate limited", T0)
             fleet.set_manual_target(s, "q", 1, at(60), "alice", T0)
             fleet.record_events(s, [fleet.event("k", "a", "r", details={"n": 1})], T0)
             assert leases.claim_ticks(s, [("q", 1)], "t", T0) == {"q"}
@@ -413,7 +420,8 @@ def test_the_fleet_queries_run_on_the_migrated_schema(db_url):
             assert fleet.move(s, "L1", S.CREATING, S.BOOTING, at(2), "up", provider_instance_id="p")
             live = fleet.live_rows(s)
             assert [(r.launch_id, r.state, r.since) for r in live] == [("L1", S.BOOTING, at(2))]
-            assert fleet.backoffs(s) == {"q": (BackoffState("gpu", 1, at(90), "rate limited"),)}
+            assert fleet.backoffs(s)["q"][0].failures == 1
+            assert rate_limits.active(s, T0) == (RateLimit("gpu", at(90), "rate limited"),)
             assert fleet.manual_targets(s, T0) == {"q": ManualTarget(1, at(60), "alice")}
             assert fleet.manual_targets(s, at(60)) == {}
             assert s.scalar(select(ScaleEvent.details)) == {"n": 1}
