@@ -9,6 +9,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autoscaler.digits import ascii_whole
+
 QUERY = (
     "index,uuid,name,utilization.gpu,utilization.memory,memory.used,memory.total,"
     "temperature.gpu,power.draw,mig.mode.current,pstate"
@@ -43,11 +45,12 @@ def parse_query(output: str) -> list[GpuReading]:
     readings = []
     for line in output.splitlines():
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) < 7 or not fields[0].isdigit():
+        index = ascii_whole(fields[0]) if len(fields) >= 7 else None
+        if index is None:
             continue
         readings.append(
             GpuReading(
-                index=int(fields[0]),
+                index=index,
                 name=fields[2],
                 utilisation=_number(fields[3]),
                 memory_utilisation=_number(fields[4]),

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.api import keys as api_keys
 from autoscaler.boundary import Refused
+from autoscaler.digits import ASCII_FORM, ascii_whole
 from autoscaler.settings import Settings
 from autoscaler.store.db import make_engine, session_factory, transaction
 
@@ -94,15 +95,19 @@ def serve(bind: str | None, log_level: str) -> None:
 
     settings = Settings.from_env()
     _sessions()  # refuses a store that is not set up, with the fix
-    host, _, port = (bind or settings.api_bind).rpartition(":")
-    if not host or not port.isdigit():
-        raise Refused(f"--bind must be host:port, not {bind or settings.api_bind!r}")
+    host, _, port_text = (bind or settings.api_bind).rpartition(":")
+    port = ascii_whole(port_text)
+    if not host or port is None or not 0 < port < 65536:
+        raise Refused(
+            f"--bind must be host:port with a port from 1 to 65535 in {ASCII_FORM}, "
+            f"not {bind or settings.api_bind!r}"
+        )
     rt = Runtime(settings)
     try:
         uvicorn.run(
             create_app(rt),
             host=host.strip("[]"),
-            port=int(port),
+            port=port,
             log_level=log_level,
             server_header=False,
         )

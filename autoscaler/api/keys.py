@@ -15,6 +15,7 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from autoscaler.digits import ascii_whole
 from autoscaler.lifecycle import InstanceState
 from autoscaler.store.models import ApiKey, Instance
 
@@ -80,7 +81,8 @@ def list_keys(session: Session) -> list[KeyInfo]:
 
 def revoke_key(session: Session, ident: str, now: datetime) -> list[KeyInfo]:
     """Revoke the key with this id, or every live key with this name; returns those revoked."""
-    where = ApiKey.id == int(ident) if ident.isdigit() else ApiKey.name == ident
+    number = ascii_whole(ident)
+    where = ApiKey.id == number if number is not None else ApiKey.name == ident
     rows = list(session.scalars(select(ApiKey).where(where, ApiKey.revoked_at.is_(None))))
     for row in rows:
         row.revoked_at = now

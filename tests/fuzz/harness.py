@@ -635,7 +635,7 @@ def cli_cases(draw: st.DrawFn, world: CliWorld) -> tuple[list[str], bytes | None
         )
         env[var] = draw(urls() | st.text(max_size=10)).replace("\x00", "")
     text = st.text(max_size=40) | st.sampled_from(HOSTILE_STRINGS) | st.sampled_from(NAMES)
-    command = draw(st.integers(0, 13))
+    command = draw(st.integers(0, 15))
     stdin = None
     if command <= 3:
         target = draw(
@@ -742,6 +742,10 @@ def cli_cases(draw: st.DrawFn, world: CliWorld) -> tuple[list[str], bytes | None
                 max_size=3,
             )
         )
+    elif command == 14:  # a key's id written with another script's digit, or a blank
+        args = ["keys", "revoke", draw(st.sampled_from(["1", "12"]).flatmap(oddly_written))]
+    elif command == 15:  # a port that is no port (a valid one would start the server)
+        args = ["serve", "--bind", "127.0.0.1:" + draw(st.just("8480").flatmap(oddly_written))]
     elif command == 13:
         args = draw(st.sampled_from([["drain"], ["db", "upgrade"]]))
         args += (
