@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoscaler.digits import ascii_whole
 from autoscaler.urls import SECRET_QUERY_PARAMS, redact_url, url_secrets
 
 CONTROL_QUEUE = "autoscaler"
@@ -44,6 +45,11 @@ class Settings:
     """The control plane's own Celery queue (AUTOSCALER_CONTROL_QUEUE)."""
     control_keyprefix: str = CONTROL_KEYPREFIX
     """The prefix of the control plane's keys on a Redis broker (AUTOSCALER_CONTROL_KEYPREFIX)."""
+    api_max_body: int | None = 1024 * 1024
+    """The largest request body the API reads (AUTOSCALER_API_MAX_BODY, bytes); None when the
+    variable is not a number (`autoscaler serve` refuses to start)."""
+    metrics_token: str | None = None
+    """A bearer token /metrics asks for (AUTOSCALER_METRICS_TOKEN); open without one."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -68,8 +74,18 @@ class Settings:
             control_queue=e.get("AUTOSCALER_CONTROL_QUEUE", "").strip() or CONTROL_QUEUE,
             control_keyprefix=e.get("AUTOSCALER_CONTROL_KEYPREFIX", "").strip()
             or CONTROL_KEYPREFIX,
+            api_max_body=_positive(e.get("AUTOSCALER_API_MAX_BODY", ""), 1024 * 1024),
+            metrics_token=e.get("AUTOSCALER_METRICS_TOKEN", "").strip() or None,
         )
 
     def ensure_home(self) -> None:
         """The embedded SQLite files live under home; create it before first use."""
         self.home.mkdir(parents=True, exist_ok=True)
+
+
+def _positive(raw: str, default: int) -> int | None:
+    """A positive whole number from the environment, `default` when unset, None when not one."""
+    if not raw.strip():
+        return default
+    n = ascii_whole(raw.strip())
+    return n if n else None

@@ -57,6 +57,14 @@ class AgentError(Exception):
     """The agent cannot go on; the message says why (never a token)."""
 
 
+class ApiAnswered(AgentError):
+    """The API answered, with an error status (as opposed to not being reachable at all)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 @dataclass
 class AgentConfig:
     api_url: str
@@ -113,8 +121,12 @@ class Api:
         except requests.RequestException as exc:
             raise AgentError(f"the API cannot be reached ({type(exc).__name__})") from None
         if r.status_code >= 400:
-            raise AgentError(f"{method} {tail}: HTTP {r.status_code} {r.text[:300]}")
-        data = r.json()
+            what = f"{method} {tail}: HTTP {r.status_code} {r.text[:300]}"
+            raise ApiAnswered(what, r.status_code)
+        try:
+            data = r.json()
+        except ValueError:
+            raise AgentError(f"{method} {tail}: the API's answer is not JSON") from None
         return data if isinstance(data, dict) else {}
 
     def call_retrying(self, method: str, tail: str, tries: int = 30, **kw: Any) -> dict[str, Any]:
@@ -122,7 +134,8 @@ class Api:
             try:
                 return self.call(method, tail, **kw)
             except AgentError as exc:
-                if attempt == tries - 1 or "HTTP 4" in str(exc):
+                refused = isinstance(exc, ApiAnswered) and 400 <= exc.status < 500
+                if attempt == tries - 1 or refused:
                     raise
                 log.warning("%s; retrying", exc)
                 time.sleep(min(10.0, 0.5 * 2**attempt))
@@ -257,15 +270,20 @@ def deploy(dep: Mapping[str, Any], workdir: Path) -> Path:
     url = dep.get("git_url")
     if not url:
         raise AgentError("the deployment has no git_url")
+    ref = dep.get("git_ref")
+    for name, value in (("git_url", url), ("git_ref", ref)):
+        # git would read a value starting with '-' as an option (`--orphan=…`, `--upload-pack=…`)
+        if value is not None and str(value).startswith("-"):
+            raise AgentError(f"the deployment's {name} starts with '-': refused (not an option)")
     repo = workdir / "repo"
     if repo.exists():
         shutil.rmtree(repo)
     workdir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", **git_auth_env(dep.get("git_token"))}
-    run: list[tuple[str, ...]] = [("git", "clone", "--quiet", str(url), str(repo))]
-    ref = dep.get("git_ref")
+    # `--` ends the options: what follows is the URL and the folder, or (checkout) the ref
+    run: list[tuple[str, ...]] = [("git", "clone", "--quiet", "--", str(url), str(repo))]
     if ref:
-        run.append(("git", "-C", str(repo), "checkout", "--quiet", str(ref)))
+        run.append(("git", "-C", str(repo), "checkout", "--quiet", str(ref), "--"))
     for cmd in run:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
@@ -416,13 +434,15 @@ class Agent:
         self, body: dict[str, Any], jobs: list[tuple[str, Mark, dict[str, Any]]]
     ) -> dict[str, Any]:
         """Send the heartbeat with the finished jobs. Jobs are never why a heartbeat is lost:
-        if the API refuses them (an older server, a report it cannot take) they are dropped
-        and the heartbeat goes without them. Answered: the jobs are marked sent, and the files
-        of children that are gone are removed once all their jobs went."""
+        if the API answers anything but success with them (a report it refuses, a 5xx it
+        cannot store — a producer's task id with a NUL byte once was one, resent for ever) they
+        are dropped and the heartbeat goes without them; only a connection failure keeps them
+        for the next beat. Answered: the jobs are marked sent, and the files of children that
+        are gone are removed once all their jobs went."""
         try:
             answer = self.api.call("POST", "heartbeat", json=body | {"jobs": [j for *_, j in jobs]})
-        except AgentError as exc:
-            if not jobs or "HTTP 4" not in str(exc):
+        except ApiAnswered as exc:
+            if not jobs:
                 raise
             log.warning("the API refused %d finished job(s); dropped: %s", len(jobs), exc)
             answer = self.api.call("POST", "heartbeat", json=body)
@@ -487,8 +507,8 @@ class Agent:
             answer = self.api.call_retrying(
                 "POST", "heartbeat", json={"state": "idle", "running_tasks": 0}
             )
-        except AgentError as exc:
-            if "HTTP 4" not in str(exc):
+        except ApiAnswered as exc:
+            if not 400 <= exc.status < 500:
                 raise
             log.info("the machine is no longer wanted (%s): starting no worker", exc)
             return False

@@ -12,6 +12,7 @@ naming the field and the reason; an unexpected error is a 500 with one generic l
 trace); a store that cannot be reached is a 503.
 """
 
+import hmac
 import os
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -28,6 +29,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from autoscaler.api import broker_users, keys
+from autoscaler.api.inputs import Strict, UtcTime
+from autoscaler.api.limits import DEFAULT_MAX_BODY, BodyLimit
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.loader import load_config_text
@@ -35,7 +38,7 @@ from autoscaler.control.runtime import Runtime, log
 from autoscaler.credentials import describe_credentials, registered_provider_configs
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.registry import source_url
-from autoscaler.settings import redact_url
+from autoscaler.settings import Settings, redact_url
 from autoscaler.store import config_versions, fleet, job_records
 from autoscaler.store.models import Instance, QueueStatus, ScaleEvent, WorkerSighting
 from autoscaler.store.models import Provider as ProviderRow
@@ -44,10 +47,6 @@ S = InstanceState
 HEARTBEAT_INTERVAL = 10.0
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@\-]+$")]
 LaunchId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class Register(Strict):
@@ -81,7 +80,7 @@ class JobReport(Strict):
 class Heartbeat(Strict):
     state: Literal["starting", "idle", "busy", "draining", "crashed"]
     running_tasks: int = Field(default=0, ge=0, le=100_000)
-    last_task_at: datetime | None = None
+    last_task_at: UtcTime | None = None
     gpu_utilisation: float | None = Field(default=None, ge=0, le=100)
     detail: str | None = Field(default=None, max_length=500)
     jobs: list[JobReport] = Field(default_factory=list, max_length=1000)
@@ -199,6 +198,8 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         description="Worker endpoints (worker token or enrolment key), admin endpoints (admin "
         "key), /metrics and /healthz.",
     )
+    settings = rt.settings if rt is not None else Settings.from_env()
+    app.add_middleware(BodyLimit, limit=settings.api_max_body or DEFAULT_MAX_BODY)
     state: dict[str, Runtime] = {}
 
     def runtime() -> Runtime:
@@ -267,8 +268,16 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         return Message(message="ok")
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    def metrics(session: DB) -> PlainTextResponse:
+    def metrics(request: Request, session: DB) -> PlainTextResponse:
+        """Prometheus text. With AUTOSCALER_METRICS_TOKEN set, only a scrape presenting it as
+        a bearer token (Prometheus' `authorization: {credentials: …}`) gets an answer."""
         from autoscaler.api.metrics import render
+
+        token = runtime().settings.metrics_token
+        if token is not None and not hmac.compare_digest(
+            _bearer(request).encode(), token.encode()
+        ):
+            raise _unauthorised()
 
         app.state.take_queue_samples(session)  # the dashboard's chart (autoscaler/dashboard)
         return PlainTextResponse(render(session, runtime()), media_type="text/plain")
@@ -353,9 +362,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             values["worker_name"] = f"agent@{row.launch_id}"
         busy = body.running_tasks > 0 or row.running_tasks > 0
         if body.last_task_at is not None:
-            last = body.last_task_at
-            last = last if last.tzinfo else last.replace(tzinfo=UTC)
-            values["last_task_at"] = min(last.astimezone(UTC), now)
+            values["last_task_at"] = min(body.last_task_at, now)
         elif busy:
             values["last_task_at"] = now
         if body.state == "crashed":

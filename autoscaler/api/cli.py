@@ -102,6 +102,11 @@ def serve(bind: str | None, log_level: str) -> None:
             f"--bind must be host:port with a port from 1 to 65535 in {ASCII_FORM}, "
             f"not {bind or settings.api_bind!r}"
         )
+    if settings.api_max_body is None:
+        raise Refused(
+            "AUTOSCALER_API_MAX_BODY must be the largest request body in bytes (a whole number "
+            f"> 0 in {ASCII_FORM}), e.g. 1048576"
+        )
     rt = Runtime(settings)
     try:
         uvicorn.run(

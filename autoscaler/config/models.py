@@ -373,6 +373,17 @@ class Deployment(Strict):
     git_token_env: EnvName | None = None
     env: dict[EnvName, Line] = Field(default_factory=dict, max_length=100)
 
+    @field_validator("git_url", "git_ref")
+    @classmethod
+    def _not_an_option(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith("-"):
+            raise ValueError(
+                f"{_shown(value)} starts with '-', which git reads as an option (a ref such as "
+                "'--orphan=x' or a URL such as '--upload-pack=…' would run as one); give a "
+                "branch, tag or commit, or a URL with its scheme"
+            )
+        return value
+
     @field_validator("env")
     @classmethod
     def _no_reserved_names(cls, env: dict[str, str]) -> dict[str, str]:

@@ -118,13 +118,16 @@ def run_launch(
         offers = provider.find_offers(auto.instance)
         machine = create_on_first_offer(provider, offers, launch)
     except AmbiguousCreateError as exc:
-        _note(rt, launch_id, queue, "create_ambiguous", f"{exc}; reconcile looks it up by label")
+        why = f"{_text(exc, token)}; reconcile looks it up by label"
+        _note(rt, launch_id, queue, "create_ambiguous", why)
         return "ambiguous: left to reconcile"
     except RateLimitedError as exc:
         rate_limits.note(rt, provider_name, exc, queue)
-        return _fail(rt, launch_id, queue, provider_name, _text(exc), None, action="rate_limited")
+        why = _text(exc, token)
+        return _fail(rt, launch_id, queue, provider_name, why, None, action="rate_limited")
     except ProviderError as exc:
-        return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff)
+        why = _text(exc, token)
+        return _fail(rt, launch_id, queue, provider_name, why, loaded.config.backoff)
     except Exception as exc:  # the create may have left: treat as ambiguous, never re-create
         log.exception("launch %s: unexpected error; left to reconcile", launch_id)
         _note(rt, launch_id, queue, "create_ambiguous", f"unexpected {type(exc).__name__}")
@@ -229,8 +232,14 @@ def _drop_broker_user(rt: Runtime, launch_id: str, queue: str) -> None:
         )
 
 
-def _text(exc: BaseException) -> str:
-    return str(exc)[:500] or type(exc).__name__
+def _text(exc: BaseException, *secrets: str) -> str:
+    """An error's text for the events, without the launch's secrets (the provider client
+    scrubs them already; this is the second fence)."""
+    text = str(exc)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text[:500] or type(exc).__name__
 
 
 def _fail(

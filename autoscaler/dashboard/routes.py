@@ -18,9 +18,10 @@ import yaml
 from fastapi import FastAPI, HTTPException, Path, Query
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from sqlalchemy.orm import Session
 
+from autoscaler.api.inputs import Strict
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.loader import known_providers, load_config_text, parse_yaml_document
@@ -39,10 +40,6 @@ PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class QueueEdit(Strict):

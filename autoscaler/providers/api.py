@@ -4,7 +4,8 @@ whose outcome is unknown (one implementation for both, `base.find_after_ambiguou
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import TypedDict, Unpack
 
 from autoscaler.providers.base import Provider, ProviderMachine, find_after_ambiguous_create
@@ -46,6 +47,9 @@ class ApiProvider(Provider):
             sleep=self._sleep,
             label=f"{self.display} ({name})",
         )
+
+    def redacting(self, secrets: Iterable[str]) -> AbstractContextManager[None]:
+        return self._http.redacting(secrets)
 
     def _recover(self, label: str, why: str) -> ProviderMachine:
         """The create may have happened: find the machine by its label, or say it is unknown."""

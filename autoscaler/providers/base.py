@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -97,6 +98,16 @@ class LaunchSpec:
 
     def __repr__(self) -> str:  # env may hold the worker's token: never print its values
         return f"LaunchSpec(label={self.label!r}, env_keys={sorted(self.env)!r})"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The values of this launch's environment that are secrets (its worker token): a
+        provider's error text that quotes the request must never carry them on."""
+        return tuple(v for k, v in self.env.items() if k in SECRET_ENV and v)
+
+
+SECRET_ENV = frozenset({"AUTOSCALER_WORKER_TOKEN"})
+"""Environment variables of a launch whose values are secrets."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +218,11 @@ class Provider(ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, installation={self.installation_id!r})"
 
+    def redacting(self, secrets: Iterable[str]) -> AbstractContextManager[None]:
+        """While it lasts, `secrets` are scrubbed from every error this provider raises (a
+        launch's worker token, which an API's error may echo from the request)."""
+        return nullcontext()
+
     # -- the five operations
 
     @abstractmethod
@@ -268,6 +284,13 @@ def create_on_first_offer(
     Auth, rate-limit and transient errors are raised as they come, except on the lookup
     after an ambiguous create: the create may have happened, so the launch stays ambiguous.
     """
+    with provider.redacting(launch.secrets):
+        return _create_on_first_offer(provider, offers, launch)
+
+
+def _create_on_first_offer(
+    provider: Provider, offers: Iterable[Offer], launch: LaunchSpec
+) -> ProviderMachine:
     existing = provider.find_by_label(launch.label)
     if existing is not None:
         return existing

@@ -22,7 +22,9 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -41,6 +43,8 @@ from autoscaler.providers.base import (
 log = logging.getLogger("autoscaler.providers.http")
 
 REDACTED = "***"
+
+_CALL_SECRETS: ContextVar[frozenset[str]] = ContextVar("call_secrets", default=frozenset())
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,22 @@ class HttpClient:
         self._session.close()
 
     def redact(self, text: str) -> str:
-        return text.replace(self._secret, REDACTED) if self._secret else text
+        """`text` without the key, nor the secrets of the call in progress (`redacting`)."""
+        for secret in sorted({self._secret, *_CALL_SECRETS.get()}, key=len, reverse=True):
+            if secret:
+                text = text.replace(secret, REDACTED)
+        return text
+
+    @contextmanager
+    def redacting(self, secrets: Iterable[str]) -> Iterator[None]:
+        """Scrub `secrets` too from what this client says while the block runs (per thread
+        and task: a context variable), e.g. a launch's worker token that an API's error text
+        may quote from the request body."""
+        token = _CALL_SECRETS.set(_CALL_SECRETS.get() | {s for s in secrets if len(s) >= 8})
+        try:
+            yield
+        finally:
+            _CALL_SECRETS.reset(token)
 
     def excerpt(self, resp: requests.Response, limit: int = 300) -> str:
         """A short, redacted piece of a response body for error messages.

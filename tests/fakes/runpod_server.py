@@ -8,6 +8,8 @@ Switches (attributes, set them from a test):
 - `fail_after_create`: the next N creates make the pod, then answer 500.
 - `fail_before_create`: the next N creates answer 500 without making anything.
 - `delay_after_create`: seconds to hold the answer of a create after making the pod (timeout).
+- `echo_request_in_errors`: a refused create quotes the request body in its detail (some APIs
+  do: the machine's environment, secrets included, would reach our error text).
 - `hold_create`: a `threading.Event`: creates make the pod, set `create_held`, then hold their
   answer until the event is set (a create in flight, for as long as the test needs; 60 s at most).
 - `rate_limit_next`, `fail_next` (base class): 429 (no Retry-After) / 503 for the next N calls;
@@ -20,6 +22,7 @@ Switches (attributes, set them from a test):
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import threading
 import time
@@ -97,6 +100,7 @@ class FakeRunPod(FakeServer):
         self.fail_before_create = 0
         self.delay_after_create = 0.0
         self.hold_create: threading.Event | None = None
+        self.echo_request_in_errors = False
         self.create_held = threading.Event()
         self.boot_seconds = 0.0
         self.rate_limit_header = '"minute";r=0;t=12'
@@ -290,7 +294,10 @@ class FakeRunPod(FakeServer):
             if self.refuse_create or self.stock.get(gpu["id"], 0) < int(gpu.get("count", 1)):
                 status = self.capacity_status
                 title = "Internal Server Error" if status >= 500 else "Bad Request"
-                return self.problem(status, title, NO_CAPACITY)
+                detail = NO_CAPACITY
+                if self.echo_request_in_errors:
+                    detail += f" (request: {json.dumps(body, sort_keys=True)})"
+                return self.problem(status, title, detail)
             pod = self._make_pod(body)
             fail = self.fail_after_create > 0
             if fail:
