@@ -101,6 +101,11 @@ class NoBrokerUser(Exception):
     """No per-launch user can be made here; the message says what the machine holds instead."""
 
 
+class BrokerUnreachable(NoBrokerUser):
+    """The watched broker could not be asked right now (down, refusing us): a machine must not
+    be rented without the user it needs; try again later."""
+
+
 @dataclass(frozen=True)
 class BrokerPlan:
     url: str  # the watched broker (admin rights: creates and deletes users)
@@ -200,8 +205,8 @@ def _redis_version(url: str) -> tuple[int, ...]:
         client = _client(url)
         info = client.info("server")
     except Exception as exc:  # a URL redis cannot parse, a broker down: said, never raised
-        raise NoBrokerUser(
-            f"the broker cannot be asked its version ({type(exc).__name__})"
+        raise BrokerUnreachable(
+            f"the watched broker cannot be asked its version ({type(exc).__name__})"
         ) from None
     finally:
         if client is not None:

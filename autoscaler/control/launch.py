@@ -111,7 +111,10 @@ def run_launch(
     if _cancel_requested(rt, launch_id):
         why = f"{fleet.CANCELLED}: an operator drained it before its create; nothing was rented"
         return _fail(rt, launch_id, queue, provider_name, why, None, action="cancelled")
-    _broker_user(rt, install, launch_id, queue, queue_cfg, token)
+    unreachable = _broker_user(rt, install, launch_id, queue, queue_cfg, token)
+    if unreachable is not None:  # never a machine without the credentials it needs
+        why = f"{unreachable}; nothing was rented (the machine could never have reached its queue)"
+        return _fail(rt, launch_id, queue, provider_name, why, loaded.config.backoff)
     env = machine_env(queue, queue_cfg, rt.settings.api_url, token)
     launch = LaunchSpec.new(install, launch_id, env)
     try:
@@ -182,22 +185,26 @@ def _cancel_requested(rt: Runtime, launch_id: str) -> bool:
 
 def _broker_user(
     rt: Runtime, install: str, launch_id: str, queue: str, queue_cfg: Any, token: str
-) -> None:
+) -> str | None:
     """Make this launch's own broker user where the watched broker allows it (Redis ≥ 6), its
     password derived from the worker token; recorded on the row so terminate deletes it.
-    Only when AUTOSCALER_API_URL is set: the machine learns its user from the API alone."""
+    Only when AUTOSCALER_API_URL is set: the machine learns its user from the API alone.
+    Returns why the user could not be made where one is needed (the broker down): the launch
+    then fails into backoff rather than rent a machine that could never work."""
     if not rt.settings.api_url_set:
-        return
+        return None
     try:
         plan = broker_users.plan_for(queue_cfg.metrics, queue, rt.env)
+    except broker_users.BrokerUnreachable as exc:
+        return f"no broker user could be made: {exc}"
     except broker_users.NoBrokerUser:
-        return
+        return None  # this broker has no per-machine users: the deployment says so
     user = plan.user(install, launch_id)
     try:
         broker_users.create_user(plan, user, keys.derive(token, "broker"))
-    except Exception as exc:  # the machine then gets no broker URL; the agent says so
+    except Exception as exc:
         log.warning("launch %s: no broker user (%s)", launch_id, type(exc).__name__)
-        return
+        return f"no broker user could be made: the watched broker refused ({type(exc).__name__})"
     with rt.transaction() as session:
         session.execute(
             update(Instance)
@@ -205,6 +212,7 @@ def _broker_user(
             .values(broker_user=user)
             .execution_options(synchronize_session=False)
         )
+    return None
 
 
 def _drop_broker_user(rt: Runtime, launch_id: str, queue: str) -> None:
