@@ -40,6 +40,7 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.registry import source_url
 from autoscaler.settings import Settings, redact_url
 from autoscaler.store import config_versions, fleet, job_records
+from autoscaler.store.db import store_now
 from autoscaler.store.models import Instance, QueueStatus, ScaleEvent, WorkerSighting
 from autoscaler.store.models import Provider as ProviderRow
 
@@ -286,7 +287,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
 
     @app.post("/v1/worker/{launch_id}/register", response_model=Registered)
     def register(body: Register, row: Worker, session: DB) -> Registered:
-        now = _now()
+        now = store_now(session)
         name = body.worker_name
         session.execute(
             update(Instance)
@@ -348,7 +349,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         machine is ready at once, with the move and event reconcile would make. The answer
         tells the agent to drain, and its state (a machine no longer live gets a 401 from the
         token instead, and its agent starts nothing)."""
-        now = _now()
+        now = store_now(session)
         state = row.state
         up = body.state not in ("starting", "crashed")
         values: dict[str, Any] = {
@@ -398,7 +399,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
 
     @app.post("/v1/worker/{launch_id}/drained", response_model=Drained)
     def drained(row: Worker, session: DB) -> Drained:
-        now = _now()
+        now = store_now(session)
         if row.state not in (S.DRAINING, S.DRAINED):
             raise HTTPException(409, f"this machine is {row.state.value}: nobody asked it to drain")
         why = "its agent reports its worker stopped after its last task"
@@ -418,7 +419,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
 
     @app.post("/v1/hand-made/heartbeat", response_model=HeartbeatAnswer)
     def hand_made_heartbeat(body: HandMadeBeat, who: Enrolled, session: DB) -> HeartbeatAnswer:
-        now = _now()
+        now = store_now(session)
         ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
         stmt = ins(WorkerSighting).values(
             worker=f"agent@{body.name}"[:200],

@@ -28,6 +28,7 @@ from autoscaler.control.runtime import Loaded, Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.base import SourceError
 from autoscaler.store import fleet
+from autoscaler.store.db import store_now
 from autoscaler.store.models import Instance
 
 S = InstanceState
@@ -181,7 +182,7 @@ def _drain_worker(
             return "waiting: the worker still consumes the queue"
         if busy:
             with rt.transaction() as session:
-                fleet.note_busy(session, launch_id, busy, utc_now())
+                fleet.note_busy(session, launch_id, busy, store_now(session))
             return f"waiting: {busy} task(s) still running or reserved"
         try:
             probe.shutdown(worker)

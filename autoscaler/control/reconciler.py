@@ -16,13 +16,14 @@ from sqlalchemy import delete, select
 
 from autoscaler.control import rate_limits
 from autoscaler.control.observe import observe_celery_workers
-from autoscaler.control.runtime import Loaded, Runtime, log, utc_now
+from autoscaler.control.runtime import Loaded, Runtime, log
 from autoscaler.credentials import CredentialError
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile
 from autoscaler.providers.base import ProviderError, RateLimitedError
 from autoscaler.providers.mock import MockProvider
 from autoscaler.store import fleet
+from autoscaler.store.db import store_now
 from autoscaler.store.models import OrphanSighting
 
 S = InstanceState
@@ -30,9 +31,11 @@ Enqueue = Callable[[str, str], None]
 
 
 def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) -> dict[str, Any]:
-    now = now or utc_now()
+    """One round. Silence is judged on the store's clock (`store_now`), the clock heartbeats
+    and sightings are stamped with, never this process's own."""
     with rt.transaction() as session:
         loaded = rt.load(session)
+        now = now or store_now(session)
     if loaded is None:
         return {"skipped": "no config"}
     observe_celery_workers(rt, loaded, now)
@@ -153,6 +156,18 @@ def _apply(
                     log.warning("could not mark host %s avoided", t.host_id, exc_info=True)
         elif t.rental == "ok":
             fleet.clear_backoff(session, t.queue, t.provider)
+    if plan.silences:
+        fleet.note_silence(session, [n.launch_id for n in plan.silences], now)
+        events += [
+            fleet.event(
+                "reconcile",
+                "silent",
+                f"{n.reason}: destroyed if the next round finds it silent too",
+                queue=n.queue,
+                launch_id=n.launch_id,
+            )
+            for n in plan.silences
+        ]
     for r in plan.retries:
         # Audited once per stretch of retries (not on every reconcile while a drain waits).
         if fleet.note_retry(session, r.launch_id, r.step, r.reason):

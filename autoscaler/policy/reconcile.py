@@ -50,6 +50,11 @@ STEP_RETRY = 30.0
 """Seconds after which an unfinished drain or destroy is enqueued again (or one poll interval,
 if shorter)."""
 
+SILENCE_CONFIRM = 0.5
+"""Silence destroys a machine only when two reconcile rounds find it, the second at least this
+share of a poll interval after the first (two reconcilers racing are one round): one reading
+of one clock never decides a destroy."""
+
 
 @dataclass(frozen=True)
 class Row:
@@ -68,6 +73,8 @@ class Row:
     remote_control: bool = False
     """Its worker is seen only through Celery remote control (no agent heartbeats it): silence
     then cannot tell a busy `--pool solo` worker from a dead one."""
+    silence_noted_at: datetime | None = None
+    """When a reconcile round last found it silent past its limit (the first of two rounds)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,16 @@ class Retry:
 
 
 @dataclass(frozen=True)
+class NoteSilence:
+    """A machine found silent past its limit for the first time: noted, destroyed only if a
+    later round (`SILENCE_CONFIRM` on) still finds it silent."""
+
+    launch_id: str
+    queue: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class DestroyOrphan:
     provider: str
     provider_instance_id: str
@@ -142,6 +159,8 @@ class ReconcilePlan:
     destroys: tuple[DestroyOrphan, ...] = ()
     orphans: Mapping[OrphanKey, tuple[str, datetime]] | None = None
     """Every orphan now seen, with its label and first sighting (what the store keeps)."""
+    silences: tuple[NoteSilence, ...] = ()
+    """Machines found silent past their limit in this round (the first of two)."""
 
 
 def reconcile(
@@ -164,6 +183,7 @@ def reconcile(
             listed[name] = by_launch
     transitions: list[Transition] = []
     retries: list[Retry] = []
+    silences: list[NoteSilence] = []
     for row in rows:
         row_view = providers.get(row.provider)
         known = listed.get(row.provider)
@@ -173,8 +193,12 @@ def reconcile(
             transitions.append(step)
         elif isinstance(step, Retry):
             retries.append(step)
+        elif isinstance(step, NoteSilence):
+            silences.append(step)
     destroys, orphans = _orphans(rows, providers, orphans_seen, now)
-    return ReconcilePlan(tuple(transitions), tuple(retries), destroys, orphans)
+    return ReconcilePlan(
+        tuple(transitions), tuple(retries), destroys, orphans, silences=tuple(silences)
+    )
 
 
 def _own_machine(row: Row, candidates: list[Listed]) -> Listed | None:
@@ -199,7 +223,7 @@ def _row(
     machine: Listed | None,
     config: Config,
     now: datetime,
-) -> Transition | Retry | None:
+) -> Transition | Retry | NoteSilence | None:
     def move(
         dst: InstanceState,
         reason: str,
@@ -294,11 +318,16 @@ def _row(
         else config.heartbeat_timeout
     )
     if state in (S.READY, S.DRAINING) and not blind and silent_for >= limit:
-        return move(
-            S.TERMINATING,
-            f"silent for {silent_for:.0f}s (timeout {limit:.0f}s)"
-            + (f"; it reported {row.running_tasks} running task(s)" if row.running_tasks else ""),
+        why = f"silent for {silent_for:.0f}s (timeout {limit:.0f}s)" + (
+            f"; it reported {row.running_tasks} running task(s)" if row.running_tasks else ""
         )
+        noted = row.silence_noted_at
+        spoke_since = noted is not None and seen is not None and seen > noted
+        if noted is None or spoke_since or noted > now:
+            return NoteSilence(row.launch_id, row.queue, why)
+        if _age(noted, now) < SILENCE_CONFIRM * config.poll_interval:
+            return None  # the same round, or one racing it: wait for the next
+        return move(S.TERMINATING, f"{why}, in two reconcile rounds")
     if state == S.DRAINING and age >= step_retry:
         overdue = age >= config.drain_timeout
         return Retry(

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -52,3 +53,18 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """A session that commits on success and rolls back on any error."""
     with factory() as session, session.begin():
         yield session
+
+
+def store_now(session: Session) -> datetime:
+    """The state store's clock: what heartbeats are stamped with and silence is judged by.
+
+    Every process that stamps a sign of life (the API, reconcile's sightings) and every process
+    that judges silence asks this one clock, so a reconciler whose own clock runs five minutes
+    ahead no longer destroys a machine seen five seconds ago. PostgreSQL's `clock_timestamp()`
+    (the time now, not the transaction's start); the embedded SQLite store is a file on this
+    machine, whose clock it shares."""
+    if session.get_bind().dialect.name == "postgresql":
+        value = session.execute(text("SELECT clock_timestamp()")).scalar_one()
+        if isinstance(value, datetime):
+            return value.astimezone(UTC)
+    return datetime.now(UTC)

@@ -63,6 +63,7 @@ class InstanceRecord:
     drain_requested: bool
     price_per_hour: float | None
     agent_registered_at: datetime | None = None
+    silence_noted_at: datetime | None = None
 
 
 _RECORD_COLUMNS = (
@@ -81,6 +82,7 @@ _RECORD_COLUMNS = (
     Instance.drain_requested,
     Instance.price_per_hour,
     Instance.agent_registered_at,
+    Instance.silence_noted_at,
     *(getattr(Instance, column) for column in dict.fromkeys(STATE_SINCE.values())),
 )
 
@@ -107,6 +109,7 @@ def _records(session: Session, where: Any) -> list[InstanceRecord]:
                 drain_requested=r.drain_requested,
                 price_per_hour=r.price_per_hour,
                 agent_registered_at=r.agent_registered_at,
+                silence_noted_at=r.silence_noted_at,
             )
         )
     return out
@@ -150,6 +153,7 @@ def as_row(row: InstanceRecord) -> Row:
         remote_control=row.agent_registered_at is None
         and bool(row.worker_name)
         and not (row.worker_name or "").startswith("agent@"),
+        silence_noted_at=row.silence_noted_at,
     )
 
 
@@ -315,6 +319,17 @@ def note_retry(session: Session, launch_id: str, step: str, reason: str) -> bool
         .execution_options(synchronize_session=False)
     )
     return bool(getattr(result, "rowcount", 0))
+
+
+def note_silence(session: Session, launch_ids: Collection[str], now: datetime) -> None:
+    """A reconcile round found these machines silent past their limit (the first of two)."""
+    if launch_ids:
+        session.execute(
+            update(Instance)
+            .where(Instance.launch_id.in_(list(launch_ids)))
+            .values(silence_noted_at=now)
+            .execution_options(synchronize_session=False)
+        )
 
 
 def note_busy(session: Session, launch_id: str, running: int, now: datetime) -> None:

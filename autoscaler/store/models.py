@@ -162,6 +162,9 @@ class Instance(Base):
     broker_user: Mapped[str | None] = mapped_column(String(100), default=None)
     agent_registered_at: Mapped[datetime | None] = mapped_column(default=None)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    silence_noted_at: Mapped[datetime | None] = mapped_column(default=None)
+    """When a reconcile round last found its worker silent past its limit (destroyed only if a
+    second round finds it so)."""
     """An operator drained the machine before it was ready: it is destroyed as soon as it
     exists (a launch in flight sees this when the provider answers)."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

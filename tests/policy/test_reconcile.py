@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,6 +16,7 @@ from autoscaler.policy.reconcile import (
     CREATE_GRACE,
     INTENT_STALE,
     ORPHAN_GRACE,
+    SILENCE_CONFIRM,
     STEP_RETRY,
     DestroyOrphan,
     Listed,
@@ -125,6 +127,19 @@ def run(
     acted = [t.launch_id for t in plan.transitions] + [r.launch_id for r in plan.retries]
     assert len(acted) == len(set(acted))
     return plan
+
+
+def confirmed(
+    rows: tuple[Row, ...] | Row, providers: dict[str, ProviderView] | None = None, **kw: Any
+) -> ReconcilePlan:
+    """The round after the one that first found the row silent, half a poll or more later:
+    silence destroys only when two rounds find it (the first only notes it)."""
+    r = rows if isinstance(rows, Row) else rows[0]
+    first = run(rows, providers, **kw)
+    assert [n.launch_id for n in first.silences] == [r.launch_id], first
+    assert not [t for t in first.transitions if t.dst == S.TERMINATING], first
+    poll = kw.get("cfg", CFG).poll_interval
+    return run(replace(r, silence_noted_at=ago(SILENCE_CONFIRM * poll)), providers, **kw)
 
 
 def only(plan: ReconcilePlan) -> Transition | Retry | None:
@@ -334,7 +349,10 @@ def test_a_silent_worker_is_terminated_at_the_heartbeat_timeout_not_a_second_bef
         act = only(at(silent))
         assert not (isinstance(act, Transition) and act.dst == S.TERMINATING), (silent, act)
     for silent in (HEARTBEAT, HEARTBEAT + 1, 10 * HEARTBEAT):
-        moved(at(silent), S.TERMINATING, rental=None, avoid_host=False, src=state)
+        r = row(state, since=4000, seen=silent, running=running, pid="p1")
+        moved(
+            confirmed(r, view(machine())), S.TERMINATING, rental=None, avoid_host=False, src=state
+        )
 
 
 @pytest.mark.parametrize("state", [S.READY, S.DRAINING])
@@ -350,7 +368,8 @@ def test_a_silent_worker_last_seen_busy_on_a_running_machine_gets_the_drain_time
         for silent in (HEARTBEAT, 10 * HEARTBEAT, drain - 1):
             act = only(at(silent, providers))
             assert not (isinstance(act, Transition) and act.dst == S.TERMINATING), (silent, act)
-        moved(at(drain, providers), S.TERMINATING, src=state)
+        r = row(state, since=9000, seen=drain, running=2, pid="p1")
+        moved(confirmed(r, providers), S.TERMINATING, src=state)
 
 
 @pytest.mark.parametrize("state", [S.READY, S.DRAINING])
@@ -368,9 +387,13 @@ def test_a_worker_only_remote_control_sees_is_not_judged_by_silence_while_its_ma
     for silent in (HEARTBEAT, 10 * HEARTBEAT, drain - 1):
         act = only(at(silent, view(machine())))
         assert not (isinstance(act, Transition) and act.dst == S.TERMINATING), (silent, act)
-    moved(at(drain, view(machine())), S.TERMINATING, src=state)
-    moved(at(HEARTBEAT, FAILED_LIST), S.TERMINATING, src=state)
-    moved(at(HEARTBEAT, view(machine()), remote=False), S.TERMINATING, src=state)
+
+    def silent(seconds: float, remote: bool = True) -> Row:
+        return row(state, since=9000, seen=seconds, running=0, pid="p1", remote=remote)
+
+    moved(confirmed(silent(drain), view(machine())), S.TERMINATING, src=state)
+    moved(confirmed(silent(HEARTBEAT), FAILED_LIST), S.TERMINATING, src=state)
+    moved(confirmed(silent(HEARTBEAT, False), view(machine())), S.TERMINATING, src=state)
 
 
 @pytest.mark.parametrize("state", [S.READY, S.DRAINING])
@@ -378,13 +401,36 @@ def test_a_worker_that_never_reported_is_silent_since_it_entered_its_state(state
     r = row(state, since=HEARTBEAT - 1, pid="p1")
     act = only(run(r, view(machine())))
     assert not (isinstance(act, Transition) and act.dst == S.TERMINATING)
-    moved(run(row(state, since=HEARTBEAT, pid="p1"), view(machine())), S.TERMINATING)
+    moved(confirmed(row(state, since=HEARTBEAT, pid="p1"), view(machine())), S.TERMINATING)
 
 
 def test_a_silent_worker_is_terminated_even_when_the_list_failed():
     """Silence is the worker's own signal, not the provider's list."""
     r = row(S.READY, since=4000, seen=HEARTBEAT, pid="p1")
-    moved(run(r, FAILED_LIST), S.TERMINATING)
+    moved(confirmed(r, FAILED_LIST), S.TERMINATING)
+
+
+@pytest.mark.parametrize("state", [S.READY, S.DRAINING])
+def test_silence_destroys_only_when_two_rounds_apart_find_it(state):
+    """One reading of one clock never destroys a machine: the first round that finds it silent
+    notes it; a round racing that one (less than half a poll later) does nothing; a later one
+    destroys it — unless the worker spoke in between, which starts the count again."""
+    r = row(state, since=4000, seen=HEARTBEAT, pid="p1")
+    first = run(r, view(machine()))
+    assert [n.launch_id for n in first.silences] == ["L1"] and not first.transitions
+    poll = CFG.poll_interval
+    racing = run(replace(r, silence_noted_at=ago(SILENCE_CONFIRM * poll - 0.001)), view(machine()))
+    assert not racing.transitions and not racing.silences
+    moved(
+        run(replace(r, silence_noted_at=ago(SILENCE_CONFIRM * poll)), view(machine())),
+        S.TERMINATING,
+        src=state,
+    )
+    spoke = replace(r, silence_noted_at=ago(HEARTBEAT + 10))  # noted before it was last seen
+    again = run(spoke, view(machine()))
+    assert [n.launch_id for n in again.silences] == ["L1"] and not again.transitions
+    future = replace(r, silence_noted_at=NOW + timedelta(seconds=60))  # a clock that ran ahead
+    assert [n.launch_id for n in run(future, view(machine())).silences] == ["L1"]
 
 
 # --------------------------------------------------------------------------- draining, drained

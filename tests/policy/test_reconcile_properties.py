@@ -89,6 +89,9 @@ def worlds(draw):
                 last_seen_at=None if seen is None else NOW - timedelta(seconds=seen),
                 running_tasks=draw(st.sampled_from([0, 1, 3])),
                 remote_control=draw(st.booleans()),
+                silence_noted_at=draw(
+                    st.none() | st.floats(0, 600).map(lambda x: NOW - timedelta(seconds=x))
+                ),
             )
         )
     views: dict[str, ProviderView] = {}
@@ -409,3 +412,20 @@ def test_a_worker_only_remote_control_sees_is_never_destroyed_for_silence_on_a_r
         if any(m.status == M.RUNNING for m in own):
             silent = (NOW - (r.last_seen_at or r.since)).total_seconds()
             assert silent >= max(cfg.heartbeat_timeout, cfg.drain_timeout), (r, t.reason)
+
+
+@SETTINGS
+@given(worlds())
+def test_silence_destroys_only_a_machine_a_round_before_found_silent_too(world):
+    """No machine goes for silence in the round that first finds it silent, nor in one racing
+    that round, nor when its worker spoke after the earlier round noted it."""
+    _rows, _views, _seen, cfg = world
+    plan, by_id = run(world)
+    for t in plan.transitions:
+        if t.dst != S.TERMINATING or "silent" not in t.reason:
+            continue
+        r = by_id[t.launch_id]
+        noted = r.silence_noted_at
+        assert noted is not None and noted <= NOW, (r, t.reason)
+        assert (NOW - noted).total_seconds() >= 0.5 * cfg.poll_interval, (r, t.reason)
+        assert r.last_seen_at is None or r.last_seen_at <= noted, (r, t.reason)
