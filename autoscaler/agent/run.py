@@ -374,6 +374,9 @@ class Agent:
         if broker:
             env["AUTOSCALER_BROKER_URL"] = str(broker)
             env["CELERY_BROKER_URL"] = str(broker)
+        elif self.cfg.launch_id is None and os.environ.get("AUTOSCALER_BROKER_URL"):
+            # a hand-made machine: its owner gave it its broker (never the control plane's)
+            env.setdefault("CELERY_BROKER_URL", os.environ["AUTOSCALER_BROKER_URL"])
         elif dep.get("broker_note"):
             log.warning("no broker connection from the API: %s", dep["broker_note"])
         env["PYTHONPATH"] = os.pathsep.join(

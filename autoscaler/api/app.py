@@ -37,7 +37,6 @@ from autoscaler.config.loader import load_config_text
 from autoscaler.control.runtime import Runtime, log
 from autoscaler.credentials import describe_credentials, registered_provider_configs
 from autoscaler.lifecycle import InstanceState
-from autoscaler.metrics.registry import source_url
 from autoscaler.settings import Settings, redact_url
 from autoscaler.store import config_versions, fleet, job_records
 from autoscaler.store.db import store_now
@@ -220,11 +219,22 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             raise _unauthorised()
         return found.name
 
-    def enrolled(request: Request, session: DB) -> str:
+    def enrolled(request: Request, session: DB) -> keys.KeyInfo:
         found = keys.check_key(session, _bearer(request), keys.ENROLMENT)
         if found is None:
             raise _unauthorised()
-        return found.name
+        return found
+
+    def bound(key: keys.KeyInfo, queues: list[str]) -> None:
+        """An enrolment key opens the queues it was made for, no other."""
+        outside = sorted(q for q in queues if not key.opens(q))
+        if outside:
+            made_for = ", ".join(key.queues) or "no queue (it predates queue binding)"
+            raise HTTPException(
+                403,
+                f"enrolment key {key.name!r} is bound to {made_for}, not {', '.join(outside)}: "
+                "make one with 'autoscaler keys create-enrolment --queue Q'",
+            )
 
     def worker(request: Request, launch_id: LaunchId, session: DB) -> Instance:
         row = keys.instance_of_token(session, _bearer(request))
@@ -236,7 +246,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
 
     Admin = Annotated[str, Depends(admin)]
     Worker = Annotated[Instance, Depends(worker)]
-    Enrolled = Annotated[str, Depends(enrolled)]
+    Enrolled = Annotated[keys.KeyInfo, Depends(enrolled)]
 
     # ------------------------------------------------------------------ errors
 
@@ -419,11 +429,12 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
 
     @app.post("/v1/hand-made/heartbeat", response_model=HeartbeatAnswer)
     def hand_made_heartbeat(body: HandMadeBeat, who: Enrolled, session: DB) -> HeartbeatAnswer:
+        bound(who, list(body.queues))
         now = store_now(session)
         ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
         stmt = ins(WorkerSighting).values(
             worker=f"agent@{body.name}"[:200],
-            queues={"queues": list(body.queues), "enrolled_by": who},
+            queues={"queues": list(body.queues), "enrolled_by": who.name},
             running=body.running_tasks,
             seen_at=now,
         )
@@ -444,15 +455,15 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
     def hand_made_deployment(
         who: Enrolled, session: DB, queue: Annotated[str, Query(min_length=1, max_length=200)]
     ) -> Deployment:
+        """The deployment of a queue the key was made for. Never the control plane's own
+        broker URL (it may hold rights over the broker's users): the hand-made machine's owner
+        gives it its broker URL (AUTOSCALER_BROKER_URL on that machine)."""
+        bound(who, [queue])
         loaded = runtime().load(session)
         queue_cfg = loaded.config.queues.get(queue) if loaded else None
         if queue_cfg is None:
             raise HTTPException(404, f"no queue {queue!r} in the running config")
         dep = queue_cfg.deployment
-        try:
-            url: str | None = source_url(queue_cfg.metrics, runtime().env)
-        except ValueError:
-            url = None
         return Deployment(
             queue=queue,
             git_url=dep.git_url if dep else None,
@@ -460,8 +471,11 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
             git_token=_git_token(dep, runtime().env),
             startup_cmd=dep.startup_cmd if dep else None,
             env={**(dep.env if dep else {}), "AUTOSCALER_QUEUE": queue},
-            broker_url=url,
-            broker_note="a hand-made machine holds the broker's own credentials",
+            broker_url=None,
+            broker_note=(
+                "a hand-made machine gets no broker URL from the control plane: set "
+                "AUTOSCALER_BROKER_URL on it (a user of its own, limited to its queue)"
+            ),
         )
 
     # ------------------------------------------------------------------ admin

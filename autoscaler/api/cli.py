@@ -27,13 +27,16 @@ def keys() -> None:
     A key is printed once, when it is made; only its SHA-256 is stored."""
 
 
-def _create(kind: str, name: str) -> None:
+def _create(kind: str, name: str, queues: tuple[str, ...] = ()) -> None:
     try:
         with transaction(_sessions()) as session:
-            info, key = api_keys.create_key(session, kind, name, datetime.now(UTC))
+            info, key = api_keys.create_key(session, kind, name, datetime.now(UTC), queues)
     except ValueError as exc:
         raise Refused(str(exc)) from None
-    click.echo(f"{kind} key {info.id} ({info.name}) created; it is shown once, keep it secret:")
+    bound = f" for {', '.join(info.queues)}" if info.queues else ""
+    click.echo(
+        f"{kind} key {info.id} ({info.name}){bound} created; it is shown once, keep it secret:"
+    )
     click.echo(key)
 
 
@@ -46,9 +49,16 @@ def create_admin(name: str) -> None:
 
 @keys.command("create-enrolment")
 @click.option("--name", required=True, help="Which hand-made machine(s) will use it.")
-def create_enrolment(name: str) -> None:
-    """A new enrolment key: a hand-made machine's agent registers with it."""
-    _create(api_keys.ENROLMENT, name)
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    help="A queue its machine serves (repeat for several): the key opens those alone.",
+)
+def create_enrolment(name: str, queues: tuple[str, ...]) -> None:
+    """A new enrolment key for a hand-made machine's agent, bound to its queues: it heartbeats
+    for and fetches the deployment of those queues only."""
+    _create(api_keys.ENROLMENT, name, queues)
 
 
 @keys.command("list")
@@ -62,9 +72,16 @@ def list_keys() -> None:
         revoked = (
             f"revoked {r.revoked_at.isoformat(timespec='seconds')}" if r.revoked_at else "live"
         )
+        opens = ""
+        if r.kind == api_keys.ENROLMENT:
+            opens = "\t" + (
+                f"queues {', '.join(r.queues)}"
+                if r.queues
+                else "no queue (made before keys were bound to queues: make a new one)"
+            )
         click.echo(
             f"{r.id}\t{r.kind}\t{r.name}\tcreated {r.created_at.isoformat(timespec='seconds')}"
-            f"\t{revoked}"
+            f"\t{revoked}{opens}"
         )
 
 

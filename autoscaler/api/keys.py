@@ -55,21 +55,45 @@ class KeyInfo:
     name: str
     created_at: datetime
     revoked_at: datetime | None
+    queues: tuple[str, ...] = ()
+    """An enrolment key's queues (none for an admin key, or an enrolment key made before keys
+    were bound to queues: it opens no queue)."""
+
+    def opens(self, queue: str) -> bool:
+        return queue in self.queues
 
 
 def _info(row: ApiKey) -> KeyInfo:
-    return KeyInfo(row.id, row.kind, row.name, row.created_at, row.revoked_at)
+    queues = tuple(str(q) for q in row.queues) if isinstance(row.queues, list) else ()
+    return KeyInfo(row.id, row.kind, row.name, row.created_at, row.revoked_at, queues)
 
 
-def create_key(session: Session, kind: str, name: str, now: datetime) -> tuple[KeyInfo, str]:
-    """A new key of `kind`: its record and the key itself (shown once, never stored)."""
+def create_key(
+    session: Session, kind: str, name: str, now: datetime, queues: tuple[str, ...] = ()
+) -> tuple[KeyInfo, str]:
+    """A new key of `kind`: its record and the key itself (shown once, never stored). An
+    enrolment key is bound to `queues` (at least one): its hand-made machine heartbeats for
+    and deploys those alone."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}")
     name = name.strip()
     if not name or len(name) > 200:
         raise ValueError("a key needs a name of 1 to 200 characters")
+    if kind == ENROLMENT and not queues:
+        raise ValueError(
+            "an enrolment key is bound to the queues its machine serves: give --queue Q "
+            "(once per queue)"
+        )
+    if kind == ADMIN and queues:
+        raise ValueError("an admin key opens every admin endpoint: it takes no --queue")
     key = f"asg{kind[0]}_{new_secret()}"
-    row = ApiKey(kind=kind, name=name, key_hash=digest(key), created_at=now)
+    row = ApiKey(
+        kind=kind,
+        name=name,
+        key_hash=digest(key),
+        created_at=now,
+        queues=sorted(set(queues)) if queues else None,
+    )
     session.add(row)
     session.flush()
     return _info(row), key

@@ -351,6 +351,9 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(128), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    queues: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    """An enrolment key's queues: the only ones its machine may heartbeat for or deploy (None:
+    a key made before keys were bound to queues, which opens none)."""
 
 
 class QueueSample(Base):

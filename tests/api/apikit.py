@@ -112,7 +112,9 @@ def make_world(db_url: str, tmp_path: Any) -> World:
         _, world.admin = keys.create_key(session, keys.ADMIN, "ops", now)
         info, world.admin_revoked = keys.create_key(session, keys.ADMIN, "old", now)
         keys.revoke_key(session, str(info.id), now)
-        _, world.enrolment = keys.create_key(session, keys.ENROLMENT, "desk", now)
-        info, world.enrolment_revoked = keys.create_key(session, keys.ENROLMENT, "olddesk", now)
+        _, world.enrolment = keys.create_key(session, keys.ENROLMENT, "desk", now, ("q1",))
+        info, world.enrolment_revoked = keys.create_key(
+            session, keys.ENROLMENT, "olddesk", now, ("q1",)
+        )
         keys.revoke_key(session, str(info.id), now)
     return world

@@ -32,7 +32,9 @@ def test_keys_cli_creates_lists_and_revokes_without_storing_keys(sqlite_url, tmp
     key = r.output.strip().splitlines()[-1]
     assert key.startswith("asga_") and len(key) > 40
     r = run(["keys", "create-enrolment", "--name", "desk"], env)
-    assert r.exit_code == 0
+    assert r.exit_code == 2 and "--queue" in r.output  # bound to its queues, or refused
+    r = run(["keys", "create-enrolment", "--name", "desk", "--queue", "inference"], env)
+    assert r.exit_code == 0 and "for inference" in r.output
     r = run(["keys", "list"], env)
     assert "alice" in r.output and "desk" in r.output and key not in r.output
     assert r.output.count("live") == 2

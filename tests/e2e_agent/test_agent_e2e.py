@@ -140,7 +140,9 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
             },
         }
         loop.setup(config)
-        enrolment = loop.cli("keys", "create-enrolment", "--name", "desk-7").stdout.split()[-1]
+        enrolment = loop.cli(
+            "keys", "create-enrolment", "--name", "desk-7", "--queue", queue
+        ).stdout.split()[-1]
         log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - the child keeps it
         server = subprocess.Popen(
             [sys.executable, "-m", "autoscaler.cli", "serve", "--bind", f"127.0.0.1:{port}"],
@@ -221,6 +223,7 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
             {
                 "AUTOSCALER_API_URL": f"http://127.0.0.1:{port}",
                 "AUTOSCALER_ENROLMENT_KEY": enrolment,
+                "AUTOSCALER_BROKER_URL": WATCH_BROKER,  # its owner's broker URL, not ours
                 "AUTOSCALER_HEARTBEAT_INTERVAL": "1",
                 "AUTOSCALER_AGENT_WORKDIR": str(tmp_path / "hand"),
             },
