@@ -452,6 +452,12 @@ class Autoscale(Strict):
     instance: InstanceSpec
     poll_interval: Duration | None = Field(default=None, ge=MIN_POLL_INTERVAL, le=MAX_POLL_INTERVAL)
     boot_timeout: Duration | None = Field(default=None, gt=0)
+    hand_made: Literal["auto", "broker", "enrolled"] = "auto"
+    """Which workers we did not rent count as capacity. `enrolled`: hand-made machines whose
+    agent heartbeats with an enrolment key. `broker`: also Celery workers seen through the
+    watched broker's remote control. `auto`: `broker`, except on a watched Redis where rented
+    machines get users of their own (AUTOSCALER_API_URL set) — a rented machine can answer
+    remote control under any name there, and forged replies must not stop renting."""
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscale:

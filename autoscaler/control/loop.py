@@ -34,7 +34,7 @@ from autoscaler.control.runtime import Loaded, Runtime, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.prometheus import MetricReading as PromReading
 from autoscaler.metrics.prometheus import PrometheusReader, with_external
-from autoscaler.metrics.registry import MetricsConfigError, build_prometheus
+from autoscaler.metrics.registry import MetricsConfigError, build_prometheus, source_url
 from autoscaler.metrics.workers import QueueLoad, with_worker_loads
 from autoscaler.policy.decide import decide
 from autoscaler.policy.history import GAPS_KEPT, MIN_GAPS, NO_HISTORY, QueueHistory, observe_load
@@ -219,8 +219,9 @@ def build_snapshot(
         (r.worker_name or "").rsplit("@", 1)[-1].lower() for r in rows
     }
     window = HAND_MADE_WINDOW_POLLS * loaded.config.poll_interval
+    trusted = broker_seen_trusted(loaded, rt.settings.api_url_set, rt.env)
     hand_made, loads, reported = read_sightings(
-        session, rt.installation_id(session), ours, now, window
+        session, rt.installation_id(session), ours, now, window, lambda q: q in trusted
     )
     since = now - timedelta(seconds=window)
     broker_queue = {name: (cfg.metrics.queue or name) for name, cfg in loaded.config.queues.items()}
@@ -270,6 +271,27 @@ def build_snapshot(
             )
         )
     return Snapshot(tuple(queues), rate_limits=rate_limits.active(session, now))
+
+
+def broker_seen_trusted(loaded: Loaded, users_made: bool, env: Mapping[str, str]) -> set[str]:
+    """The broker queues whose broker-seen hand-made workers count (`Autoscale.hand_made`):
+    `broker`, or `auto` unless rented machines get broker users of their own there (a watched
+    Redis with AUTOSCALER_API_URL set: any of them could answer remote control as anyone)."""
+    trusted: dict[str, bool] = {}
+    for name, q in loaded.config.queues.items():
+        bq = q.metrics.queue or name
+        mode = q.autoscale.hand_made if q.autoscale is not None else "auto"
+        if mode == "auto":
+            try:
+                scheme = source_url(q.metrics, env).split("://", 1)[0].lower()
+            except ValueError:
+                scheme = ""
+            own_users = users_made and q.metrics.source == "celery" and scheme.startswith("redis")
+            ok = not own_users
+        else:
+            ok = mode == "broker"
+        trusted[bq] = trusted.get(bq, True) and ok
+    return {bq for bq, ok in trusted.items() if ok}
 
 
 def _histories(

@@ -16,7 +16,7 @@ running job under Celery's default early acks).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, update
@@ -117,6 +117,9 @@ def record_sightings(
     }
     if not ours:
         return
+    # a machine whose agent heartbeats is known from its authenticated heartbeats alone: a
+    # broker reply under its label (anyone who may publish on the broker can send one) moves
+    # nothing of its row
     rows = session.execute(
         select(
             Instance.launch_id,
@@ -124,7 +127,11 @@ def record_sightings(
             Instance.state,
             Instance.queue,
             Instance.provider,
-        ).where(Instance.launch_id.in_(list(ours)), Instance.state.in_(SEEN_STATES))
+        ).where(
+            Instance.launch_id.in_(list(ours)),
+            Instance.state.in_(SEEN_STATES),
+            Instance.agent_registered_at.is_(None),
+        )
     ).all()
     for launch_id, _, state, queue, provider in rows:
         if state == InstanceState.BOOTING:  # ready at the first sight of its worker
@@ -168,14 +175,23 @@ def hand_made_workers(
 
 
 def read_sightings(
-    session: Session, installation_id: str, ours: set[str], now: datetime, window: float
+    session: Session,
+    installation_id: str,
+    ours: set[str],
+    now: datetime,
+    window: float,
+    broker_seen: Callable[[str], bool] = lambda queue: True,
 ) -> tuple[dict[str, tuple[str, ...]], dict[str, QueueLoad], set[str]]:
     """One read of `worker_sightings` (older than `window` forgotten on the way):
 
     - per consumed queue, the hand-made workers (not our machines, one per host);
     - per queue, the load every worker seen reported, ours and hand-made (every worker process:
       two on one host run different tasks);
-    - the names of every worker whose sighting carried a load report."""
+    - the names of every worker whose sighting carried a load report.
+
+    A hand-made worker seen only through the broker (no enrolment key behind it) counts, and
+    its load with it, only for the queues `broker_seen` allows (`Autoscale.hand_made`): a
+    remote-control reply can be forged by anyone who may publish on the broker."""
     since = now - timedelta(seconds=window)
     session.execute(delete(WorkerSighting).where(WorkerSighting.seen_at < since))
     out: dict[str, dict[str, str]] = defaultdict(dict)
@@ -183,16 +199,19 @@ def read_sightings(
     reported: set[str] = set()
     for w in session.scalars(select(WorkerSighting).order_by(WorkerSighting.worker)):
         data = w.queues if isinstance(w.queues, dict) else {}
+        mine = launch_of(w.worker, installation_id) is not None or host_of(w.worker) in ours
+        enrolled = "enrolled_by" in data
         per_queue = data.get("loads")
         if isinstance(per_queue, dict):
             reported.add(w.worker)
             for q, raw in per_queue.items():
                 load = QueueLoad.from_json(raw)
-                if load is not None:
+                if load is not None and (mine or enrolled or broker_seen(str(q))):
                     loads[str(q)] = loads.get(str(q), QueueLoad()) + load
-        if launch_of(w.worker, installation_id) is not None or host_of(w.worker) in ours:
+        if mine:
             continue
         for q in data.get("queues", []):
-            out[str(q)].setdefault(host_of(w.worker), w.worker)
+            if enrolled or broker_seen(str(q)):
+                out[str(q)].setdefault(host_of(w.worker), w.worker)
     hand_made = {q: tuple(sorted(names.values())) for q, names in out.items()}
     return hand_made, loads, reported
