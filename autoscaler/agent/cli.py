@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import click
 
@@ -20,16 +21,21 @@ def agent(api_url: str | None, queue: str | None, name: str | None, workdir: str
     A rented machine gets AUTOSCALER_API_URL, AUTOSCALER_WORKER_TOKEN and AUTOSCALER_LAUNCH_ID
     from its launch. A hand-made machine is given AUTOSCALER_ENROLMENT_KEY (from 'autoscaler
     keys create-enrolment') and --queue: it counts as capacity and is never drained by us."""
+    from autoscaler.agent.guard import hide_secrets, take_secrets
     from autoscaler.agent.run import AgentConfig, AgentError, run_agent
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
     over = {
         k: v
         for k, v in {"api_url": api_url, "queue": queue, "name": name, "workdir": workdir}.items()
         if v
     }
+    # first of all: the token out of this process's environment (a re-exec, same PID), and
+    # this process out of reach of its worker's uid (see agent/guard.py)
+    hide_secrets(["agent", *(a for k, v in over.items() for a in (f"--{k.replace('_', '-')}", v))])
+    secrets = take_secrets()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
     try:
-        cfg = AgentConfig.from_env(None, **over)
+        cfg = AgentConfig.from_env({**os.environ, **secrets}, **over)
         code = run_agent(cfg)
     except AgentError as exc:
         raise Refused(f"agent: {exc}") from None

@@ -45,12 +45,12 @@ from typing import Any
 import requests
 
 from autoscaler.agent import gpu
+from autoscaler.agent.guard import SECRET_ENV, worker_user
 from autoscaler.digits import ascii_whole
 
 log = logging.getLogger("autoscaler.agent")
 
 SHELL_CHARS = set(";&|<>$`()*?[]{}~#\n\\'\"=")
-SECRET_ENV = ("AUTOSCALER_WORKER_TOKEN", "AUTOSCALER_ENROLMENT_KEY")
 
 
 class AgentError(Exception):
@@ -301,6 +301,15 @@ def deploy(dep: Mapping[str, Any], workdir: Path) -> Path:
     return repo
 
 
+def _give(folder: Path, uid: int, gid: int) -> None:
+    """The worker's folder (checkout, status files) to the worker's account."""
+    os.chown(folder, uid, gid)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+
+
 class StatusServer:
     """`POST /status` on 127.0.0.1 (a port of its own): the body becomes the status file."""
 
@@ -387,8 +396,21 @@ class Agent:
         # signalled and finish their task); a shell command line runs under /bin/sh: give it
         # `exec` in front of the worker for the same effect
         argv = shlex.split(str(cmd)) if not SHELL_CHARS & set(str(cmd)) else None
+        try:
+            account = worker_user(os.environ)
+        except ValueError as exc:
+            raise AgentError(str(exc)) from None
+        drop: dict[str, Any] = {}
+        if account is not None:  # root here: the worker runs as its own, unprivileged uid
+            _give(self.cfg.workdir, account.pw_uid, account.pw_gid)
+            env["HOME"] = account.pw_dir
+            drop = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
         self.proc = subprocess.Popen(
-            argv or ["/bin/sh", "-c", str(cmd)], cwd=repo, env=env, start_new_session=True
+            argv or ["/bin/sh", "-c", str(cmd)],
+            cwd=repo,
+            env=env,
+            start_new_session=True,
+            **drop,
         )
         log.info("worker started (pid %d)", self.proc.pid)
 
