@@ -37,7 +37,6 @@ COMMANDS = (
     "ping",
     "auth",
     "hello",
-    "select",
     "client|setname",
     "client|id",
     "info",
@@ -118,8 +117,16 @@ class BrokerPlan:
         """The machine's label (`asg-<installation>-<launch>`): whose it is, at a glance."""
         return make_label(installation_id, launch_id)
 
+    def commands(self) -> list[str]:
+        """The commands the user may send: kombu's set, and SELECT of its own database only
+        (ACL key patterns are not tied to a database: `SELECT` of another one would open the
+        same key names there). Database 0 needs no SELECT at all."""
+        return [*COMMANDS, *([f"select|{self.db}"] if self.db else [])]
+
     def key_patterns(self) -> list[str]:
-        p, q, s = self.keyprefix, self.queue, self.sep
+        """Every key pattern of the user. Names and the prefix enter the patterns escaped: a
+        queue named `render*` must not open `render-private-queue` or `renderer:api_key`."""
+        p, q, s = glob_escape(self.keyprefix), glob_escape(self.queue), glob_escape(self.sep)
         return [
             f"{p}{q}",
             f"{p}{q}{s}*",
@@ -141,7 +148,7 @@ class BrokerPlan:
         ]
 
     def channels(self) -> list[str]:
-        p = self.keyprefix
+        p = glob_escape(self.keyprefix)
         pidbox, events = f"{p}/{self.db}.celery.pidbox", f"{p}/{self.db}.celeryev"
         return [pidbox, f"{pidbox}/*", f"{events}/*", f"{events}/worker.*"]
 
@@ -154,6 +161,12 @@ class BrokerPlan:
         if parts.port:
             netloc += f":{parts.port}"
         return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+
+
+def glob_escape(text: str) -> str:
+    """`text` as a literal inside a Redis glob pattern (ACL keys and channels, SCAN MATCH):
+    `* ? [ ] \\` escaped with a backslash, as Redis' stringmatchlen reads them."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 def plan_for(source: MetricsSource, queue: str, env: Mapping[str, str] | None = None) -> BrokerPlan:
@@ -222,7 +235,7 @@ def create_user(plan: BrokerPlan, user: str, password: str) -> None:
     rules = ["reset", "on", f">{password}", "resetkeys", "resetchannels", "-@all"]
     rules += [f"~{k}" for k in plan.key_patterns()]
     rules += [f"&{c}" for c in plan.channels()]
-    rules += [f"+{c}" for c in COMMANDS]
+    rules += [f"+{c}" for c in plan.commands()]
     client = _client(plan.url)
     try:
         client.execute_command("ACL", "SETUSER", user, *rules)  # type: ignore[attr-defined]

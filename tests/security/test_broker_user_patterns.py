@@ -1,0 +1,76 @@
+"""A machine's broker user reaches its own database and its own queue's names, literally.
+
+- A queue named `render*` was accepted and its user read `render-private-queue` and
+  `renderer:api_key`: names went into ACL patterns unescaped. They are escaped now (`* ? [ ] \\`).
+- `SELECT` was granted, and ACL key patterns are not tied to a database: the user reached
+  every other database's keys of the same names. It may now select its own database only (none
+  at all on database 0).
+Against the real Redis 7 of the suite, with the user `broker_users.create_user` makes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from autoscaler.api.broker_users import BrokerPlan, create_user, delete_user
+from tests.conftest import REDIS_URL
+
+
+@pytest.fixture
+def user() -> Iterator[str]:
+    name = f"asg-test{uuid.uuid4().hex[:8]}-patterns"
+    try:
+        yield name
+    finally:
+        delete_user(f"{REDIS_URL}/0", name)
+
+
+def _as(user: str, db: int) -> redis.Redis:
+    return redis.Redis.from_url(f"{REDIS_URL}/{db}", username=user, password="pw-" + user)
+
+
+def test_a_queue_named_with_glob_characters_opens_its_own_keys_only(user):
+    admin = redis.Redis.from_url(f"{REDIS_URL}/3")
+    prefix = f"t{uuid.uuid4().hex[:6]}["  # a prefix with a glob character too
+    own, private, secret = (
+        f"{prefix}render*",
+        f"{prefix}render-private-queue",
+        f"{prefix}renderer:api_key",
+    )
+    try:
+        admin.rpush(own, "job")
+        admin.rpush(private, "someone else's job")
+        admin.set(secret, "sk-live-123")
+        plan = BrokerPlan(
+            url=f"{REDIS_URL}/3", queue="render*", db=3, keyprefix=prefix, sep="\x06\x16"
+        )
+        create_user(plan, user, "pw-" + user)
+        machine = _as(user, 3)
+        assert machine.llen(own) == 1  # its own queue, named literally
+        for key, read in ((private, lambda k: machine.lrange(k, 0, -1)), (secret, machine.get)):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                read(key)
+        machine.close()
+    finally:
+        admin.delete(own, private, secret)
+        admin.close()
+
+
+@pytest.mark.parametrize("db", [0, 5])
+def test_the_user_selects_its_own_database_only(user, db):
+    plan = BrokerPlan(url=f"{REDIS_URL}/{db}", queue="q", db=db, keyprefix="", sep="\x06\x16")
+    create_user(plan, user, "pw-" + user)
+    machine = _as(user, db)  # redis-py selects the URL's database (none for 0) as it connects
+    try:
+        assert machine.llen("q") == 0
+        for other in (0, 1, 12, 15):
+            if other == db:
+                continue
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                machine.execute_command("SELECT", other)
+    finally:
+        machine.close()
