@@ -83,17 +83,26 @@ COMMANDS = (
     "multi",
     "exec",
     "discard",
+    # kombu's and redis-py's scripts, loaded by the control plane (`SCRIPTS`): run, never sent
     "evalsha",
-    "eval",
-    "script|load",
     "script|exists",
-    # fanout (events, broadcast remote control)
-    "publish",
-    "subscribe",
-    "psubscribe",
-    "unsubscribe",
-    "punsubscribe",
 )
+"""Every command a Celery worker sends (seen with MONITOR under a real worker). No EVAL and no
+SCRIPT LOAD: a machine could hang the server for everyone with a long script; the scripts kombu
+needs are loaded by the control plane. Pub/sub is granted per channel (`BrokerPlan.rules`)."""
+
+PUBSUB = ("subscribe", "psubscribe", "unsubscribe", "punsubscribe")
+
+
+def _scripts() -> tuple[str, ...]:
+    """The Lua scripts a worker runs by EVALSHA: kombu's binding refresh and sweep, redis-py's
+    lock (kombu's `unacked_mutex`). Loaded by the control plane at each launch and reconcile."""
+    from kombu.transport import redis as kombu_redis
+    from redis.lock import Lock
+
+    found = [getattr(kombu_redis, n, None) for n in ("REFRESH_BINDING", "SWEEP_BINDINGS")]
+    found += [Lock.LUA_RELEASE_SCRIPT, Lock.LUA_EXTEND_SCRIPT, Lock.LUA_REACQUIRE_SCRIPT]
+    return tuple(s for s in found if isinstance(s, str))
 
 
 class NoBrokerUser(Exception):
@@ -112,6 +121,22 @@ class BrokerPlan:
     db: int
     keyprefix: str
     sep: str
+    version: tuple[int, ...] = (7, 0)
+    """The watched Redis' version: selectors and write-only keys need 7.0."""
+
+    @property
+    def narrow(self) -> bool:
+        """Redis 7: pub/sub split by command (subscribe to remote control, publish events) and
+        replies write-only. Redis 6 has neither: its users may also publish on the remote-control
+        channel and read other workers' replies (said by `autoscaler validate`)."""
+        return self.version >= (7, 0)
+
+    def domain(self) -> str:
+        """The trust domain, for people: server, database and key prefix (no credentials)."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or "localhost"
+        where = f"{host}:{parts.port or 6379}/{self.db}"
+        return f"{where} prefix {self.keyprefix!r}" if self.keyprefix else where
 
     def user(self, installation_id: str, launch_id: str) -> str:
         """The machine's label (`asg-<installation>-<launch>`): whose it is, at a glance."""
@@ -123,10 +148,28 @@ class BrokerPlan:
         same key names there). Database 0 needs no SELECT at all."""
         return [*COMMANDS, *([f"select|{self.db}"] if self.db else [])]
 
-    def key_patterns(self) -> list[str]:
+    def key_patterns(self, user: str = "") -> list[str]:
         """Every key pattern of the user. Names and the prefix enter the patterns escaped: a
-        queue named `render*` must not open `render-private-queue` or `renderer:api_key`."""
+        queue named `render*` must not open `render-private-queue` or `renderer:api_key`. On
+        Redis 7 the remote-control replies are write-only (`%W~`: the machine answers, it reads
+        nobody's answers) and its own remote-control queue is the one named after it."""
         p, q, s = glob_escape(self.keyprefix), glob_escape(self.queue), glob_escape(self.sep)
+        if self.narrow and user:
+            mine = f"{p}{glob_escape(user)}@*.celery.pidbox"
+            remote = [
+                f"%W~{p}*.reply.celery.pidbox",
+                f"%W~{p}*.reply.celery.pidbox{s}*",
+                f"~{mine}",
+                f"~{mine}{s}*",
+            ]
+        else:
+            remote = [f"~{p}*.celery.pidbox", f"~{p}*.celery.pidbox{s}*"]
+        return [
+            *(f"~{k}" for k in self._queue_keys(p, q, s)),
+            *remote,
+        ]
+
+    def _queue_keys(self, p: str, q: str, s: str) -> list[str]:
         return [
             f"{p}{q}",
             f"{p}{q}{s}*",
@@ -142,8 +185,6 @@ class BrokerPlan:
             f"{p}_kombu.binding_permanent.celery.pidbox",
             f"{p}_kombu.binding_permanent.celeryev",
             f"{p}_kombu.binding_permanent.reply.celery.pidbox",
-            f"{p}*.celery.pidbox",
-            f"{p}*.celery.pidbox{s}*",
             f"{p}celeryev.*",  # a worker's own event queue (gossip)
         ]
 
@@ -151,6 +192,27 @@ class BrokerPlan:
         p = glob_escape(self.keyprefix)
         pidbox, events = f"{p}/{self.db}.celery.pidbox", f"{p}/{self.db}.celeryev"
         return [pidbox, f"{pidbox}/*", f"{events}/*", f"{events}/worker.*"]
+
+    def rules(self, user: str, password: str) -> list[str]:
+        """The user's whole ACL SETUSER rule list.
+
+        Redis 7: the root permissions publish events (`/<db>.celeryev/*`) and nothing else;
+        one selector subscribes to remote control (`/<db>.celery.pidbox`) and to the workers'
+        gossip (`…celeryev/worker.*`), never to task events (their arguments). So a machine
+        cannot broadcast `shutdown` to every worker, nor read what other queues run. A worker
+        must then start with `--without-mingle` (mingle's hello is a broadcast). Redis 6: no
+        selectors; every channel with every pub/sub command, as before."""
+        p = glob_escape(self.keyprefix)
+        pidbox, events = f"{p}/{self.db}.celery.pidbox", f"{p}/{self.db}.celeryev"
+        rules = ["reset", "on", f">{password}", "resetkeys", "resetchannels", "-@all"]
+        rules += self.key_patterns(user)
+        rules += [f"+{c}" for c in self.commands()]
+        if not self.narrow:
+            rules += [f"&{c}" for c in self.channels()]
+            return [*rules, "+publish", *(f"+{c}" for c in PUBSUB)]
+        rules += ["+publish", f"&{events}/*"]
+        listen = [f"+{c}" for c in PUBSUB] + [f"&{pidbox}", f"&{pidbox}/*", f"&{events}/worker.*"]
+        return [*rules, f"({' '.join(listen)})"]
 
     def machine_url(self, user: str, password: str) -> str:
         parts = urlsplit(self.url)
@@ -203,6 +265,7 @@ def plan_for(source: MetricsSource, queue: str, env: Mapping[str, str] | None = 
         db=db,
         keyprefix=source.global_keyprefix or "",
         sep=source.sep,
+        version=version,
     )
 
 
@@ -231,14 +294,24 @@ def _redis_version(url: str) -> tuple[int, ...]:
         return (0,)
 
 
+def load_scripts(url: str) -> None:
+    """Load the scripts a worker runs by EVALSHA (it may not load them itself)."""
+    client: Any = _client(url)
+    try:
+        for script in _scripts():
+            client.script_load(script)
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()
+
+
 def create_user(plan: BrokerPlan, user: str, password: str) -> None:
-    rules = ["reset", "on", f">{password}", "resetkeys", "resetchannels", "-@all"]
-    rules += [f"~{k}" for k in plan.key_patterns()]
-    rules += [f"&{c}" for c in plan.channels()]
-    rules += [f"+{c}" for c in plan.commands()]
+    load_scripts(plan.url)
     client = _client(plan.url)
     try:
-        client.execute_command("ACL", "SETUSER", user, *rules)  # type: ignore[attr-defined]
+        client.execute_command(  # type: ignore[attr-defined]
+            "ACL", "SETUSER", user, *plan.rules(user, password)
+        )
     finally:
         with contextlib.suppress(Exception):
             client.close()  # type: ignore[attr-defined]
@@ -257,26 +330,47 @@ def machine_access(config: Any, env: Mapping[str, str] | None = None) -> list[st
     """What `autoscaler validate` says each autoscaled queue's machines will hold to reach
     their broker (asks each watched Redis its version; never prints a URL)."""
     lines = []
-    known: dict[object, str | None] = {}  # one question per watched broker
+    known: dict[object, BrokerPlan | str] = {}  # one question per watched broker
+    domains: dict[str, list[str]] = {}
     for name, queue in config.queues.items():
         if queue.autoscale is None or not queue.autoscale.enabled:
             continue
         key = queue.metrics.model_copy(update={"queue": None})
         if key not in known:
             try:
-                plan_for(queue.metrics, name, env)
-                known[key] = None
+                known[key] = plan_for(queue.metrics, name, env)
             except NoBrokerUser as exc:
                 known[key] = str(exc)
-        if known[key] is not None:
-            lines.append(f"machines of {name} will hold: {known[key]}")
+        plan = known[key]
+        if isinstance(plan, str):
+            lines.append(f"machines of {name} will hold: {plan}")
             continue
+        domains.setdefault(plan.domain(), []).append(name)
+        narrow = (
+            "may listen to remote control and answer it, publish events (never read task "
+            "events, never broadcast), run only the scripts the control plane loads (no EVAL); "
+            "start its worker with --without-mingle"
+            if plan.narrow
+            else f"on Redis {'.'.join(map(str, plan.version))} it may also publish on the "
+            "remote-control channel (a broadcast reaches every worker) and read other workers' "
+            "answers: Redis 7 narrows both"
+        )
         lines.append(
             f"machines of {name} will hold: their own Redis user (named after the machine), "
-            "limited to "
-            "this queue's keys and Celery's unacked, binding, remote-control and event keys; "
-            "deleted when the machine is destroyed"
+            f"limited to {plan.domain()}: this queue's keys and Celery's unacked, binding, "
+            f"remote-control and event keys there; it {narrow}; deleted when the machine is "
+            "destroyed"
         )
+    for domain, queues in sorted(domains.items()):
+        if len(queues) > 1:
+            lines.append(
+                f"trust domain {domain} holds queues {', '.join(sorted(queues))}: kombu shares "
+                "one unacked hash and the exchange bindings per domain, so machines of these "
+                "queues can disturb each other's in-flight jobs; give a queue its own domain "
+                "(its application's own global_keyprefix, or its own Redis) to separate it"
+            )
+        else:
+            lines.append(f"trust domain {domain} holds queue {queues[0]} alone")
     return lines
 
 
@@ -309,6 +403,7 @@ def sweep(
         with contextlib.suppress(NoBrokerUser):
             urls.add(plan_for(queue.metrics, name, env).url)
     for url in sorted(urls):
+        load_scripts(url)  # a restart or SCRIPT FLUSH of the broker dropped them: back
         for user in list_users(url):
             parsed = parse_label(user)
             if parsed is None or parsed.installation_id != installation_id:

@@ -74,7 +74,8 @@ def job(self, path, job_id, seconds, gate=None):
 
 STARTUP = (
     f"exec {sys.executable} -m celery -A tasks worker -Q {{queue}} "
-    '-n "$AUTOSCALER_WORKER_NAME" --pool prefork -c 1 --prefetch-multiplier 1 -l info'
+    '-n "$AUTOSCALER_WORKER_NAME" --pool prefork -c 1 --prefetch-multiplier 1 --without-mingle '
+    "-l info"
 )
 
 

@@ -74,3 +74,33 @@ def test_the_user_selects_its_own_database_only(user, db):
                 machine.execute_command("SELECT", other)
     finally:
         machine.close()
+
+
+def test_validate_lists_each_trust_domain_and_what_its_machines_hold():
+    """Two queues on one database and prefix share kombu's unacked hash and bindings: `validate`
+    says so, and a queue with its own prefix is its own domain. No URL is printed."""
+    from autoscaler.api.broker_users import machine_access
+    from autoscaler.config import load_config_text
+
+    def queue(name: str, prefix: str = "") -> str:
+        extra = f", global_keyprefix: '{prefix}'" if prefix else ""
+        return f"""
+  {name}:
+    metrics: {{source: celery, url: "redis://:pw-secret@127.0.0.1:6379/4"{extra}}}
+    autoscale:
+      provider: gpu
+      max_workers: 1
+      instance: {{gpu: RTX 4090, max_price_per_hour: 0.6}}"""
+
+    config = load_config_text(
+        "providers: {gpu: {kind: mock}}\nqueues:"
+        + queue("render")
+        + queue("train")
+        + queue("billing", "billing:")
+    )
+    lines = machine_access(config)
+    text = "\n".join(lines)
+    assert "trust domain 127.0.0.1:6379/4 holds queues render, train" in text
+    assert "disturb each other's in-flight jobs" in text
+    assert "trust domain 127.0.0.1:6379/4 prefix 'billing:' holds queue billing alone" in text
+    assert "--without-mingle" in text and "pw-secret" not in text
