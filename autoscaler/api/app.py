@@ -332,15 +332,18 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         dep = getattr(queue_cfg, "deployment", None)
         broker_url, note = None, None
         if queue_cfg is not None:
-            try:
-                plan = broker_users.plan_for(queue_cfg.metrics, row.queue, runtime().env)
-                if row.broker_user:
-                    password = keys.derive(_bearer(request), "broker")
-                    broker_url = plan.machine_url(row.broker_user, password)
-                else:
+            # the machine's own user, made at its launch: its URL needs no question to the
+            # broker (the broker may be busy; the user exists)
+            admin = broker_users.admin_url(queue_cfg.metrics, runtime().env)
+            if row.broker_user and admin is not None:
+                password = keys.derive(_bearer(request), "broker")
+                broker_url = broker_users.machine_url(admin, row.broker_user, password)
+            else:
+                try:
+                    broker_users.plan_for(queue_cfg.metrics, row.queue, runtime().env)
                     note = "no broker user was made for this machine at its launch"
-            except broker_users.NoBrokerUser as exc:
-                note = str(exc)
+                except broker_users.NoBrokerUser as exc:
+                    note = str(exc)
         return Deployment(
             queue=row.queue,
             git_url=dep.git_url if dep else None,

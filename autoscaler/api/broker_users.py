@@ -215,14 +215,32 @@ class BrokerPlan:
         return [*rules, f"({' '.join(listen)})"]
 
     def machine_url(self, user: str, password: str) -> str:
-        parts = urlsplit(self.url)
-        host = parts.hostname or "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
-        if parts.port:
-            netloc += f":{parts.port}"
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+        return machine_url(self.url, user, password)
+
+
+def machine_url(url: str, user: str, password: str) -> str:
+    """The watched broker's URL with the machine's own user instead of the admin's."""
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+
+
+def admin_url(source: MetricsSource, env: Mapping[str, str] | None = None) -> str | None:
+    """The watched Redis where a queue's machines' users live (to delete them, list them), or
+    None where no per-machine user is ever made. Asks nothing of the broker: a user made once
+    is deleted even if no user would be made for the queue today."""
+    if source.source != "celery":
+        return None
+    try:
+        url = source_url(source, env)
+    except MetricsConfigError:
+        return None
+    return url if url.split("://", 1)[0].lower() in ("redis", "rediss") else None
 
 
 def glob_escape(text: str) -> str:
@@ -258,6 +276,16 @@ def plan_for(source: MetricsSource, queue: str, env: Mapping[str, str] | None = 
         raise NoBrokerUser(
             f"Redis {'.'.join(map(str, version))} has no ACL users (6.0 or newer does): the "
             "machine would hold the shared broker password"
+        )
+    name = source.queue or queue
+    prefix = source.global_keyprefix or ""
+    others = _other_queues_bound(url, f"{prefix}_kombu.binding.{name}", name, source.sep)
+    if others and source.shared_exchange != "accept":
+        raise NoBrokerUser(
+            f"exchange {name!r} also routes to {', '.join(others[:5])}: a machine's own user "
+            "could bind its queue there and receive copies of their messages, so none is made; "
+            "give the queue an exchange of its own, or set `shared_exchange: accept` in its "
+            "metrics block (the machine then shares that exposure)"
         )
     return BrokerPlan(
         url=url,
@@ -303,6 +331,29 @@ def load_scripts(url: str) -> None:
     finally:
         with contextlib.suppress(Exception):
             client.close()
+
+
+def _other_queues_bound(url: str, binding_key: str, queue: str, sep: str) -> list[str]:
+    """The queues other than `queue` that the exchange's binding set routes to."""
+    client: Any = None
+    try:
+        client = _client(url)
+        members = client.smembers(binding_key)
+    except Exception as exc:
+        raise BrokerUnreachable(
+            f"the watched broker cannot be asked the queue's bindings ({type(exc).__name__})"
+        ) from None
+    finally:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+    found = set()
+    for raw in members or ():
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        bound = text.split(sep)[-1]
+        if bound and bound != queue:
+            found.add(bound)
+    return sorted(found)
 
 
 def create_user(plan: BrokerPlan, user: str, password: str) -> None:
@@ -397,11 +448,12 @@ def sweep(
 
     deleted: list[str] = []
     urls: set[str] = set()
-    for name, queue in config.queues.items():
+    for queue in config.queues.values():
         if queue.autoscale is None or not queue.autoscale.enabled:
             continue
-        with contextlib.suppress(NoBrokerUser):
-            urls.add(plan_for(queue.metrics, name, env).url)
+        url = admin_url(queue.metrics, env)
+        if url is not None:
+            urls.add(url)
     for url in sorted(urls):
         load_scripts(url)  # a restart or SCRIPT FLUSH of the broker dropped them: back
         for user in list_users(url):

@@ -430,6 +430,10 @@ class MetricsSource(Strict):
     pop_side: Literal["right", "left"] = "right"
     timeout: Duration = Field(default=5.0, gt=0)
     stale_after: Duration = Field(default=300.0, gt=0)
+    shared_exchange: Literal["refuse", "accept"] = "refuse"
+    """A queue whose exchange also routes to other queues (its `_kombu.binding.<queue>` set
+    names them): a machine's own broker user could bind its queue there and receive copies of
+    their messages. `refuse` (default) makes no per-machine user for it; `accept` makes one."""
 
     @model_validator(mode="after")
     def _one_url(self) -> MetricsSource:

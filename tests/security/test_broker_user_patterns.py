@@ -104,3 +104,28 @@ def test_validate_lists_each_trust_domain_and_what_its_machines_hold():
     assert "disturb each other's in-flight jobs" in text
     assert "trust domain 127.0.0.1:6379/4 prefix 'billing:' holds queue billing alone" in text
     assert "--without-mingle" in text and "pw-secret" not in text
+
+
+def test_no_user_is_made_for_a_queue_whose_exchange_routes_to_other_queues():
+    """The `celery` queue's machine copied other queues' messages by adding a binding to
+    `_kombu.binding.celery`, the default exchange many queues share. Such a queue gets no
+    per-machine user (with the reason and the fix), unless its metrics block accepts it."""
+    from autoscaler.api.broker_users import NoBrokerUser, plan_for
+    from autoscaler.config.models import MetricsSource
+
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    admin = redis.Redis.from_url(f"{REDIS_URL}/6")
+    key = f"{prefix}_kombu.binding.celery"
+    try:
+        admin.sadd(key, "celery\x06\x16\x06\x16celery")
+        source = MetricsSource(url=f"{REDIS_URL}/6", global_keyprefix=prefix)
+        assert plan_for(source, "celery").queue == "celery"  # its exchange is its own so far
+        admin.sadd(key, "reports\x06\x16\x06\x16reports")  # another queue bound to it
+        with pytest.raises(NoBrokerUser, match="also routes to reports") as info:
+            plan_for(source, "celery")
+        assert "shared_exchange: accept" in str(info.value)
+        accepted = source.model_copy(update={"shared_exchange": "accept"})
+        assert plan_for(accepted, "celery").queue == "celery"
+    finally:
+        admin.delete(key)
+        admin.close()
