@@ -22,7 +22,7 @@ why no user can be made and what the machine would hold instead.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -297,25 +297,31 @@ def plan_for(source: MetricsSource, queue: str, env: Mapping[str, str] | None = 
     )
 
 
-def _client(url: str) -> object:
-    import redis
+@contextlib.contextmanager
+def _connected(url: str, unreachable: str | None = None) -> Iterator[Any]:
+    """A client of the watched Redis, closed after use. With `unreachable`, any failure of the
+    block is BrokerUnreachable ("the watched broker cannot be asked <unreachable>")."""
+    from autoscaler.metrics.redis_list import open_redis
 
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=3)
-
-
-def _redis_version(url: str) -> tuple[int, ...]:
     client: Any = None
     try:
-        client = _client(url)
-        info = client.info("server")
+        client = open_redis(url, 5.0)
+        yield client
     except Exception as exc:  # a URL redis cannot parse, a broker down: said, never raised
+        if unreachable is None:
+            raise
         raise BrokerUnreachable(
-            f"the watched broker cannot be asked its version ({type(exc).__name__})"
+            f"the watched broker cannot be asked {unreachable} ({type(exc).__name__})"
         ) from None
     finally:
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
+
+
+def _redis_version(url: str) -> tuple[int, ...]:
+    with _connected(url, "its version") as client:
+        info = client.info("server")
     try:
         return tuple(int(x) for x in str(info.get("redis_version", "0")).split(".")[:2])
     except ValueError:
@@ -324,29 +330,15 @@ def _redis_version(url: str) -> tuple[int, ...]:
 
 def load_scripts(url: str) -> None:
     """Load the scripts a worker runs by EVALSHA (it may not load them itself)."""
-    client: Any = _client(url)
-    try:
+    with _connected(url) as client:
         for script in _scripts():
             client.script_load(script)
-    finally:
-        with contextlib.suppress(Exception):
-            client.close()
 
 
 def _other_queues_bound(url: str, binding_key: str, queue: str, sep: str) -> list[str]:
     """The queues other than `queue` that the exchange's binding set routes to."""
-    client: Any = None
-    try:
-        client = _client(url)
+    with _connected(url, "the queue's bindings") as client:
         members = client.smembers(binding_key)
-    except Exception as exc:
-        raise BrokerUnreachable(
-            f"the watched broker cannot be asked the queue's bindings ({type(exc).__name__})"
-        ) from None
-    finally:
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
     found = set()
     for raw in members or ():
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
@@ -358,23 +350,13 @@ def _other_queues_bound(url: str, binding_key: str, queue: str, sep: str) -> lis
 
 def create_user(plan: BrokerPlan, user: str, password: str) -> None:
     load_scripts(plan.url)
-    client = _client(plan.url)
-    try:
-        client.execute_command(  # type: ignore[attr-defined]
-            "ACL", "SETUSER", user, *plan.rules(user, password)
-        )
-    finally:
-        with contextlib.suppress(Exception):
-            client.close()  # type: ignore[attr-defined]
+    with _connected(plan.url) as client:
+        client.execute_command("ACL", "SETUSER", user, *plan.rules(user, password))
 
 
 def delete_user(url: str, user: str) -> None:
-    client = _client(url)
-    try:
-        client.execute_command("ACL", "DELUSER", user)  # type: ignore[attr-defined]
-    finally:
-        with contextlib.suppress(Exception):
-            client.close()  # type: ignore[attr-defined]
+    with _connected(url) as client:
+        client.execute_command("ACL", "DELUSER", user)
 
 
 def machine_access(config: Any, env: Mapping[str, str] | None = None) -> list[str]:
@@ -426,12 +408,8 @@ def machine_access(config: Any, env: Mapping[str, str] | None = None) -> list[st
 
 
 def list_users(url: str) -> list[str]:
-    client = _client(url)
-    try:
-        users = client.execute_command("ACL", "USERS")  # type: ignore[attr-defined]
-    finally:
-        with contextlib.suppress(Exception):
-            client.close()  # type: ignore[attr-defined]
+    with _connected(url) as client:
+        users = client.execute_command("ACL", "USERS")
     return [u.decode() if isinstance(u, bytes) else str(u) for u in users or ()]
 
 

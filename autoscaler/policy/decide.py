@@ -45,7 +45,7 @@ from autoscaler.policy import triggers as t
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.caps import Grant, Request, allocate, usage
 from autoscaler.policy.history import LEARNED_MAX_FACTOR, burst_limit, learned_idle_timeout
-from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Wait
+from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Wait, WaitKind
 from autoscaler.policy.snapshot import (
     BackoffState,
     Machine,
@@ -368,40 +368,45 @@ def _grants(ups: list[_Up], snapshot: Snapshot, config: Config) -> dict[str, Gra
 # --------------------------------------------------------------------------- finish
 
 
+def _provider_hold(u: _Up, now: datetime) -> tuple[WaitKind, datetime, str] | None:
+    """Why the queue's provider is not called to rent now, if it is not: its own rate limit
+    (a 429's reset) first, else the (queue, provider) backoff after failed rentals."""
+    if u.rate_limit is not None:
+        limit = u.rate_limit
+        left = (limit.until - now).total_seconds()
+        return (
+            "rate_limit",
+            limit.until,
+            f"rate limit: {u.auto.provider} takes no calls before {limit.until.isoformat()} "
+            f"({left:.0f}s left; {limit.reason})",
+        )
+    if u.backoff is not None:
+        b = u.backoff
+        left = (b.until - now).total_seconds()
+        err = f" (last error: {b.last_error})" if b.last_error else ""
+        return (
+            "backoff",
+            b.until,
+            f"backoff: renting from {u.auto.provider} failed {b.failures} time(s){err}; no "
+            f"launch before {b.until.isoformat()} ({left:.0f}s left)",
+        )
+    return None
+
+
 def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> QueuePlan:
     waits = list(u.waits)
     notes = list(u.notes)
     count = u.wanted
-    if count > 0 and u.rate_limit is not None:
-        left = (u.rate_limit.until - now).total_seconds()
+    hold = _provider_hold(u, now)
+    if count > 0 and hold is not None:
+        kind, until, why = hold
         waits.append(
             Wait(
                 queue=u.name,
-                kind="rate_limit",
+                kind=kind,
                 machines=count,
-                until=u.rate_limit.until,
-                reason=(
-                    f"rate limit: {u.auto.provider} takes no calls before "
-                    f"{u.rate_limit.until.isoformat()} ({left:.0f}s left; {u.rate_limit.reason}); "
-                    f"{count} machine(s) wait"
-                ),
-            )
-        )
-        count = 0
-    if count > 0 and u.backoff is not None:
-        left = (u.backoff.until - now).total_seconds()
-        err = f" (last error: {u.backoff.last_error})" if u.backoff.last_error else ""
-        waits.append(
-            Wait(
-                queue=u.name,
-                kind="backoff",
-                machines=count,
-                until=u.backoff.until,
-                reason=(
-                    f"backoff: renting from {u.auto.provider} failed {u.backoff.failures} time(s)"
-                    f"{err}; no launch before {u.backoff.until.isoformat()} ({left:.0f}s left); "
-                    f"{count} machine(s) wait"
-                ),
+                until=until,
+                reason=f"{why}; {count} machine(s) wait",
             )
         )
         count = 0

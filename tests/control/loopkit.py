@@ -264,11 +264,16 @@ class Loop:
     # ------------------------------------------------------------------ processes
 
     def start(self, name: str, *args: str, env: Mapping[str, str] | None = None) -> Proc:
+        """`celery -A autoscaler ARGS…` as a process of this loop."""
+        return self.spawn(name, [CELERY, "-A", "autoscaler", *args], env)
+
+    def spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Proc:
+        """`argv` in its own process group, its output in logs/NAME.log, stopped at close."""
         log = self.logs / f"{name}.log"
         out = open(log, "ab")  # noqa: SIM115 - the child keeps it
         try:
             popen = subprocess.Popen(
-                [CELERY, "-A", "autoscaler", *args],
+                argv,
                 env={**self.env, **(env or {})},
                 cwd=REPO,
                 stdin=subprocess.DEVNULL,
@@ -311,6 +316,15 @@ class Loop:
         if wait:
             self.wait(lambda: " ready." in proc.text() or self._died(proc), 60, f"worker {name} up")
         return proc
+
+    def serve_api(self, port: int) -> str:
+        """`autoscaler serve` on 127.0.0.1:`port` (a process of this loop, stopped with it);
+        returns its URL once /healthz answers."""
+        argv = [sys.executable, "-m", "autoscaler.cli", "serve", "--bind", f"127.0.0.1:{port}"]
+        proc = self.spawn("serve", argv)
+        url = f"http://127.0.0.1:{port}"
+        self.wait(lambda: _answers(url) or self._died(proc), 30, "the API up")
+        return url
 
     def beat(self, name: str = "beat", *, wait: bool = True) -> Proc:
         proc = self.start(name, "beat", "-l", "info", "-s", str(self.tmp_path / f"{name}-schedule"))
@@ -438,6 +452,15 @@ class Loop:
             forget_watched(self.watch_keys)
         if self._engine is not None:
             self._engine.dispose()
+
+
+def _answers(url: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(f"{url}/healthz", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def _as_dict(row: Any) -> dict[str, Any]:

@@ -13,11 +13,6 @@ one. A machine that no longer exists is the only refusal.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -84,39 +79,6 @@ def _config(fake: FakeRunPod, queue: str, source: dict[str, Any]) -> dict[str, A
     }
 
 
-@contextlib.contextmanager
-def _serve(loop: Loop) -> Iterator[str]:
-    port = free_port()
-    log = open(loop.logs / "serve.log", "ab")  # noqa: SIM115 - the child keeps it
-    server = subprocess.Popen(
-        [sys.executable, "-m", "autoscaler.cli", "serve", "--bind", f"127.0.0.1:{port}"],
-        env=loop.env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        loop.wait(lambda: _up(url), 30, "the API up")
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-
-
-def _up(url: str) -> bool:
-    try:
-        return requests.get(f"{url}/healthz", timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
-
-
 @pytest.mark.timeout(280)
 def test_drain_cancels_a_machine_that_is_not_ready_through_every_door(store, tmp_path):
     loop, source = store
@@ -126,85 +88,85 @@ def test_drain_cancels_a_machine_that_is_not_ready_through_every_door(store, tmp
         loop.setup(_config(fake, queue, source))
         admin = loop.cli("keys", "create-admin", "--name", "ops").stdout.split()[-1]
         rt = Runtime(Settings.from_env(loop.env), env=loop.env)
-        with _serve(loop) as api:
-            loop.worker("w1", concurrency=3)
+        api = loop.serve_api(free_port())
+        loop.worker("w1", concurrency=3)
 
-            def via_cli(launch_id: str) -> str:
-                return loop.cli("drain", launch_id, "--by", "ops").stdout
+        def via_cli(launch_id: str) -> str:
+            return loop.cli("drain", launch_id, "--by", "ops").stdout
 
-            def via_api(launch_id: str) -> str:
-                r = requests.post(
-                    f"{api}/v1/admin/instances/{launch_id}/drain",
-                    headers={"Authorization": f"Bearer {admin}"},
-                    timeout=30,
-                )
-                assert r.status_code == 200, r.text
-                return str(r.json()["message"])
-
-            def via_celery(launch_id: str) -> str:
-                loop.celery_call("autoscaler.drain", [launch_id])
-                return ""  # the answer is the task's result; the row says what it did
-
-            doors: dict[str, Callable[[str], str]] = {
-                "cli": via_cli,
-                "api": via_api,
-                "celery": via_celery,
-            }
-            made = 0
-            for door, drain in doors.items():
-                # pending: never rented
-                pending = _intent(rt, queue, f"p_{door}")
-                said = drain(pending)
-                row = loop.wait(partial(_ended, loop, pending), 30, f"{door}: pending cancelled")
-                assert row["state"] == "failed" and CANCELLED in row["state_reason"], row
-                assert door == "celery" or "nothing will be" in said, said
-                assert run_launch(rt, pending).startswith("not pending")
-
-                # creating: the create is held in flight; the machine goes once it returns
-                creating = _intent(rt, queue, f"c_{door}")
-                fake.hold_create, fake.create_held = threading.Event(), threading.Event()
-                loop.celery_call("autoscaler.launch", [creating])
-                assert fake.create_held.wait(30), loop.dump()
-                said = drain(creating)
-                assert door == "celery" or "destroyed as soon as it exists" in said, said
-                if door == "celery":
-                    loop.wait(partial(_cancel_marked, loop, creating), 30, "cancel marked")
-                fake.hold_create.set()
-                made += 1
-                row = loop.wait(partial(_ended, loop, creating), 60, f"{door}: creating destroyed")
-                assert row["state"] == "terminated", row
-                assert row["terminating_at"] is not None and row["ready_at"] is None
-                fake.hold_create = None
-
-                # booting, no worker up yet: destroyed at once
-                booting = _intent(rt, queue, f"b_{door}")
-                assert run_launch(rt, booting).startswith("booting")
-                made += 1
-                said = drain(booting)
-                assert door == "celery" or "being destroyed" in said, said
-                row = loop.wait(partial(_ended, loop, booting), 60, f"{door}: booting destroyed")
-                assert row["state"] == "terminated" and row["ready_at"] is None, row
-
-            # the fake's view: one create per launch that got that far, nothing left running
-            assert len(fake.calls("POST", "/v2/pods")) == made == 6
-            assert fake.live_pods() == []
-            events = loop.events(queue)
-            cancelled = [e for e in events if (e["kind"], e["action"]) == ("drain", "cancelled")]
-            asked = [e for e in events if (e["kind"], e["action"]) == ("drain", "cancelling")]
-            assert len(cancelled) == 9 and all(CANCELLED in e["reason"] for e in cancelled)
-            assert [e["launch_id"] for e in asked] == ["c_cli", "c_api", "c_celery"]
-            # who asked is in the audit trail, and only a closed machine is refused
-            said_by = {e["launch_id"]: e["reason"] for e in cancelled if e["launch_id"][0] != "c"}
-            assert "(ops asked" in said_by["b_cli"] and "(api:ops asked" in said_by["b_api"]
-            assert "autoscaler.drain" in said_by["p_celery"], said_by
-            refused = loop.cli("drain", "b_cli", check=False)
-            assert refused.returncode == 2 and "already terminated" in refused.stderr, refused
+        def via_api(launch_id: str) -> str:
             r = requests.post(
-                f"{api}/v1/admin/instances/p_cli/drain",
+                f"{api}/v1/admin/instances/{launch_id}/drain",
                 headers={"Authorization": f"Bearer {admin}"},
                 timeout=30,
             )
-            assert r.status_code == 409 and "already failed" in r.json()["detail"], r.text
+            assert r.status_code == 200, r.text
+            return str(r.json()["message"])
+
+        def via_celery(launch_id: str) -> str:
+            loop.celery_call("autoscaler.drain", [launch_id])
+            return ""  # the answer is the task's result; the row says what it did
+
+        doors: dict[str, Callable[[str], str]] = {
+            "cli": via_cli,
+            "api": via_api,
+            "celery": via_celery,
+        }
+        made = 0
+        for door, drain in doors.items():
+            # pending: never rented
+            pending = _intent(rt, queue, f"p_{door}")
+            said = drain(pending)
+            row = loop.wait(partial(_ended, loop, pending), 30, f"{door}: pending cancelled")
+            assert row["state"] == "failed" and CANCELLED in row["state_reason"], row
+            assert door == "celery" or "nothing will be" in said, said
+            assert run_launch(rt, pending).startswith("not pending")
+
+            # creating: the create is held in flight; the machine goes once it returns
+            creating = _intent(rt, queue, f"c_{door}")
+            fake.hold_create, fake.create_held = threading.Event(), threading.Event()
+            loop.celery_call("autoscaler.launch", [creating])
+            assert fake.create_held.wait(30), loop.dump()
+            said = drain(creating)
+            assert door == "celery" or "destroyed as soon as it exists" in said, said
+            if door == "celery":
+                loop.wait(partial(_cancel_marked, loop, creating), 30, "cancel marked")
+            fake.hold_create.set()
+            made += 1
+            row = loop.wait(partial(_ended, loop, creating), 60, f"{door}: creating destroyed")
+            assert row["state"] == "terminated", row
+            assert row["terminating_at"] is not None and row["ready_at"] is None
+            fake.hold_create = None
+
+            # booting, no worker up yet: destroyed at once
+            booting = _intent(rt, queue, f"b_{door}")
+            assert run_launch(rt, booting).startswith("booting")
+            made += 1
+            said = drain(booting)
+            assert door == "celery" or "being destroyed" in said, said
+            row = loop.wait(partial(_ended, loop, booting), 60, f"{door}: booting destroyed")
+            assert row["state"] == "terminated" and row["ready_at"] is None, row
+
+        # the fake's view: one create per launch that got that far, nothing left running
+        assert len(fake.calls("POST", "/v2/pods")) == made == 6
+        assert fake.live_pods() == []
+        events = loop.events(queue)
+        cancelled = [e for e in events if (e["kind"], e["action"]) == ("drain", "cancelled")]
+        asked = [e for e in events if (e["kind"], e["action"]) == ("drain", "cancelling")]
+        assert len(cancelled) == 9 and all(CANCELLED in e["reason"] for e in cancelled)
+        assert [e["launch_id"] for e in asked] == ["c_cli", "c_api", "c_celery"]
+        # who asked is in the audit trail, and only a closed machine is refused
+        said_by = {e["launch_id"]: e["reason"] for e in cancelled if e["launch_id"][0] != "c"}
+        assert "(ops asked" in said_by["b_cli"] and "(api:ops asked" in said_by["b_api"]
+        assert "autoscaler.drain" in said_by["p_celery"], said_by
+        refused = loop.cli("drain", "b_cli", check=False)
+        assert refused.returncode == 2 and "already terminated" in refused.stderr, refused
+        r = requests.post(
+            f"{api}/v1/admin/instances/p_cli/drain",
+            headers={"Authorization": f"Bearer {admin}"},
+            timeout=30,
+        )
+        assert r.status_code == 409 and "already failed" in r.json()["detail"], r.text
         rt.close()
     finally:
         if fake.hold_create is not None:

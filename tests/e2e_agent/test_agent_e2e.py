@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -25,7 +22,6 @@ from typing import Any
 
 import pytest
 import redis
-import requests
 from celery import Celery
 
 from autoscaler.metrics import stamp
@@ -112,7 +108,6 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
         {queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"}
         | {f"{queue}\x06\x16{p}" for p in (3, 6, 9)}
     )
-    server: subprocess.Popen[bytes] | None = None
     hand: AgentProc | None = None
     publisher = Celery("pub", broker=WATCH_BROKER, set_as_current=False)
     launches: set[str] = set()
@@ -144,16 +139,7 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
         enrolment = loop.cli(
             "keys", "create-enrolment", "--name", "desk-7", "--queue", queue
         ).stdout.split()[-1]
-        log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - the child keeps it
-        server = subprocess.Popen(
-            [sys.executable, "-m", "autoscaler.cli", "serve", "--bind", f"127.0.0.1:{port}"],
-            env=loop.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        loop.wait(lambda: _up(port), 30, "the API up")
+        loop.serve_api(port)
         loop.worker("w1", concurrency=3)
         loop.beat()
 
@@ -258,6 +244,7 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
         starts = Counter(e["job"] for e in got if e["phase"] == "start")
         ends = Counter(e["job"] for e in got if e["phase"] == "end")
         assert starts == Counter(jobs) == ends, (got, loop.dump())
+
         # 5. every job finished was reported once by its agent, with the producer's stamp as
         # its arrival; `trace export` makes a trace of them that the simulator reads back
         def recorded() -> list[Any]:
@@ -294,14 +281,6 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
     finally:
         if hand is not None:
             hand.stop()
-        if server is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
         loop.close()
         publisher.close()
         with contextlib.suppress(Exception):
@@ -310,13 +289,6 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
         for launch in launches:
             r.execute_command("ACL", "DELUSER", f"asg-{loop.installation_id}-{launch}")
         r.close()
-
-
-def _up(port: int) -> bool:
-    try:
-        return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def _row(loop: Loop, queue: str, launch_id: str) -> dict[str, Any]:

@@ -22,18 +22,9 @@ from autoscaler.api.app import create_app
 from autoscaler.control.runtime import Runtime
 from autoscaler.settings import Settings
 from tests.agent.agentkit import serve
-from tests.api.apikit import World, make_world
+from tests.api.apikit import World
 
 LIMIT = 1024 * 1024
-
-
-@pytest.fixture
-def world(db_url, tmp_path) -> Iterator[World]:
-    w = make_world(db_url, tmp_path)
-    try:
-        yield w
-    finally:
-        w.close()
 
 
 def _raw(url: str, head: bytes, body: bytes = b"", timeout: float = 10.0) -> tuple[int, bytes]:

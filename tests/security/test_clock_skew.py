@@ -20,42 +20,24 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from autoscaler.api.app import create_app
-from autoscaler.config import load_config_text
 from autoscaler.control import reconciler
 from autoscaler.control.launch import run_launch
-from autoscaler.control.runtime import Runtime, utc_now
-from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.control.runtime import utc_now
+from autoscaler.store import fleet
 from autoscaler.store.db import store_now
 from autoscaler.store.models import ScaleEvent
 from tests.fakes.runpod_server import FakeRunPod
+from tests.security.kit import runpod_runtime
 
 KEY = "rpa_SKEW_4f9c2e7b1d_not_a_real_key"
 
 
 def test_a_reconciler_five_minutes_ahead_destroys_no_machine_seen_seconds_ago(tmp_path, pg_url):
     fake = FakeRunPod(KEY)
-    migrate.upgrade(pg_url)
-    env = {"AUTOSCALER_HOME": str(tmp_path), "AUTOSCALER_DATABASE_URL": pg_url, "RP_KEY": KEY}
-    rt = Runtime(Settings.from_env(env), env=env)
+    rt = runpod_runtime(tmp_path, pg_url, fake, KEY, top="poll_interval: 2\nheartbeat_timeout: 60")
     client = TestClient(create_app(rt), raise_server_exceptions=False)
     try:
-        config = load_config_text(f"""
-poll_interval: 2
-heartbeat_timeout: 60
-providers:
-  pods: {{kind: runpod, base_url: "{fake.url}", api_key_env: RP_KEY,
-          gpu_types: ["NVIDIA GeForce RTX 4090"]}}
-queues:
-  q:
-    metrics: {{url: "redis://127.0.0.1:6379/0"}}
-    autoscale:
-      provider: pods
-      max_workers: 1
-      instance: {{gpu: "RTX 4090", max_price_per_hour: 0.8}}
-""")
         with rt.transaction() as session:
-            config_versions.record(session, config.model_dump(mode="json"), "t", utc_now())
             fleet.add_intents(session, [("skew1", "q", "pods", "t")], utc_now())
         assert run_launch(rt, "skew1").startswith("booting")
         (create,) = fake.calls("POST", "/v2/pods")

@@ -19,12 +19,13 @@ import requests
 from autoscaler.api import keys
 from autoscaler.store import config_versions
 from tests.agent.agentkit import serve
-from tests.api.apikit import CONFIG, World, make_world
+from tests.api.apikit import CONFIG, World
 
 
 @pytest.fixture
-def world(db_url, tmp_path) -> Iterator[World]:
-    w = make_world(db_url, tmp_path)
+def world(world: World) -> Iterator[World]:
+    """The API world with a second queue, each with its own git token."""
+    w = world
     doc = json.loads(json.dumps(CONFIG))
     doc["queues"]["q1"]["deployment"]["git_token_env"] = "Q1_GIT_TOKEN"
     doc["queues"]["secret-q"] = json.loads(json.dumps(doc["queues"]["q1"]))
@@ -32,10 +33,7 @@ def world(db_url, tmp_path) -> Iterator[World]:
     with w.rt.transaction() as session:
         config_versions.record(session, doc, "test", datetime.now(UTC), "two queues")
     w.rt.env = {"Q1_GIT_TOKEN": "ghp_q1_token_0123456789", "SECRET_GIT_TOKEN": "ghp_SECRET_987"}
-    try:
-        yield w
-    finally:
-        w.close()
+    yield w
 
 
 def test_an_enrolment_key_opens_its_own_queues_and_no_broker_url(world):

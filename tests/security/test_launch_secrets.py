@@ -12,13 +12,12 @@ import logging
 
 from sqlalchemy import select
 
-from autoscaler.config import load_config_text
 from autoscaler.control.launch import run_launch
-from autoscaler.control.runtime import Runtime, utc_now
-from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.control.runtime import utc_now
+from autoscaler.store import fleet
 from autoscaler.store.models import ScaleEvent
 from tests.fakes.runpod_server import FakeRunPod
+from tests.security.kit import runpod_runtime
 
 KEY = "rpa_SECRETS_4f9c2e7b1d_not_a_real_key"
 
@@ -29,24 +28,9 @@ def test_a_refusal_quoting_the_request_never_carries_the_worker_token(tmp_path, 
     fake.refuse_create = True
     fake.capacity_status = 400
     fake.echo_request_in_errors = True
-    migrate.upgrade(db_url)
-    env = {"AUTOSCALER_HOME": str(tmp_path), "AUTOSCALER_DATABASE_URL": db_url, "RP_KEY": KEY}
-    rt = Runtime(Settings.from_env(env), env=env)
+    rt = runpod_runtime(tmp_path, db_url, fake, KEY)
     try:
-        config = load_config_text(f"""
-providers:
-  pods: {{kind: runpod, base_url: "{fake.url}", api_key_env: RP_KEY,
-          gpu_types: ["NVIDIA GeForce RTX 4090"]}}
-queues:
-  q:
-    metrics: {{url: "redis://127.0.0.1:6379/0"}}
-    autoscale:
-      provider: pods
-      max_workers: 1
-      instance: {{gpu: "RTX 4090", max_price_per_hour: 0.8}}
-""")
         with rt.transaction() as session:
-            config_versions.record(session, config.model_dump(mode="json"), "t", utc_now())
             fleet.add_intents(session, [("l1", "q", "pods", "t")], utc_now())
         result = run_launch(rt, "l1")
         (create,) = fake.calls("POST", "/v2/pods")
