@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from autoscaler.api import rabbit_users
+from autoscaler.api.rabbit_users import RabbitPlan
 from autoscaler.config.models import MetricsSource
 from autoscaler.metrics.registry import MetricsConfigError, source_url
 from autoscaler.providers.labels import make_label
@@ -240,7 +242,22 @@ def admin_url(source: MetricsSource, env: Mapping[str, str] | None = None) -> st
         url = source_url(source, env)
     except MetricsConfigError:
         return None
-    return url if url.split("://", 1)[0].lower() in ("redis", "rediss") else None
+    scheme = url.split("://", 1)[0].lower()
+    return url if scheme in ("redis", "rediss", *rabbit_users.AMQP_SCHEMES) else None
+
+
+def delete_machine_user(source: MetricsSource, user: str, env: Mapping[str, str] | None) -> bool:
+    """Delete a machine's broker user (Redis or RabbitMQ); False where its broker is not one
+    we make users on any more (the user cannot be reached from here)."""
+    url = admin_url(source, env)
+    if url is None:
+        return False
+    if url.split("://", 1)[0].lower() in rabbit_users.AMQP_SCHEMES:
+        target = rabbit_users.plan(url, source.queue or "", source.management_url)
+        rabbit_users.delete_user(target, user)
+    else:
+        delete_user(url, user)
+    return True
 
 
 def glob_escape(text: str) -> str:
@@ -249,7 +266,9 @@ def glob_escape(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
-def plan_for(source: MetricsSource, queue: str, env: Mapping[str, str] | None = None) -> BrokerPlan:
+def plan_for(
+    source: MetricsSource, queue: str, env: Mapping[str, str] | None = None
+) -> BrokerPlan | RabbitPlan:
     """The per-launch user plan of a queue's watched broker, or NoBrokerUser saying why not."""
     if source.source != "celery":
         raise NoBrokerUser(
@@ -261,11 +280,17 @@ def plan_for(source: MetricsSource, queue: str, env: Mapping[str, str] | None = 
     except MetricsConfigError as exc:
         raise NoBrokerUser(str(exc)) from None
     scheme = url.split("://", 1)[0].lower()
+    if scheme in rabbit_users.AMQP_SCHEMES:
+        try:
+            return rabbit_users.plan(url, source.queue or queue, source.management_url)
+        except rabbit_users.RabbitUnreachable as exc:
+            raise BrokerUnreachable(f"the watched broker cannot be asked: {exc}") from None
+        except PermissionError as exc:
+            raise NoBrokerUser(f"no per-machine RabbitMQ user can be made: {exc}") from None
     if scheme not in ("redis", "rediss"):
         raise NoBrokerUser(
             f"the {scheme} broker gets no per-machine user from us: the machine would hold the "
-            "credentials of the broker URL it is given (use a RabbitMQ user limited to this "
-            "queue's vhost)"
+            "credentials of the broker URL it is given"
         )
     try:
         db = parse_url(url).db or 0
@@ -348,7 +373,10 @@ def _other_queues_bound(url: str, binding_key: str, queue: str, sep: str) -> lis
     return sorted(found)
 
 
-def create_user(plan: BrokerPlan, user: str, password: str) -> None:
+def create_user(plan: BrokerPlan | RabbitPlan, user: str, password: str) -> None:
+    if isinstance(plan, RabbitPlan):
+        rabbit_users.create_user(plan, user, password)
+        return
     load_scripts(plan.url)
     with _connected(plan.url) as client:
         client.execute_command("ACL", "SETUSER", user, *plan.rules(user, password))
@@ -363,7 +391,7 @@ def machine_access(config: Any, env: Mapping[str, str] | None = None) -> list[st
     """What `autoscaler validate` says each autoscaled queue's machines will hold to reach
     their broker (asks each watched Redis its version; never prints a URL)."""
     lines = []
-    known: dict[object, BrokerPlan | str] = {}  # one question per watched broker
+    known: dict[object, BrokerPlan | RabbitPlan | str] = {}  # one question per watched broker
     domains: dict[str, list[str]] = {}
     for name, queue in config.queues.items():
         if queue.autoscale is None or not queue.autoscale.enabled:
@@ -377,6 +405,16 @@ def machine_access(config: Any, env: Mapping[str, str] | None = None) -> list[st
         plan = known[key]
         if isinstance(plan, str):
             lines.append(f"machines of {name} will hold: {plan}")
+            continue
+        if isinstance(plan, RabbitPlan):
+            lines.append(
+                f"machines of {name} will hold: their own RabbitMQ user (named after the "
+                f"machine) on {plan.domain()}: this queue, its own remote-control queue, "
+                "listening to remote control and answering it, publishing events, binding "
+                "only the workers' gossip (never task events, never a broadcast, no other "
+                "queue); start its worker with --without-mingle; deleted when the machine is "
+                "destroyed"
+            )
             continue
         domains.setdefault(plan.domain(), []).append(name)
         narrow = (
@@ -424,22 +462,33 @@ def sweep(
     of other installations, and every other user, are never touched. Returns those deleted."""
     from autoscaler.providers.labels import parse_label
 
+    def stale(users: list[str]) -> list[str]:
+        out = []
+        for user in users:
+            parsed = parse_label(user)
+            if parsed is None or parsed.installation_id != installation_id:
+                continue
+            if parsed.launch_id not in live_launches:
+                out.append(user)
+        return out
+
     deleted: list[str] = []
-    urls: set[str] = set()
+    urls: dict[str, MetricsSource] = {}
     for queue in config.queues.values():
         if queue.autoscale is None or not queue.autoscale.enabled:
             continue
         url = admin_url(queue.metrics, env)
         if url is not None:
-            urls.add(url)
-    for url in sorted(urls):
+            urls.setdefault(url, queue.metrics)
+    for url, source in sorted(urls.items()):
+        if url.split("://", 1)[0].lower() in rabbit_users.AMQP_SCHEMES:
+            target = rabbit_users.plan(url, source.queue or "", source.management_url)
+            for user in stale(rabbit_users.list_users(target)):
+                rabbit_users.delete_user(target, user)
+                deleted.append(user)
+            continue
         load_scripts(url)  # a restart or SCRIPT FLUSH of the broker dropped them: back
-        for user in list_users(url):
-            parsed = parse_label(user)
-            if parsed is None or parsed.installation_id != installation_id:
-                continue
-            if parsed.launch_id in live_launches:
-                continue
+        for user in stale(list_users(url)):
             delete_user(url, user)
             deleted.append(user)
     return deleted

@@ -225,11 +225,9 @@ def _drop_broker_user(rt: Runtime, launch_id: str, queue: str) -> None:
     queue_cfg = loaded.config.queues.get(queue) if loaded else None
     if not user or queue_cfg is None:
         return
-    url = broker_users.admin_url(queue_cfg.metrics, rt.env)
     try:
-        if url is None:
-            raise ValueError("its queue's broker is no longer a Redis")
-        broker_users.delete_user(url, user)
+        if not broker_users.delete_machine_user(queue_cfg.metrics, user, rt.env):
+            raise ValueError("its queue's broker is no longer one we make users on")
     except Exception as exc:
         log.error("launch %s failed; its broker user %s is left: %s", launch_id, user, exc)
         return

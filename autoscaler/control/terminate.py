@@ -51,11 +51,11 @@ def run_terminate(rt: Runtime, launch_id: str) -> str:
     if broker_user:
         queue_cfg = loaded.config.queues.get(queue) if loaded else None
         try:
-            url = broker_users.admin_url(queue_cfg.metrics, rt.env) if queue_cfg else None
-            if url is None:  # its broker is no longer known: cannot be reached from here
+            deleted = queue_cfg is not None and broker_users.delete_machine_user(
+                queue_cfg.metrics, broker_user, rt.env
+            )
+            if not deleted:  # its broker is no longer known: cannot be reached from here
                 log.error("terminate %s: broker user %s left behind", launch_id, broker_user)
-            else:
-                broker_users.delete_user(url, broker_user)
         except Exception as exc:
             log.warning("terminate %s: broker user not deleted yet: %s", launch_id, exc)
             return "waiting: its broker user is not deleted yet"

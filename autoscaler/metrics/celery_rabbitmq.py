@@ -69,6 +69,39 @@ class Passive:
     consumers: int
 
 
+@dataclass(frozen=True)
+class ManagementTarget:
+    """Where a RabbitMQ broker's management API is, and as whom to call it."""
+
+    base: str  # scheme://host:port[/path], no credentials
+    auth: tuple[str, str]
+    vhost: str
+    host: str
+    port: int
+    amqp_auth: tuple[str, str]
+
+
+def management_target(url: str, management_url: str | None = None) -> ManagementTarget:
+    """The management API of the broker at amqp `url`: `management_url` when given (its own
+    credentials, else the broker's), else the broker's host on port 15672."""
+    parts = parse_url(url)
+    host = parts.get("hostname") or "127.0.0.1"
+    amqp_auth = (parts.get("userid") or "guest", parts.get("password") or "guest")
+    m = urlsplit(management_url or f"http://{host}:15672")
+    auth = (m.username, m.password or "") if m.username is not None else amqp_auth
+    netloc = m.hostname or host
+    if m.port:
+        netloc = f"{netloc}:{m.port}"
+    return ManagementTarget(
+        base=urlunsplit((m.scheme or "http", netloc, m.path.rstrip("/"), "", "")),
+        auth=auth,
+        vhost=parts.get("virtual_host") or "/",
+        host=host,
+        port=int(parts.get("port") or 5672),
+        amqp_auth=amqp_auth,
+    )
+
+
 class CeleryRabbitMQReader:
     """`MetricsReader` for Celery on RabbitMQ (`source: celery` with an amqp:// URL)."""
 
@@ -82,26 +115,16 @@ class CeleryRabbitMQReader:
         timeout: float = 5.0,
     ) -> None:
         self._secrets = Secrets.from_urls(url, management_url)
-        parts = parse_url(url)
-        self._host = parts.get("hostname") or "127.0.0.1"
-        self._port = int(parts.get("port") or 5672)
-        self._user = parts.get("userid") or "guest"
-        self._password = parts.get("password") or "guest"
-        self._vhost = parts.get("virtual_host") or "/"
+        target = management_target(url, management_url)
+        self._host, self._port = target.host, target.port
+        self._user, self._password = target.amqp_auth
+        self._vhost = target.vhost
         self._ssl = url.startswith(("amqps://", "pyamqps://"))
         self._timeout = timeout
         self._clock = clock
         self._sightings: SightingsPort = sightings or SightingsMemo()
-        mgmt = management_url or f"http://{self._host}:15672"
-        m = urlsplit(mgmt)
-        if m.username is not None:
-            self._auth = (m.username, m.password or "")
-        else:
-            self._auth = (self._user, self._password)
-        netloc = m.hostname or self._host
-        if m.port:
-            netloc = f"{netloc}:{m.port}"
-        self._mgmt = urlunsplit((m.scheme or "http", netloc, m.path.rstrip("/"), "", ""))
+        self._auth = target.auth
+        self._mgmt = target.base
         self._http = requests.Session()
         self.source_id = f"celery-rabbitmq:{self._host}:{self._port}/{self._vhost}"
         self.last_consumers: dict[str, int] = {}

@@ -1,0 +1,129 @@
+"""Per-launch RabbitMQ users: a rented machine holds a user of its own, never the broker's.
+
+RabbitMQ's permissions are per resource (regular expressions over queue and exchange names, per
+vhost, and per routing key on topic exchanges), so the confinement is exact. Found by running a
+real Celery worker under the user; the user of the machine labelled L, serving queue Q, may:
+
+- configure (declare) Q, its remote-control queue `L@….celery.pidbox`, the remote-control
+  exchanges `celery.pidbox` and `reply.celery.pidbox`, the events exchange `celeryev` and its
+  gossip queue `celeryev.…`;
+- write (publish, or bind a queue) to Q, its own remote-control queue, the replies exchange, the
+  events exchange and its gossip queue — never to `celery.pidbox`: it cannot broadcast (no
+  `shutdown` to every worker; start workers with `--without-mingle`, whose hello is a broadcast);
+- read (consume, or bind from) Q, its remote-control queue, `celery.pidbox` (to hear remote
+  control), `celeryev` and its gossip queue — no other queue;
+- on the topic exchange `celeryev`: publish any event, bind only `worker.*` (gossip), never
+  `task.*` (other queues' task arguments).
+
+Made through the management API at launch, deleted at destroy and on a failed launch, swept by
+reconcile like the Redis users.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import quote, urlsplit
+
+import requests
+
+from autoscaler.metrics.celery_rabbitmq import management_target
+from autoscaler.providers.labels import make_label
+
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "pyamqps")
+TIMEOUT = 5.0
+
+
+class RabbitUnreachable(Exception):
+    """The management API could not be asked (down, refusing us)."""
+
+
+@dataclass(frozen=True)
+class RabbitPlan:
+    url: str  # the watched broker (its credentials manage users)
+    management: str  # the management API, no credentials
+    auth: tuple[str, str]
+    vhost: str
+    queue: str
+    host: str
+    port: int
+
+    narrow = True
+    version: tuple[int, ...] = ()
+
+    def user(self, installation_id: str, launch_id: str) -> str:
+        return make_label(installation_id, launch_id)
+
+    def domain(self) -> str:
+        return f"{self.host}:{self.port} vhost {self.vhost!r}"
+
+    def machine_url(self, user: str, password: str) -> str:
+        parts = urlsplit(self.url)
+        host = parts.hostname or "127.0.0.1"
+        netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+        if parts.port:
+            netloc += f":{parts.port}"
+        return f"{parts.scheme}://{netloc}{parts.path or '/'}"
+
+    def permissions(self, user: str) -> dict[str, str]:
+        q, mine = re.escape(self.queue), rf"{re.escape(user)}@.*\.celery\.pidbox"
+        gossip = r"celeryev\..*"
+        return {
+            "configure": rf"^({q}|{mine}|celery\.pidbox|reply\.celery\.pidbox|celeryev|{gossip})$",
+            "write": rf"^({q}|{mine}|reply\.celery\.pidbox|celeryev|{gossip})$",
+            "read": rf"^({q}|{mine}|celery\.pidbox|celeryev|{gossip})$",
+        }
+
+    def topic_permissions(self) -> dict[str, str]:
+        return {"exchange": "celeryev", "write": ".*", "read": r"^worker\..*"}
+
+
+def plan(url: str, queue: str, management_url: str | None) -> RabbitPlan:
+    """The plan for a queue on this broker; RabbitUnreachable if its management API cannot be
+    asked, PermissionError if its user may not manage users."""
+    target = management_target(url, management_url)
+    try:
+        who = requests.get(f"{target.base}/api/whoami", auth=target.auth, timeout=TIMEOUT)
+    except requests.RequestException as exc:
+        raise RabbitUnreachable(f"its management API ({type(exc).__name__})") from None
+    if who.status_code != 200:
+        raise RabbitUnreachable(f"its management API (HTTP {who.status_code})")
+    tags = who.json().get("tags") if isinstance(who.json(), dict) else None
+    tags = tags if isinstance(tags, list) else str(tags or "").split(",")
+    if "administrator" not in tags:
+        raise PermissionError(
+            "the broker's user may not manage users (it needs the administrator tag)"
+        )
+    return RabbitPlan(
+        url, target.base, target.auth, target.vhost, queue, target.host, target.port
+    )
+
+
+def _call(plan: RabbitPlan, method: str, path: str, json: object = None) -> requests.Response:
+    try:
+        resp = requests.request(
+            method, f"{plan.management}/api/{path}", auth=plan.auth, json=json, timeout=TIMEOUT
+        )
+    except requests.RequestException as exc:
+        raise RabbitUnreachable(f"its management API ({type(exc).__name__})") from None
+    if resp.status_code >= 400 and not (method == "DELETE" and resp.status_code == 404):
+        raise RabbitUnreachable(f"its management API (HTTP {resp.status_code} on {method})")
+    return resp
+
+
+def create_user(plan: RabbitPlan, user: str, password: str) -> None:
+    vhost, name = quote(plan.vhost, safe=""), quote(user, safe="")
+    _call(plan, "PUT", f"users/{name}", {"password": password, "tags": ""})
+    _call(plan, "PUT", f"permissions/{vhost}/{name}", plan.permissions(user))
+    _call(plan, "PUT", f"topic-permissions/{vhost}/{name}", plan.topic_permissions())
+
+
+def delete_user(plan: RabbitPlan, user: str) -> None:
+    _call(plan, "DELETE", f"users/{quote(user, safe='')}")
+
+
+def list_users(plan: RabbitPlan) -> list[str]:
+    data = _call(plan, "GET", "users").json()
+    if not isinstance(data, list):
+        return []
+    return [str(u.get("name")) for u in data if isinstance(u, dict)]
