@@ -141,6 +141,8 @@ def test_a_machines_rabbitmq_user_works_and_reaches_nothing_else(machine, tmp_pa
         as_machine.close()
         _stop(mine)
         _stop(victim)
+        for q in (queue, victim_queue):  # the broker keeps durable queues: leave none behind
+            requests.delete(f"{MGMT}/api/queues/%2F/{q}", auth=("guest", "guest"), timeout=5)
 
 
 def test_users_are_deleted_and_swept_for_this_installation_only(tmp_path):
