@@ -22,6 +22,8 @@ why no user can be made and what the machine would hold instead.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +35,8 @@ from autoscaler.config.models import MetricsSource
 from autoscaler.metrics.registry import MetricsConfigError, source_url
 from autoscaler.providers.labels import make_label
 from autoscaler.urls import UrlError, parse_url
+
+log = logging.getLogger("autoscaler.api.broker_users")
 
 COMMANDS = (
     # connection and introspection kombu does on connect
@@ -85,8 +89,8 @@ COMMANDS = (
     "multi",
     "exec",
     "discard",
-    # kombu's and redis-py's scripts, loaded by the control plane (`SCRIPTS`): run, never sent
-    "evalsha",
+    # kombu's and redis-py's scripts, loaded by the control plane, run by their SHA (the
+    # `evalsha|<sha>` rules of `BrokerPlan.commands`): never sent, never any other script
     "script|exists",
 )
 """Every command a Celery worker sends (seen with MONITOR under a real worker). No EVAL and no
@@ -148,7 +152,8 @@ class BrokerPlan:
         """The commands the user may send: kombu's set, and SELECT of its own database only
         (ACL key patterns are not tied to a database: `SELECT` of another one would open the
         same key names there). Database 0 needs no SELECT at all."""
-        return [*COMMANDS, *([f"select|{self.db}"] if self.db else [])]
+        run = [f"evalsha|{hashlib.sha1(s.encode()).hexdigest()}" for s in _scripts()]
+        return [*COMMANDS, *run, *([f"select|{self.db}"] if self.db else [])]
 
     def key_patterns(self, user: str = "") -> list[str]:
         """Every key pattern of the user. Names and the prefix enter the patterns escaped: a
@@ -158,12 +163,7 @@ class BrokerPlan:
         p, q, s = glob_escape(self.keyprefix), glob_escape(self.queue), glob_escape(self.sep)
         if self.narrow and user:
             mine = f"{p}{glob_escape(user)}@*.celery.pidbox"
-            remote = [
-                f"%W~{p}*.reply.celery.pidbox",
-                f"%W~{p}*.reply.celery.pidbox{s}*",
-                f"~{mine}",
-                f"~{mine}{s}*",
-            ]
+            remote = [f"~{mine}", f"~{mine}{s}*"]  # the answers: `reply_patterns`, LPUSH only
         else:
             remote = [f"~{p}*.celery.pidbox", f"~{p}*.celery.pidbox{s}*"]
         return [
@@ -190,6 +190,11 @@ class BrokerPlan:
             f"{p}celeryev.*",  # a worker's own event queue (gossip)
         ]
 
+    def reply_patterns(self) -> list[str]:
+        """Remote-control answers (Redis 7): written, never read, deleted or retyped."""
+        p, s = glob_escape(self.keyprefix), glob_escape(self.sep)
+        return [f"%W~{p}*.reply.celery.pidbox", f"%W~{p}*.reply.celery.pidbox{s}*"]
+
     def channels(self) -> list[str]:
         p = glob_escape(self.keyprefix)
         pidbox, events = f"{p}/{self.db}.celery.pidbox", f"{p}/{self.db}.celeryev"
@@ -214,7 +219,8 @@ class BrokerPlan:
             return [*rules, "+publish", *(f"+{c}" for c in PUBSUB)]
         rules += ["+publish", f"&{events}/*"]
         listen = [f"+{c}" for c in PUBSUB] + [f"&{pidbox}", f"&{pidbox}/*", f"&{events}/worker.*"]
-        return [*rules, f"({' '.join(listen)})"]
+        answer = ["+lpush", *self.reply_patterns()]  # kombu's _put sends LPUSH, nothing else
+        return [*rules, f"({' '.join(listen)})", f"({' '.join(answer)})"]
 
     def machine_url(self, user: str, password: str) -> str:
         return machine_url(self.url, user, password)
@@ -230,6 +236,15 @@ def machine_url(url: str, user: str, password: str) -> str:
     if parts.port:
         netloc += f":{parts.port}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+
+
+def _shared_exchange_refusal(queue: str, others: list[str]) -> str:
+    return (
+        f"exchange {queue!r} also routes to {', '.join(others[:5])}: a machine's own user could "
+        "bind its queue there and receive copies of their messages, so none is made; give the "
+        "queue an exchange of its own, or set `shared_exchange: accept` in its metrics block "
+        "(the machine then shares that exposure)"
+    )
 
 
 def admin_url(source: MetricsSource, env: Mapping[str, str] | None = None) -> str | None:
@@ -282,11 +297,15 @@ def plan_for(
     scheme = url.split("://", 1)[0].lower()
     if scheme in rabbit_users.AMQP_SCHEMES:
         try:
-            return rabbit_users.plan(url, source.queue or queue, source.management_url)
+            rabbit = rabbit_users.plan(url, source.queue or queue, source.management_url)
+            others = rabbit_users.other_queues_bound(rabbit)
         except rabbit_users.RabbitUnreachable as exc:
             raise BrokerUnreachable(f"the watched broker cannot be asked: {exc}") from None
         except PermissionError as exc:
             raise NoBrokerUser(f"no per-machine RabbitMQ user can be made: {exc}") from None
+        if others and source.shared_exchange != "accept":
+            raise NoBrokerUser(_shared_exchange_refusal(rabbit.queue, others))
+        return rabbit
     if scheme not in ("redis", "rediss"):
         raise NoBrokerUser(
             f"the {scheme} broker gets no per-machine user from us: the machine would hold the "
@@ -306,12 +325,7 @@ def plan_for(
     prefix = source.global_keyprefix or ""
     others = _other_queues_bound(url, f"{prefix}_kombu.binding.{name}", name, source.sep)
     if others and source.shared_exchange != "accept":
-        raise NoBrokerUser(
-            f"exchange {name!r} also routes to {', '.join(others[:5])}: a machine's own user "
-            "could bind its queue there and receive copies of their messages, so none is made; "
-            "give the queue an exchange of its own, or set `shared_exchange: accept` in its "
-            "metrics block (the machine then shares that exposure)"
-        )
+        raise NoBrokerUser(_shared_exchange_refusal(name, others))
     return BrokerPlan(
         url=url,
         queue=source.queue or queue,
@@ -483,6 +497,13 @@ def sweep(
     for url, source in sorted(urls.items()):
         if url.split("://", 1)[0].lower() in rabbit_users.AMQP_SCHEMES:
             target = rabbit_users.plan(url, source.queue or "", source.management_url)
+            for problem in rabbit_users.shared_exchanges_intact(target):
+                log.error(
+                    "RabbitMQ %s: %s: a machine may have deleted and redeclared it; delete it "
+                    "so workers declare it again as it should be",
+                    target.domain(),
+                    problem,
+                )
             for user in stale(rabbit_users.list_users(target)):
                 rabbit_users.delete_user(target, user)
                 deleted.append(user)

@@ -1,8 +1,8 @@
 """Per-launch RabbitMQ users: a rented machine holds a user of its own, never the broker's.
 
 RabbitMQ's permissions are per resource (regular expressions over queue and exchange names, per
-vhost, and per routing key on topic exchanges), so the confinement is exact. Found by running a
-real Celery worker under the user; the user of the machine labelled L, serving queue Q, may:
+vhost, and per routing key on topic exchanges). Found by running a real Celery worker under the
+user; the user of the machine labelled L, serving queue Q, may:
 
 - configure (declare) Q, its remote-control queue `L@….celery.pidbox`, the remote-control
   exchanges `celery.pidbox` and `reply.celery.pidbox`, the events exchange `celeryev` and its
@@ -17,6 +17,15 @@ real Celery worker under the user; the user of the machine labelled L, serving q
 
 Made through the management API at launch, deleted at destroy and on a failed launch, swept by
 reconcile like the Redis users.
+
+What RabbitMQ cannot narrow (said in the README's threat model): `configure` on an exchange
+covers deleting it as well as declaring it, and a Celery worker declares the shared
+`celeryev`, `celery.pidbox` and `reply.celery.pidbox` itself — a machine could delete one and
+declare it again with another type (a fanout `celeryev` would hand it every task event).
+`shared_exchanges_intact` checks their types at every reconcile, which logs an error when one is wrong.
+Gossip queues are `celeryev.<uuid>` whatever the worker: a machine that learns another's
+name could read it. A queue whose exchange also routes to other queues gets no user
+(`other_queues_bound`), as on Redis.
 """
 
 from __future__ import annotations
@@ -99,14 +108,42 @@ def plan(url: str, queue: str, management_url: str | None) -> RabbitPlan:
     )
 
 
-def _call(plan: RabbitPlan, method: str, path: str, json: object = None) -> requests.Response:
+SHARED_EXCHANGES = {"celeryev": "topic", "celery.pidbox": "fanout", "reply.celery.pidbox": "direct"}
+"""The exchanges every worker shares, and their types."""
+
+
+def other_queues_bound(plan: RabbitPlan) -> list[str]:
+    """The destinations other than the queue itself that its exchange routes to."""
+    vhost, name = quote(plan.vhost, safe=""), quote(plan.queue, safe="")
+    resp = _call(plan, "GET", f"exchanges/{vhost}/{name}/bindings/source", allow_missing=True)
+    data = resp.json() if resp.status_code == 200 else []
+    found = {str(b.get("destination")) for b in data if isinstance(b, dict)}
+    return sorted(d for d in found if d and d != plan.queue)
+
+
+def shared_exchanges_intact(plan: RabbitPlan) -> list[str]:
+    """What is wrong with the shared exchanges (missing ones are fine: a worker declares them);
+    empty when nothing is."""
+    vhost = quote(plan.vhost, safe="")
+    wrong = []
+    for name, kind in SHARED_EXCHANGES.items():
+        resp = _call(plan, "GET", f"exchanges/{vhost}/{quote(name, safe='')}", allow_missing=True)
+        if resp.status_code == 200 and resp.json().get("type") != kind:
+            wrong.append(f"exchange {name!r} is {resp.json().get('type')!r}, not {kind!r}")
+    return wrong
+
+
+def _call(
+    plan: RabbitPlan, method: str, path: str, json: object = None, allow_missing: bool = False
+) -> requests.Response:
     try:
         resp = requests.request(
             method, f"{plan.management}/api/{path}", auth=plan.auth, json=json, timeout=TIMEOUT
         )
     except requests.RequestException as exc:
         raise RabbitUnreachable(f"its management API ({type(exc).__name__})") from None
-    if resp.status_code >= 400 and not (method == "DELETE" and resp.status_code == 404):
+    missing_ok = (method == "DELETE" or allow_missing) and resp.status_code == 404
+    if resp.status_code >= 400 and not missing_ok:
         raise RabbitUnreachable(f"its management API (HTTP {resp.status_code} on {method})")
     return resp
 

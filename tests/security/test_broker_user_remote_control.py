@@ -113,6 +113,7 @@ def test_a_machine_cannot_broadcast_to_the_other_workers(a_user, worker_b):
 def test_a_machine_runs_no_script_of_its_own_and_reads_no_task_events(a_user):
     _, url = a_user
     r = redis.Redis.from_url(url)
+    other_sha = redis.Redis.from_url(f"{REDIS_URL}/{DB}").script_load("return 'not ours'")
     try:
         for call in (
             lambda: r.eval("while true do end", 0),  # would hang the server for everyone
@@ -121,6 +122,10 @@ def test_a_machine_runs_no_script_of_its_own_and_reads_no_task_events(a_user):
             lambda: r.execute_command("PSUBSCRIBE", f"/{DB}.celeryev/*"),
             lambda: r.execute_command("PUBLISH", f"/{DB}.celery.pidbox", "x"),
             lambda: r.lrange("someone.reply.celery.pidbox", 0, -1),  # others' answers
+            lambda: r.delete("someone.reply.celery.pidbox"),  # nor their queues: deleted,
+            lambda: r.set("someone.reply.celery.pidbox", "x"),  # retyped (inspect fails)
+            lambda: r.expire("someone.reply.celery.pidbox", 1),
+            lambda: r.evalsha(other_sha, 0),  # a script someone else loaded (a long loop)
         ):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 call()

@@ -237,3 +237,52 @@ queues:
     finally:
         client.close()
         rt.close()
+
+
+def test_no_user_for_a_queue_whose_exchange_routes_elsewhere_and_shared_exchanges_are_checked():
+    """As on Redis: a queue whose exchange also routes to another queue gets no per-machine
+    user unless accepted (a machine could bind its queue there). And since `configure` on the
+    shared exchanges covers deleting them, their types are checked (here in a vhost of its own,
+    where a machine had redeclared `celeryev` as a fanout to see every task event)."""
+    from autoscaler.api.broker_users import NoBrokerUser
+
+    queue, other = f"rq-{uuid.uuid4().hex[:8]}", f"ro-{uuid.uuid4().hex[:8]}"
+    with Connection(AMQP_URL) as conn:
+        ch = conn.channel()
+        exchange = Exchange(queue, type="direct", channel=ch)
+        exchange.declare()
+        Queue(queue, exchange=exchange, routing_key=queue, channel=ch).declare()
+        source = MetricsSource(url=AMQP_URL, management_url=MGMT)
+        assert isinstance(plan_for(source, queue), rabbit_users.RabbitPlan)
+        Queue(other, exchange=exchange, routing_key="copy", channel=ch).declare()
+        try:
+            with pytest.raises(NoBrokerUser, match=f"also routes to {other}"):
+                plan_for(source, queue)
+            accepted = source.model_copy(update={"shared_exchange": "accept"})
+            assert isinstance(plan_for(accepted, queue), rabbit_users.RabbitPlan)
+        finally:
+            for q in (queue, other):
+                requests.delete(f"{MGMT}/api/queues/%2F/{q}", auth=("guest", "guest"), timeout=5)
+            requests.delete(f"{MGMT}/api/exchanges/%2F/{queue}", auth=("guest", "guest"), timeout=5)
+
+    vhost = f"review-{uuid.uuid4().hex[:6]}"
+    auth = ("guest", "guest")
+    requests.put(f"{MGMT}/api/vhosts/{vhost}", auth=auth, timeout=5).raise_for_status()
+    try:
+        requests.put(
+            f"{MGMT}/api/permissions/{vhost}/guest",
+            auth=auth,
+            timeout=5,
+            json={"configure": ".*", "write": ".*", "read": ".*"},
+        ).raise_for_status()
+        url = AMQP_URL.rstrip("/") + f"/{vhost}"
+        plan = plan_for(MetricsSource(url=url, management_url=MGMT), "q")
+        assert isinstance(plan, rabbit_users.RabbitPlan) and plan.vhost == vhost
+        assert rabbit_users.shared_exchanges_intact(plan) == []  # none declared yet: fine
+        with Connection(url) as conn:
+            Exchange("celeryev", type="fanout", channel=conn.channel()).declare()
+        assert rabbit_users.shared_exchanges_intact(plan) == [
+            "exchange 'celeryev' is 'fanout', not 'topic'"
+        ]
+    finally:
+        requests.delete(f"{MGMT}/api/vhosts/{vhost}", auth=auth, timeout=5)
