@@ -22,7 +22,8 @@ What RabbitMQ cannot narrow (said in the README's threat model): `configure` on 
 covers deleting it as well as declaring it, and a Celery worker declares the shared
 `celeryev`, `celery.pidbox` and `reply.celery.pidbox` itself — a machine could delete one and
 declare it again with another type (a fanout `celeryev` would hand it every task event).
-`shared_exchanges_intact` checks their types at every reconcile, which logs an error when one is wrong.
+`shared_exchanges_intact` checks their types at every reconcile, which logs an error when one
+is wrong.
 Gossip queues are `celeryev.<uuid>` whatever the worker: a machine that learns another's
 name could read it. A queue whose exchange also routes to other queues gets no user
 (`other_queues_bound`), as on Redis.
