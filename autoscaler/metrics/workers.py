@@ -27,6 +27,7 @@ from celery import Celery
 
 from autoscaler.metrics.base import Clock, Secrets, SourceError, safe_error, utc_now
 from autoscaler.metrics.celery_redis import parse_eta
+from autoscaler.metrics.remote_control import BoundedControl
 from autoscaler.policy.snapshot import QueueMetrics
 
 HEARTBEAT_WINDOW = 4.0
@@ -192,7 +193,9 @@ class CeleryWorkerProbe:
         timeout: float = 1.0,
     ) -> None:
         self._secrets = Secrets.from_urls(broker_url)
-        self._app = Celery("autoscaler-probe", broker=broker_url, set_as_current=False)
+        self._app = Celery(
+            "autoscaler-probe", broker=broker_url, set_as_current=False, control=BoundedControl
+        )
         self._app.conf.broker_transport_options = dict(transport_options or {})
         self._app.conf.broker_connection_retry_on_startup = False
         self._app.conf.broker_connection_timeout = timeout
