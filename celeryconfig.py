@@ -10,7 +10,9 @@ A distinct database number (or server) is required; `global_keyprefix` below is 
 and `autoscaler validate` refuses a config whose watched queue shares both.
 """
 
-from autoscaler.settings import Settings
+from kombu.entity import Queue
+
+from autoscaler.settings import LIFECYCLE_TASKS, Settings
 
 _settings = Settings.from_env()
 if _settings.broker_url.startswith("sqla+sqlite") or _settings.result_backend.startswith(
@@ -28,8 +30,18 @@ accept_content = ["json"]
 timezone = "UTC"
 enable_utc = True
 
-# The control plane's own queue; watched application queues are only ever *read*.
+# The control plane's own queues; watched application queues are only ever *read*. The
+# lifecycle steps (providers, machines' remote control: what others can slow down) have a queue
+# of their own, so that workers of the loop's queue are never held by them (settings.py).
 task_default_queue = _settings.control_queue
+task_queues = tuple(
+    Queue(name, routing_key=name)  # type: ignore[no-untyped-call]
+    for name in (_settings.control_queue, _settings.lifecycle_queue)
+)
+task_routes = {
+    name: {"queue": _settings.lifecycle_queue, "routing_key": _settings.lifecycle_queue}
+    for name in LIFECYCLE_TASKS
+}
 worker_prefetch_multiplier = 1
 task_track_started = True
 result_expires = 86400

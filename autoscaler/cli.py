@@ -171,7 +171,9 @@ def db_upgrade(revision: str) -> None:
         )
     click.echo(f"database {redact_url(settings.database_url)} is at {revision}")
     try:
-        prepared = migrate.prepare_embedded_broker(settings.broker_url, settings.control_queue)
+        prepared = migrate.prepare_embedded_broker(
+            settings.broker_url, (settings.control_queue, settings.lifecycle_queue)
+        )
     except (SQLAlchemyError, ValueError, ImportError, OSError) as exc:
         _fail(
             f"the embedded broker {redact_url(settings.broker_url)} cannot be prepared "

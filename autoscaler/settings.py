@@ -18,11 +18,34 @@ CONTROL_QUEUE = "autoscaler"
 """The control plane's own Celery queue (watched application queues are only ever read);
 AUTOSCALER_CONTROL_QUEUE changes it (two control planes sharing one broker database)."""
 
+LIFECYCLE_SUFFIX = ".lifecycle"
+"""The lifecycle steps' queue is the control queue's name plus this: `autoscaler.lifecycle`.
+
+Launch, drain, terminate and reconcile talk to providers and to machines (remote control), which
+a hostile machine or a slow provider can stretch; tick, fast path and scale talk to neither. On
+queues of their own they run on workers of their own (`-Q autoscaler` / `-Q autoscaler.lifecycle`),
+so nothing a machine does can hold the evaluation up. A worker given no `-Q` takes both."""
+
+LIFECYCLE_TASKS = (
+    "autoscaler.launch",
+    "autoscaler.drain",
+    "autoscaler.terminate",
+    "autoscaler.reconcile",
+)
+
 CONTROL_KEYPREFIX = "autoscaler-control:"
 """Prefix of every Redis key of the control plane's own broker (see celeryconfig.py);
 AUTOSCALER_CONTROL_KEYPREFIX changes it."""
 
-__all__ = ["CONTROL_KEYPREFIX", "SECRET_QUERY_PARAMS", "Settings", "redact_url", "url_secrets"]
+__all__ = [
+    "CONTROL_KEYPREFIX",
+    "LIFECYCLE_SUFFIX",
+    "LIFECYCLE_TASKS",
+    "SECRET_QUERY_PARAMS",
+    "Settings",
+    "redact_url",
+    "url_secrets",
+]
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,11 @@ class Settings:
     variable is not a number (`autoscaler serve` refuses to start)."""
     metrics_token: str | None = None
     """A bearer token /metrics asks for (AUTOSCALER_METRICS_TOKEN); open without one."""
+
+    @property
+    def lifecycle_queue(self) -> str:
+        """The lifecycle steps' own Celery queue (see LIFECYCLE_SUFFIX)."""
+        return self.control_queue + LIFECYCLE_SUFFIX
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:

@@ -234,7 +234,7 @@ class Demo:
             "worker",
             [py, "-m", "celery", "-A", "autoscaler", "worker", "-l", "info", "-n",
              f"demo-control-{self.port}@%h", "--pool", "prefork", "--concurrency", "3",
-             "-Q", "autoscaler"],
+             "-Q", "autoscaler,autoscaler.lifecycle"],
         )
         self.wait(lambda: self._api_up(), 60, "the API", api)
         self.wait(lambda: " ready." in worker.text(), 90, "the control plane's worker", worker)

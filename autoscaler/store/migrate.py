@@ -14,7 +14,7 @@ from kombu.entity import Queue
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
-from autoscaler.settings import CONTROL_QUEUE
+from autoscaler.settings import CONTROL_QUEUE, LIFECYCLE_SUFFIX
 from autoscaler.store.models import Base
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,9 @@ def revisions(engine: Engine) -> tuple[str | None, str | None]:
     return current, head
 
 
-def prepare_embedded_broker(broker_url: str, control_queue: str = CONTROL_QUEUE) -> bool:
+def prepare_embedded_broker(
+    broker_url: str, queues: tuple[str, ...] = (CONTROL_QUEUE, CONTROL_QUEUE + LIFECYCLE_SUFFIX)
+) -> bool:
     """Create kombu's tables for an SQLAlchemy broker now, once, rather than racing for them.
 
     kombu creates them lazily in every process that connects; worker and beat starting together
@@ -64,10 +66,11 @@ def prepare_embedded_broker(broker_url: str, control_queue: str = CONTROL_QUEUE)
     with Connection(  # type: ignore[no-untyped-call]
         broker_url, transport_options={"connect_args": {"timeout": 30}}
     ) as conn:
-        # The control plane's own queue too: kombu creates a queue's row without a lock, so
+        # The control plane's own queues too: kombu creates a queue's row without a lock, so
         # beat publishing and a worker consuming a brand-new queue at once can collide.
-        queue = Queue(control_queue, routing_key=control_queue)  # type: ignore[no-untyped-call]
-        queue.bind(conn.default_channel).declare()  # type: ignore[no-untyped-call]
+        for name in queues:
+            queue = Queue(name, routing_key=name)  # type: ignore[no-untyped-call]
+            queue.bind(conn.default_channel).declare()  # type: ignore[no-untyped-call]
         conn.default_channel.session.close()
     return True
 

@@ -296,7 +296,14 @@ class Loop:
         wait: bool = True,
         env: Mapping[str, str] | None = None,
         events: bool = False,
+        queues: str = "both",
     ) -> Proc:
+        """A control-plane worker of the loop's queue, of the lifecycle queue, or (the default,
+        what a worker given no -Q does) both."""
+        lifecycle = f"{self.control_queue}.lifecycle"
+        consumed = {"loop": self.control_queue, "lifecycle": lifecycle}.get(
+            queues, f"{self.control_queue},{lifecycle}"
+        )
         proc = self.start(
             name,
             "worker",
@@ -309,7 +316,7 @@ class Loop:
             "--concurrency",
             str(concurrency),
             "-Q",
-            self.control_queue,
+            consumed,
             *(["-E"] if events else []),
             env=env,
         )

@@ -126,20 +126,25 @@ def _command(service: dict[str, Any]) -> list[str]:
 def test_the_compose_file_runs_what_the_guide_says():
     doc = load("compose.yaml")
     services = doc["services"]
-    assert {"postgres", "redis", "migrate", "api", "beat", "worker", "flower"} <= set(services)
+    assert {"postgres", "redis", "migrate", "api", "beat", "worker", "lifecycle", "flower"} <= set(
+        services
+    )
     # one beat, several workers with task events (Flower shows their tasks)
     assert services["beat"].get("deploy", {}).get("replicas", 1) == 1
     assert _command(services["beat"])[:4] == ["celery", "-A", "autoscaler", "beat"]
-    assert services["worker"]["deploy"]["replicas"] >= 2
-    assert "-E" in _command(services["worker"])
+    # the loop's workers and the lifecycle's apart: a lifecycle step never holds up a tick
+    for name, queue in (("worker", "autoscaler"), ("lifecycle", "autoscaler.lifecycle")):
+        assert services[name]["deploy"]["replicas"] >= 2
+        command = _command(services[name])
+        assert "-E" in command and command[command.index("-Q") + 1] == queue, name
     # the store is migrated before anything runs on it
     assert _command(services["migrate"]) == ["autoscaler", "db", "upgrade"]
-    for name in ("api", "beat", "worker", "flower"):
+    for name in ("api", "beat", "worker", "lifecycle", "flower"):
         needs = services[name]["depends_on"]
         assert needs["migrate"]["condition"] == "service_completed_successfully", name
     # Redis with a password; the control plane on its own database (never a watched one's)
     assert "--requirepass" in " ".join(_command(services["redis"]))
-    for name in ("api", "beat", "worker", "flower", "migrate"):
+    for name in ("api", "beat", "worker", "lifecycle", "flower", "migrate"):
         env = services[name]["environment"]
         assert env["AUTOSCALER_BROKER_URL"] == "redis://:redis-test-pw@redis:6379/15", name
         assert env["AUTOSCALER_DATABASE_URL"].startswith("postgresql://autoscaler:pg-test-pw@")

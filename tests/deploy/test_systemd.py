@@ -27,8 +27,14 @@ def test_the_units_are_there():
         "autoscaler-api.service",
         "autoscaler-beat.service",
         "autoscaler-worker@.service",
+        "autoscaler-lifecycle@.service",
         "autoscaler-flower.service",
     } <= names
+    # the loop's workers and the lifecycle's consume their own queue each
+    for unit, queue in (("worker", "autoscaler"), ("lifecycle", "autoscaler.lifecycle")):
+        argv = parse(UNITS[0].parent / f"autoscaler-{unit}@.service")["Service"]["ExecStart"]
+        words = argv.split()
+        assert words[words.index("-Q") + 1] == queue, unit
 
 
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
