@@ -8,8 +8,8 @@ Celery worker of that queue needs:
 - kombu's `unacked`, `unacked_index`, `unacked_mutex` (one per database and prefix: shared by
   every queue of the database, a kombu limit);
 - the binding sets (`_kombu.binding.<queue>`, `…celery.pidbox`, `…celeryev`,
-  `…reply.celery.pidbox`) and remote control's own lists (`*.celery.pidbox`,
-  `*.reply.celery.pidbox`);
+  `…reply.celery.pidbox`), its own remote-control list (`<label>@*.celery.pidbox`) and the
+  loop's reply lists (`<oid>.reply.celery.pidbox`, exactly: no pattern reaches another prefix);
 - pub/sub channels of the fanout exchanges (`/<db>.celeryev/*`, `/<db>.celery.pidbox`);
 - only the commands kombu's Redis transport sends.
 
@@ -97,6 +97,9 @@ COMMANDS = (
 SCRIPT LOAD: a machine could hang the server for everyone with a long script; the scripts kombu
 needs are loaded by the control plane. Pub/sub is granted per channel (`BrokerPlan.rules`)."""
 
+OID = "[-0-9a-f]" * 36
+"""A kombu mailbox oid (`str(uuid3(...))`) as a Redis glob: exactly 36 hex digits or dashes."""
+
 PUBSUB = ("subscribe", "psubscribe", "unsubscribe", "punsubscribe")
 
 
@@ -138,10 +141,12 @@ class BrokerPlan:
         return self.version >= (7, 0)
 
     def domain(self) -> str:
-        """The trust domain, for people: server, database and key prefix (no credentials)."""
+        """The trust domain, for people: server and key prefix (no credentials). A database
+        number is no boundary: ACL key patterns hold in every database, and a connection
+        starts in database 0 before its SELECT, so a machine of database 1 reaches database 0's
+        keys of the names it may use."""
         parts = urlsplit(self.url)
-        host = parts.hostname or "localhost"
-        where = f"{host}:{parts.port or 6379}/{self.db}"
+        where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
         return f"{where} prefix {self.keyprefix!r}" if self.keyprefix else where
 
     def user(self, installation_id: str, launch_id: str) -> str:
@@ -157,15 +162,16 @@ class BrokerPlan:
 
     def key_patterns(self, user: str = "") -> list[str]:
         """Every key pattern of the user. Names and the prefix enter the patterns escaped: a
-        queue named `render*` must not open `render-private-queue` or `renderer:api_key`. On
-        Redis 7 the remote-control replies are write-only (`%W~`: the machine answers, it reads
-        nobody's answers) and its own remote-control queue is the one named after it."""
+        queue named `render*` must not open `render-private-queue` or `renderer:api_key`. No
+        pattern starts with a wildcard after the prefix: `*.celery.pidbox` would match the keys
+        of every other prefix too (`B:…`), so its own remote-control queue is the one named
+        after it and the replies it may write are the loop's, `<prefix><oid>.reply.celery.pidbox`
+        (`reply_patterns`; write-only on Redis 7: the machine answers, it reads nobody's)."""
         p, q, s = glob_escape(self.keyprefix), glob_escape(self.queue), glob_escape(self.sep)
-        if self.narrow and user:
-            mine = f"{p}{glob_escape(user)}@*.celery.pidbox"
-            remote = [f"~{mine}", f"~{mine}{s}*"]  # the answers: `reply_patterns`, LPUSH only
-        else:
-            remote = [f"~{p}*.celery.pidbox", f"~{p}*.celery.pidbox{s}*"]
+        mine = f"{p}{glob_escape(user or '-')}@*.celery.pidbox"
+        remote = [f"~{mine}", f"~{mine}{s}*"]
+        if not self.narrow:  # Redis 6: no write-only keys
+            remote += [f"~{k}" for k in self._reply_keys()]
         return [
             *(f"~{k}" for k in self._queue_keys(p, q, s)),
             *remote,
@@ -190,10 +196,16 @@ class BrokerPlan:
             f"{p}celeryev.*",  # a worker's own event queue (gossip)
         ]
 
+    def _reply_keys(self) -> list[str]:
+        """The loop's reply lists in this prefix alone: kombu names them after the asking
+        mailbox's oid (a UUID: 36 characters of hex digits and dashes), so a fixed-length class
+        cannot reach into a longer prefix (`B:<oid>…`) nor any other key."""
+        p, s = glob_escape(self.keyprefix), glob_escape(self.sep)
+        return [f"{p}{OID}.reply.celery.pidbox", f"{p}{OID}.reply.celery.pidbox{s}*"]
+
     def reply_patterns(self) -> list[str]:
         """Remote-control answers (Redis 7): written, never read, deleted or retyped."""
-        p, s = glob_escape(self.keyprefix), glob_escape(self.sep)
-        return [f"%W~{p}*.reply.celery.pidbox", f"%W~{p}*.reply.celery.pidbox{s}*"]
+        return [f"%W~{k}" for k in self._reply_keys()]
 
     def channels(self) -> list[str]:
         p = glob_escape(self.keyprefix)
@@ -407,9 +419,11 @@ def machine_access(config: Any, env: Mapping[str, str] | None = None) -> list[st
     lines = []
     known: dict[object, BrokerPlan | RabbitPlan | str] = {}  # one question per watched broker
     domains: dict[str, list[str]] = {}
+    databases: dict[str, set[int]] = {}
     for name, queue in config.queues.items():
-        if queue.autoscale is None or not queue.autoscale.enabled:
-            continue
+        auto = queue.autoscale
+        if auto is None or not auto.enabled or not auto.max_workers:
+            continue  # no machine of ours will ever hold anything
         key = queue.metrics.model_copy(update={"queue": None})
         if key not in known:
             try:
@@ -431,6 +445,7 @@ def machine_access(config: Any, env: Mapping[str, str] | None = None) -> list[st
             )
             continue
         domains.setdefault(plan.domain(), []).append(name)
+        databases.setdefault(plan.domain(), set()).add(plan.db)
         narrow = (
             "may listen to remote control and answer it, publish events (never read task "
             "events, never broadcast), run only the scripts the control plane loads (no EVAL); "
@@ -442,12 +457,21 @@ def machine_access(config: Any, env: Mapping[str, str] | None = None) -> list[st
         )
         lines.append(
             f"machines of {name} will hold: their own Redis user (named after the machine), "
-            f"limited to {plan.domain()}: this queue's keys and Celery's unacked, binding, "
-            f"remote-control and event keys there; it {narrow}; deleted when the machine is "
-            "destroyed"
+            f"limited to {plan.domain()} (database {plan.db}): this queue's keys and "
+            f"Celery's unacked, binding, remote-control and event keys there; it {narrow}; "
+            "deleted when the machine is destroyed"
         )
     for domain, queues in sorted(domains.items()):
-        if len(queues) > 1:
+        dbs = sorted(databases[domain])
+        if len(dbs) > 1:
+            lines.append(
+                f"trust domain {domain} holds queues {', '.join(sorted(queues))} on databases "
+                f"{', '.join(map(str, dbs))}: a database is no boundary (ACL key patterns hold "
+                "in every database, and a connection starts in database 0), so machines of "
+                "these queues can reach each other's unacked jobs and remote control; give a "
+                "queue its own domain (its application's own global_keyprefix, or its own Redis)"
+            )
+        elif len(queues) > 1:
             lines.append(
                 f"trust domain {domain} holds queues {', '.join(sorted(queues))}: kombu shares "
                 "one unacked hash and the exchange bindings per domain, so machines of these "

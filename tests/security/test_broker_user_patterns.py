@@ -100,9 +100,9 @@ def test_validate_lists_each_trust_domain_and_what_its_machines_hold():
     )
     lines = machine_access(config)
     text = "\n".join(lines)
-    assert "trust domain 127.0.0.1:6379/4 holds queues render, train" in text
+    assert "trust domain 127.0.0.1:6379 holds queues render, train" in text
     assert "disturb each other's in-flight jobs" in text
-    assert "trust domain 127.0.0.1:6379/4 prefix 'billing:' holds queue billing alone" in text
+    assert "trust domain 127.0.0.1:6379 prefix 'billing:' holds queue billing alone" in text
     assert "--without-mingle" in text and "pw-secret" not in text
 
 

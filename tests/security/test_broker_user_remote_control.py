@@ -114,6 +114,7 @@ def test_a_machine_runs_no_script_of_its_own_and_reads_no_task_events(a_user):
     _, url = a_user
     r = redis.Redis.from_url(url)
     other_sha = redis.Redis.from_url(f"{REDIS_URL}/{DB}").script_load("return 'not ours'")
+    reply = f"{uuid.uuid4()}.reply.celery.pidbox"  # a loop's reply list: its mailbox's oid
     try:
         for call in (
             lambda: r.eval("while true do end", 0),  # would hang the server for everyone
@@ -121,10 +122,15 @@ def test_a_machine_runs_no_script_of_its_own_and_reads_no_task_events(a_user):
             lambda: r.execute_command("SUBSCRIBE", f"/{DB}.celeryev/task.received"),
             lambda: r.execute_command("PSUBSCRIBE", f"/{DB}.celeryev/*"),
             lambda: r.execute_command("PUBLISH", f"/{DB}.celery.pidbox", "x"),
-            lambda: r.lrange("someone.reply.celery.pidbox", 0, -1),  # others' answers
-            lambda: r.delete("someone.reply.celery.pidbox"),  # nor their queues: deleted,
-            lambda: r.set("someone.reply.celery.pidbox", "x"),  # retyped (inspect fails)
-            lambda: r.expire("someone.reply.celery.pidbox", 1),
+            lambda: r.lrange(reply, 0, -1),  # others' answers
+            lambda: r.delete(reply),  # nor their queues: deleted,
+            lambda: r.set(reply, "x"),  # retyped (inspect fails)
+            lambda: r.expire(reply, 1),
+            # the reply lists of another prefix (another trust domain), and any other key
+            # that merely ends like one
+            lambda: r.lpush(f"b:{reply}", "answer"),
+            lambda: r.lpush(f"x{reply}", "answer"),
+            lambda: r.lpush("someone.reply.celery.pidbox", "answer"),
             lambda: r.evalsha(other_sha, 0),  # a script someone else loaded (a long loop)
         ):
             with pytest.raises(redis.exceptions.NoPermissionError):
@@ -135,7 +141,7 @@ def test_a_machine_runs_no_script_of_its_own_and_reads_no_task_events(a_user):
         sha = redis.Redis.from_url(f"{REDIS_URL}/{DB}").script_load(Lock.LUA_RELEASE_SCRIPT)
         assert r.evalsha(sha, 1, "unacked_mutex", "not-ours") == 0
         assert r.publish(f"/{DB}.celeryev/worker.heartbeat", "{}") >= 0
-        assert r.lpush("someone.reply.celery.pidbox", "answer") == 1
+        assert r.lpush(reply, "answer") == 1
     finally:
-        redis.Redis.from_url(f"{REDIS_URL}/{DB}").delete("someone.reply.celery.pidbox")
+        redis.Redis.from_url(f"{REDIS_URL}/{DB}").delete(reply)
         r.close()
