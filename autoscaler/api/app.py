@@ -40,7 +40,13 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.settings import Settings, redact_url
 from autoscaler.store import config_versions, fleet, job_records
 from autoscaler.store.db import store_now
-from autoscaler.store.models import Instance, QueueStatus, ScaleEvent, WorkerSighting
+from autoscaler.store.models import (
+    ENROLLED_DOMAIN,
+    Instance,
+    QueueStatus,
+    ScaleEvent,
+    WorkerSighting,
+)
 from autoscaler.store.models import Provider as ProviderRow
 
 S = InstanceState
@@ -436,13 +442,14 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         now = store_now(session)
         ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
         stmt = ins(WorkerSighting).values(
+            domain=ENROLLED_DOMAIN,
             worker=f"agent@{body.name}"[:200],
             queues={"queues": list(body.queues), "enrolled_by": who.name},
             running=body.running_tasks,
             seen_at=now,
         )
         stmt = stmt.on_conflict_do_update(
-            index_elements=[WorkerSighting.worker],
+            index_elements=[WorkerSighting.domain, WorkerSighting.worker],
             set_={
                 "queues": stmt.excluded.queues,
                 "running": stmt.excluded.running,

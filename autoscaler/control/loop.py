@@ -17,7 +17,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,12 +30,17 @@ from sqlalchemy.orm import Session
 
 from autoscaler.config.models import MetricTrigger
 from autoscaler.control.executor import execute
-from autoscaler.control.observe import read_sightings
+from autoscaler.control.observe import Scope, read_sightings
 from autoscaler.control.runtime import Loaded, Runtime, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.prometheus import MetricReading as PromReading
 from autoscaler.metrics.prometheus import PrometheusReader, with_external
-from autoscaler.metrics.registry import MetricsConfigError, build_prometheus, source_url
+from autoscaler.metrics.registry import (
+    MetricsConfigError,
+    broker_domain,
+    build_prometheus,
+    source_url,
+)
 from autoscaler.metrics.workers import QueueLoad, with_worker_loads
 from autoscaler.policy.decide import decide
 from autoscaler.policy.history import GAPS_KEPT, MIN_GAPS, NO_HISTORY, QueueHistory, observe_load
@@ -42,7 +48,7 @@ from autoscaler.policy.plan import Drain, Launch, QueuePlan, Reclaim
 from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
 from autoscaler.store import fleet, job_records, leases, queue_samples, rate_limits
 from autoscaler.store.db import batchable
-from autoscaler.store.models import Instance, QueueStatus
+from autoscaler.store.models import ENROLLED_DOMAIN, Instance, QueueStatus
 
 log = logging.getLogger("autoscaler.control.tick")
 
@@ -219,12 +225,11 @@ def build_snapshot(
         (r.worker_name or "").rsplit("@", 1)[-1].lower() for r in rows
     }
     window = HAND_MADE_WINDOW_POLLS * loaded.config.poll_interval
-    trusted = broker_seen_trusted(loaded, rt.settings.api_url_set, rt.env)
+    scope = sighting_scope(loaded, rt.settings.api_url_set, rt.env)
     hand_made, loads, reported = read_sightings(
-        session, rt.installation_id(session), ours, now, window, lambda q: q in trusted
+        session, rt.installation_id(session), ours, now, window, scope
     )
     since = now - timedelta(seconds=window)
-    broker_queue = {name: (cfg.metrics.queue or name) for name, cfg in loaded.config.queues.items()}
     for r in rows:  # agent heartbeats: running tasks of machines no sighting reported
         if (
             r.state in (InstanceState.READY, InstanceState.DRAINING)
@@ -232,12 +237,8 @@ def build_snapshot(
             and r.last_heartbeat_at >= since
             and (r.worker_name or "") not in reported
         ):
-            bq = broker_queue.get(r.queue, r.queue)
-            loads[bq] = loads.get(bq, QueueLoad()) + QueueLoad(running=r.running_tasks)
-    completed = {
-        name: with_worker_loads(m, loads.get(broker_queue.get(name, name)))
-        for name, m in metrics.items()
-    }
+            loads[r.queue] = loads.get(r.queue, QueueLoad()) + QueueLoad(running=r.running_tasks)
+    completed = {name: with_worker_loads(m, loads.get(name)) for name, m in metrics.items()}
     names = set(loaded.config.queues) | set(machines)
     histories = _histories(session, completed, names, now)
     # the recent boot time matters where jobs wait or are scheduled (pre-warm, a late boot, the
@@ -263,7 +264,7 @@ def build_snapshot(
                 name=name,
                 metrics=completed.get(name),
                 machines=machines.get(name, ()),
-                manual_workers=len(hand_made.get(broker_queue.get(name, name), ())),
+                manual_workers=len(hand_made.get(name, ())),
                 backoffs=backoffs.get(name, ()),
                 manual_target=targets.get(name),
                 boot_estimate=boots.get(name),
@@ -273,13 +274,22 @@ def build_snapshot(
     return Snapshot(tuple(queues), rate_limits=rate_limits.active(session, now))
 
 
-def broker_seen_trusted(loaded: Loaded, users_made: bool, env: Mapping[str, str]) -> set[str]:
-    """The broker queues whose broker-seen hand-made workers count (`Autoscale.hand_made`):
-    `broker`, or `auto` unless rented machines get broker users of their own there (a watched
-    Redis with AUTOSCALER_API_URL set: any of them could answer remote control as anyone)."""
-    trusted: dict[str, bool] = {}
+def sighting_scope(loaded: Loaded, users_made: bool, env: Mapping[str, str]) -> Scope:
+    """The queues each sighting counts for (`observe.read_sightings`).
+
+    A broker sighting counts for the queues of the domain it was heard through whose broker
+    queue it names: a reply through queue A's broker claiming queue B is nobody's capacity. An
+    enrolled machine's counts for the queues it names (its key was checked against them). A
+    broker-seen hand-made worker counts only where `Autoscale.hand_made` allows: `broker`, or
+    `auto` unless rented machines get broker users of their own there (a watched Redis with
+    AUTOSCALER_API_URL set: any of them could answer remote control as anyone)."""
+    heard: dict[tuple[str, str], list[str]] = defaultdict(list)
+    enrolled: dict[str, list[str]] = defaultdict(list)
+    trusted: set[str] = set()
     for name, q in loaded.config.queues.items():
         bq = q.metrics.queue or name
+        heard[(broker_domain(q.metrics, env), bq)].append(name)
+        enrolled[bq].append(name)
         mode = q.autoscale.hand_made if q.autoscale is not None else "auto"
         if mode == "auto":
             try:
@@ -287,11 +297,16 @@ def broker_seen_trusted(loaded: Loaded, users_made: bool, env: Mapping[str, str]
             except ValueError:
                 scheme = ""
             own_users = users_made and q.metrics.source == "celery" and scheme.startswith("redis")
-            ok = not own_users
-        else:
-            ok = mode == "broker"
-        trusted[bq] = trusted.get(bq, True) and ok
-    return {bq for bq, ok in trusted.items() if ok}
+            if not own_users:
+                trusted.add(name)
+        elif mode == "broker":
+            trusted.add(name)
+
+    def scope(domain: str, queue: str, broker_seen: bool) -> Iterable[str]:
+        names = enrolled[queue] if domain == ENROLLED_DOMAIN else heard[(domain, queue)]
+        return [n for n in names if n in trusted] if broker_seen else names
+
+    return scope
 
 
 def _histories(

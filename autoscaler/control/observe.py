@@ -28,6 +28,7 @@ from autoscaler.config.models import Queue
 from autoscaler.control.runtime import Loaded, Runtime, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.base import SourceError
+from autoscaler.metrics.registry import broker_domain
 from autoscaler.metrics.workers import QueueLoad, WorkerStatus, host_of
 from autoscaler.providers.labels import parse_label
 from autoscaler.store import fleet
@@ -48,8 +49,8 @@ def observe_celery_workers(
     rt: Runtime, loaded: Loaded, now: datetime, only: Iterable[Queue] | None = None
 ) -> dict[str, str]:
     """Probe every watched Celery broker once (or those of `only`'s queues); write what
-    answered. Returns errors by source."""
-    seen: dict[str, WorkerStatus] = {}
+    answered, each under the domain it answered through. Returns errors by source."""
+    seen: dict[str, dict[str, WorkerStatus]] = {}
     errors: dict[str, str] = {}
     probed: set[object] = set()
     for q in loaded.autoscaled.values() if only is None else only:
@@ -61,12 +62,16 @@ def observe_celery_workers(
         if probe is None:
             continue
         try:
-            seen.update(probe.status())
+            answers = probe.status()
         except SourceError as exc:
             errors[str(exc)[:80]] = str(exc)
             log.warning("worker probe failed: %s", exc)
+            continue
+        seen.setdefault(broker_domain(q.metrics, rt.env), {}).update(answers)
     with rt.transaction() as session:
-        record_sightings(session, seen, rt.installation_id(session), now)
+        install = rt.installation_id(session)
+        for domain, answers in sorted(seen.items()):
+            record_sightings(session, answers, install, now, domain)
     return errors
 
 
@@ -79,8 +84,10 @@ def record_sightings(
     seen: Mapping[str, WorkerStatus | tuple[tuple[str, ...], int]],
     installation_id: str,
     now: datetime,
+    domain: str,
 ) -> None:
-    """Upsert every sighting; move our machines' rows to what their worker just said.
+    """Upsert every sighting heard through `domain`; move our machines' rows to what their
+    worker just said.
 
     `seen`: worker name -> `WorkerStatus` (or the older (queues, running) pair)."""
     status = {name: _status(v) for name, v in seen.items()}
@@ -88,6 +95,7 @@ def record_sightings(
         ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
         sightings = [
             {
+                "domain": domain[:300],
                 "worker": name[:200],
                 "queues": {"queues": list(st.queues)}
                 | (
@@ -102,7 +110,7 @@ def record_sightings(
         ]
         stmt = ins(WorkerSighting)
         stmt = stmt.on_conflict_do_update(
-            index_elements=[WorkerSighting.worker],
+            index_elements=[WorkerSighting.domain, WorkerSighting.worker],
             set_={
                 "queues": stmt.excluded.queues,
                 "running": stmt.excluded.running,
@@ -166,6 +174,17 @@ def record_sightings(
         )
 
 
+Scope = Callable[[str, str, bool], Iterable[str]]
+"""Which queues a sighting counts for: (the domain it was heard through, a queue it names,
+whether it is a broker-seen hand-made worker, whose word `Autoscale.hand_made` may refuse)
+-> queue names."""
+
+
+def as_named(domain: str, queue: str, broker_seen: bool) -> tuple[str, ...]:
+    """The scope that takes every sighting at its word (what it names, wherever heard)."""
+    return (queue,)
+
+
 def hand_made_workers(
     session: Session, installation_id: str, ours: set[str], now: datetime, window: float
 ) -> dict[str, tuple[str, ...]]:
@@ -180,38 +199,44 @@ def read_sightings(
     ours: set[str],
     now: datetime,
     window: float,
-    broker_seen: Callable[[str], bool] = lambda queue: True,
+    scope: Scope = as_named,
 ) -> tuple[dict[str, tuple[str, ...]], dict[str, QueueLoad], set[str]]:
     """One read of `worker_sightings` (older than `window` forgotten on the way):
 
-    - per consumed queue, the hand-made workers (not our machines, one per host);
+    - per queue, the hand-made workers (not our machines, one per host);
     - per queue, the load every worker seen reported, ours and hand-made (every worker process:
       two on one host run different tasks);
     - the names of every worker whose sighting carried a load report.
 
-    A hand-made worker seen only through the broker (no enrolment key behind it) counts, and
-    its load with it, only for the queues `broker_seen` allows (`Autoscale.hand_made`): a
-    remote-control reply can be forged by anyone who may publish on the broker."""
+    `scope` says which queues each sighting counts for: the loop's counts one only for the
+    queues of the domain that heard it, and a hand-made worker seen only through the broker (no
+    enrolment key behind it) only where `Autoscale.hand_made` allows: a remote-control reply
+    can be forged by anyone who may publish on the broker."""
     since = now - timedelta(seconds=window)
     session.execute(delete(WorkerSighting).where(WorkerSighting.seen_at < since))
     out: dict[str, dict[str, str]] = defaultdict(dict)
     loads: dict[str, QueueLoad] = {}
     reported: set[str] = set()
-    for w in session.scalars(select(WorkerSighting).order_by(WorkerSighting.worker)):
+    rows = session.scalars(
+        select(WorkerSighting).order_by(WorkerSighting.worker, WorkerSighting.domain)
+    )
+    for w in rows:
         data = w.queues if isinstance(w.queues, dict) else {}
         mine = launch_of(w.worker, installation_id) is not None or host_of(w.worker) in ours
-        enrolled = "enrolled_by" in data
+        broker_seen = not mine and "enrolled_by" not in data
         per_queue = data.get("loads")
         if isinstance(per_queue, dict):
             reported.add(w.worker)
             for q, raw in per_queue.items():
                 load = QueueLoad.from_json(raw)
-                if load is not None and (mine or enrolled or broker_seen(str(q))):
-                    loads[str(q)] = loads.get(str(q), QueueLoad()) + load
+                if load is None:
+                    continue
+                for name in scope(w.domain, str(q), broker_seen):
+                    loads[name] = loads.get(name, QueueLoad()) + load
         if mine:
             continue
         for q in data.get("queues", []):
-            if enrolled or broker_seen(str(q)):
-                out[str(q)].setdefault(host_of(w.worker), w.worker)
+            for name in scope(w.domain, str(q), broker_seen):
+                out[name].setdefault(host_of(w.worker), w.worker)
     hand_made = {q: tuple(sorted(names.values())) for q, names in out.items()}
     return hand_made, loads, reported

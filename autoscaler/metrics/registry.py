@@ -22,6 +22,7 @@ from autoscaler.metrics.celery_sqla import CelerySqlaReader
 from autoscaler.metrics.fallback import FallbackReader, LastReadings
 from autoscaler.metrics.prometheus import PrometheusReader
 from autoscaler.metrics.redis_list import RedisListReader, RedisStreamReader
+from autoscaler.urls import UrlError, parse_url
 
 
 class MetricsConfigError(ValueError):
@@ -40,6 +41,21 @@ def source_url(source: MetricsSource, env: Mapping[str, str] | None = None) -> s
             + ("" if source.url_env else " or give 'url' / 'url_env' in the queue's metrics block")
         )
     return url
+
+
+def broker_domain(source: MetricsSource, env: Mapping[str, str] | None = None) -> str:
+    """Where a source's workers answer remote control: scheme, server, database (or vhost) and
+    key prefix, without credentials. A sighting counts only for the queues of the domain that
+    answered it: a reply through queue A's broker naming queue B is no worker of B."""
+    try:
+        url = source_url(source, env)
+        parts = parse_url(url)
+    except (MetricsConfigError, UrlError):
+        return f"{source.source}:unresolved"
+    where = f"{parts.scheme}://{parts.hostname or ''}:{parts.port or ''}"
+    where += f"/{parts.db}" if parts.db is not None else parts.path
+    prefix = source.global_keyprefix or ""
+    return f"{where} prefix {prefix!r}"[:300] if prefix else where[:300]
 
 
 def redis_layout(source: MetricsSource) -> CeleryRedisLayout:

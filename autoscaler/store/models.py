@@ -316,11 +316,19 @@ class MetricReading(Base):
     read_at: Mapped[datetime] = mapped_column()
 
 
+ENROLLED_DOMAIN = ""
+"""The `domain` of a hand-made machine's sighting from its enrolled agent's heartbeat (the API)."""
+
+
 class WorkerSighting(Base):
-    """A Celery worker seen through a watched broker's remote control, hand-made or ours."""
+    """A Celery worker seen through a watched broker's remote control, hand-made or ours, or a
+    hand-made machine's agent heartbeat. `domain` is where it was heard
+    (`metrics.registry.broker_domain`, or ENROLLED_DOMAIN): it counts for that domain's queues
+    alone, and one worker name heard in two domains is two sightings."""
 
     __tablename__ = "worker_sightings"
 
+    domain: Mapped[str] = mapped_column(String(300), primary_key=True)
     worker: Mapped[str] = mapped_column(String(200), primary_key=True)
     queues: Mapped[dict[str, Any]] = mapped_column()  # {"queues": [...]} (JSON object)
     running: Mapped[int] = mapped_column(Integer, default=0)

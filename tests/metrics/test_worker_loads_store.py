@@ -10,6 +10,7 @@ from autoscaler.metrics.workers import QueueLoad, WorkerStatus
 from autoscaler.store.db import transaction
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+DOMAIN = "redis://127.0.0.1:6379/0"
 
 
 def test_loads_of_every_worker_process_are_summed_per_queue(sessions):
@@ -24,7 +25,7 @@ def test_loads_of_every_worker_process_are_summed_per_queue(sessions):
         "w4@old": (("cpu",), 0),
     }
     with transaction(sessions) as s:
-        record_sightings(s, seen, "inst", T0)
+        record_sightings(s, seen, "inst", T0, DOMAIN)
     with transaction(sessions) as s:
         hand_made, loads, reported = read_sightings(s, "inst", set(), T0, 30)
     assert loads == {"gpu": QueueLoad(3, 1, 2, 50.0), "cpu": QueueLoad()}
@@ -33,6 +34,21 @@ def test_loads_of_every_worker_process_are_summed_per_queue(sessions):
     # past the window every sighting is forgotten, loads with it
     with transaction(sessions) as s:
         assert read_sightings(s, "inst", set(), T0 + timedelta(seconds=31), 30) == ({}, {}, set())
+
+
+def test_one_worker_name_heard_in_two_domains_is_two_sightings_each_scoped(sessions):
+    """`celery@gpu` of two applications (two prefixes) are two workers: neither overwrites the
+    other, and a scope that keeps each domain's queues counts each where it was heard."""
+    other = DOMAIN + " prefix 'b:'"
+    with transaction(sessions) as s:
+        record_sightings(s, {"celery@gpu": WorkerStatus(("jobs",), 1)}, "inst", T0, DOMAIN)
+        record_sightings(s, {"celery@gpu": WorkerStatus(("jobs",), 0)}, "inst", T0, other)
+    homes = {(DOMAIN, "jobs"): ["a"], (other, "jobs"): ["b"]}
+    with transaction(sessions) as s:
+        hand_made, _, _ = read_sightings(
+            s, "inst", set(), T0, 30, lambda d, q, _seen: homes.get((d, q), ())
+        )
+    assert hand_made == {"a": ("celery@gpu",), "b": ("celery@gpu",)}
 
 
 def test_a_queues_boot_time_is_the_longest_of_its_last_five_boots(sessions):
@@ -77,7 +93,7 @@ def test_a_booting_machine_seen_through_remote_control_is_ready_at_once(sessions
     }
     for at in (T0 + timedelta(seconds=5), T0 + timedelta(seconds=10)):
         with transaction(sessions) as s:
-            record_sightings(s, seen, "inst", at)
+            record_sightings(s, seen, "inst", at, DOMAIN)
     with transaction(sessions) as s:
         rows = {r.launch_id: r for r in s.scalars(select(Instance))}
         assert rows["boot1"].state == S.READY

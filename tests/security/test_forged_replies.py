@@ -25,6 +25,7 @@ from autoscaler.settings import Settings
 from autoscaler.store import config_versions, fleet, migrate
 from autoscaler.store.models import Instance
 
+DOMAIN = "redis://127.0.0.1:6379/0"  # queue b's, where its replies are heard
 CONFIG = """
 providers:
   sandbox: {kind: mock}
@@ -55,7 +56,7 @@ def _launches(rt: Runtime, hand_made: str | None, ghosts: int) -> int:
         config_versions.record(session, load_config_text(text).model_dump(mode="json"), "t", now)
         install = rt.installation_id(session)
         seen = {f"ghost-{i}@host-{i}": WorkerStatus(("b",), 0) for i in range(ghosts)}
-        record_sightings(session, seen, install, now)
+        record_sightings(session, seen, install, now, DOMAIN)
     reading = {"b": QueueMetrics("b", 200, 60.0, 0, now)}
     result = loop.evaluate(rt, lambda s, lid: None, trigger="t", readings=reading, now=now)
     return len(result.launched)
@@ -119,7 +120,7 @@ def test_a_reply_under_an_agent_machines_label_moves_nothing_of_its_row(tmp_path
             f"asg-{install}-bootrow@evil": WorkerStatus(("b",), 1),
         }
         with rt.transaction() as session:
-            record_sightings(session, forged, install, utc_now())
+            record_sightings(session, forged, install, utc_now(), DOMAIN)
         with rt.transaction() as session:
             agent_row = fleet.get(session, "agentrow")
             boot_row = fleet.get(session, "bootrow")
