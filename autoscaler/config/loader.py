@@ -157,14 +157,6 @@ def check_runnable(config: Config) -> list[Refusal]:
     for name, auto in enabled.items():
         assert auto is not None
         where = f"queues.{name}.autoscale"
-        if auto.max_workers == 0:
-            refusals.append(
-                Refusal(
-                    f"{where}.max_workers",
-                    "0 machines for an enabled queue: it can never scale",
-                    "raise max_workers, or set 'enabled: false' to keep the queue off",
-                )
-            )
         qpoll = auto.poll_interval or poll
         boot = auto.boot_timeout or config.boot_timeout
         if auto.poll_interval is not None and config.heartbeat_timeout < qpoll:

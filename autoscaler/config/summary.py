@@ -207,6 +207,14 @@ def describe(
             f"  bounds: {auto.min_workers}..{auto.max_workers} machines (booting ones count), "
             f"priority {auto.priority}; worst case ${worst:.2f}/h",
             *filter(None, [_never_rents(auto.provider, provider, spec)]),
+            *(
+                [
+                    "  max_workers: 0: watched and counted, never rented (its hand-made "
+                    "workers are its capacity; raise max_workers to rent)"
+                ]
+                if auto.max_workers == 0
+                else []
+            ),
             f"  metrics: {queue.metrics.source} queue {queue.metrics.queue or name} "
             f"{_metrics_where(queue.metrics)}",
         ]

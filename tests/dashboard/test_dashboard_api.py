@@ -27,6 +27,9 @@ ENDPOINTS = [
     ("POST", "/v1/admin/config/rollback", {"version": 1}),
 ]
 
+SLOW_POLL = "max_workers: 3\npoll_interval: 10m"
+"""An edit `validate` refuses: a poll longer than heartbeat_timeout (5 min)."""
+
 
 @pytest.fixture
 def world(db_url, tmp_path) -> Iterator[World]:
@@ -124,20 +127,20 @@ def test_dashboard_preview_gives_validates_refusals_and_stores_nothing(world):
     adm = world.h(world.admin)
     text = autoscale_yaml(world)
     assert "max_workers: 3" in text
-    bad = text.replace("max_workers: 3", "max_workers: 0")
+    bad = text.replace("max_workers: 3", SLOW_POLL)
     r = world.client.post(
         "/v1/admin/config/preview", json={"queue": "q1", "autoscale": bad}, headers=adm
     )
     assert r.status_code == 422
     (problem,) = r.json()["detail"]
-    assert problem["field"] == "queues.q1.autoscale.max_workers"
-    assert "can never scale" in problem["reason"] and problem["fix"]
+    assert problem["field"] == "queues.q1.autoscale.poll_interval"
+    assert "declared silent between two checks" in problem["reason"] and problem["fix"]
     # the same refusal `autoscaler validate` gives for that document
     from autoscaler.config.errors import ConfigError
     from autoscaler.config.loader import load_config_text
 
     doc = yaml.safe_load(yaml.safe_dump(CONFIG))
-    doc["queues"]["q1"]["autoscale"]["max_workers"] = 0
+    doc["queues"]["q1"]["autoscale"]["poll_interval"] = "10m"
     with pytest.raises(ConfigError) as exc:
         load_config_text(yaml.safe_dump(doc), "x", {}, runnable=True)
     assert f"{problem['field']}: {problem['reason']} — fix: {problem['fix']}" in exc.value.render()
@@ -179,7 +182,7 @@ def test_dashboard_queue_edit_and_rollback_are_new_versions_with_who_and_why(wor
     text = autoscale_yaml(world)
     r = world.client.put(
         "/v1/admin/queues/q1/autoscale",
-        json={"yaml": text.replace("max_workers: 3", "max_workers: 0"), "changed_by": "alice"},
+        json={"yaml": text.replace("max_workers: 3", SLOW_POLL), "changed_by": "alice"},
         headers=adm,
     )
     assert r.status_code == 422 and [v["version"] for v in versions(world)] == [1]

@@ -40,6 +40,9 @@ PENDING_RGB = (0xD9, 0x48, 0x0F)  # style.css --pending
 WORKERS_RGB = (0x1C, 0x7E, 0xD6)  # style.css --workers
 ERROR_RGB = (0xC9, 0x2A, 0x2A)  # style.css --err
 
+SLOW_POLL = "max_workers: 3\npoll_interval: 10m"
+"""An edit `validate` refuses: a poll longer than heartbeat_timeout (5 min)."""
+
 
 # ------------------------------------------------------------------ screenshots
 
@@ -245,14 +248,14 @@ def test_dashboard_in_headless_chromium(world, page, shots, tmp_path):
     expect(pg.locator("#editor")).to_be_visible()
     text = pg.input_value("#edit-yaml")
     assert "max_workers: 3" in text
-    pg.fill("#edit-yaml", text.replace("max_workers: 3", "max_workers: 0"))
+    pg.fill("#edit-yaml", text.replace("max_workers: 3", SLOW_POLL))
     pg.click("#edit-preview")
     refusal = pg.locator("#refusals li").first
-    expect(refusal).to_contain_text("queues.q1.autoscale.max_workers")
+    expect(refusal).to_contain_text("queues.q1.autoscale.poll_interval")
     with world.rt.transaction() as session:
         doc = config_versions.latest(session).document  # type: ignore[union-attr]
     doc = yaml.safe_load(yaml.safe_dump(doc))
-    doc["queues"]["q1"]["autoscale"]["max_workers"] = 0
+    doc["queues"]["q1"]["autoscale"]["poll_interval"] = "10m"
     cli = validate_says(world, doc, tmp_path)
     assert f"  - {refusal.inner_text()}" in cli, (refusal.inner_text(), cli)
     expect(pg.locator("#edit-message")).to_contain_text("nothing is stored")

@@ -67,3 +67,13 @@ def test_unknown_price_counts_at_the_queue_cap():
         both(0, 5, machines_a=(m,)), two_queues({"max_price_per_hour": 1.0}, price=0.5), NOW
     )
     assert len(plan.launches) == 1  # 0.5 (unknown → cap) + 0.5 ≤ 1.0
+
+
+def test_max_workers_zero_watches_and_counts_but_never_rents():
+    """`max_workers: 0`: a queue served by hand-made capacity alone. However many jobs wait,
+    nothing is rented, with or without hand-made workers beside it."""
+    cfg = config([{"trigger": "queue_depth", "target_per_worker": 1}], max_workers=0)
+    for manual in (0, 2):
+        snap = Snapshot((QueueSnapshot("q", metrics(pending=200), (), manual_workers=manual),))
+        plan = decide(snap, cfg, NOW).for_queue("q")
+        assert plan.launches == ()
