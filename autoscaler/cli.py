@@ -17,13 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.boundary import DEBUG_ENV, BoundaryGroup
-from autoscaler.config import ConfigError, load_config, read_config
-from autoscaler.config.isolation import check_broker_isolation
-from autoscaler.config.loader import known_providers
-from autoscaler.config.models import Config, ProviderConfig
-from autoscaler.config.summary import describe
-from autoscaler.credentials import (
+from autoscaler.access.credentials import (
     MAX_KEY_BYTES,
     CredentialError,
     OptionsError,
@@ -33,6 +27,12 @@ from autoscaler.credentials import (
     registered_provider_configs,
     validate_provider,
 )
+from autoscaler.boundary import DEBUG_ENV, BoundaryGroup
+from autoscaler.config import ConfigError, load_config, read_config
+from autoscaler.config.isolation import check_broker_isolation
+from autoscaler.config.loader import known_providers
+from autoscaler.config.models import Config, ProviderConfig
+from autoscaler.config.summary import describe
 from autoscaler.digits import ASCII_FORM, ascii_whole
 from autoscaler.settings import Settings, redact_url, url_secrets
 from autoscaler.sim.cli import simulate
@@ -257,7 +257,7 @@ def validate(file: str) -> None:
 
     for line in broker_layout_warnings(config):
         click.echo(line)
-    from autoscaler.api.broker_users import machine_access  # asks the watched Redis versions
+    from autoscaler.access.broker_users import machine_access  # asks the watched Redis versions
 
     for line in machine_access(config):
         click.echo(line)

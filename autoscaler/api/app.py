@@ -28,14 +28,14 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from autoscaler.api import broker_users, keys
+from autoscaler.access import broker_users, keys
+from autoscaler.access.credentials import describe_credentials, registered_provider_configs
 from autoscaler.api.inputs import Strict, UtcTime
 from autoscaler.api.limits import DEFAULT_MAX_BODY, BodyLimit
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.loader import load_config_text
 from autoscaler.control.runtime import Runtime, log
-from autoscaler.credentials import describe_credentials, registered_provider_configs
 from autoscaler.lifecycle import InstanceState
 from autoscaler.settings import Settings, redact_url
 from autoscaler.store import config_versions, fleet, job_records

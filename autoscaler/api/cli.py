@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import click
 from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.api import keys as api_keys
+from autoscaler.access import keys as api_keys
 from autoscaler.boundary import Refused
 from autoscaler.digits import ASCII_FORM, ascii_whole
 from autoscaler.settings import Settings

@@ -318,6 +318,13 @@ class ScheduleUpTrigger(Strict):
     _tz = field_validator("timezone")(_check_timezone)
 
 
+MIN_GAPS = 8
+"""No idle timeout is learned from fewer quiet gaps: the configured one holds until then."""
+
+LEARNED_MAX_FACTOR = 4.0
+"""A learned idle timeout never exceeds this × the configured one."""
+
+
 class IdleTrigger(Strict):
     """A worker that has run no task for `timeout` is drained, most idle first.
 

@@ -11,6 +11,8 @@ from croniter import CroniterError, croniter
 from autoscaler.config.durations import format_duration
 from autoscaler.config.isolation import WATCH_BROKER_ENV
 from autoscaler.config.models import (
+    LEARNED_MAX_FACTOR,
+    MIN_GAPS,
     Config,
     IdleTrigger,
     InstanceSpec,
@@ -27,7 +29,6 @@ from autoscaler.config.models import (
     ScheduleUpTrigger,
     VastProvider,
 )
-from autoscaler.policy.history import LEARNED_MAX_FACTOR, MIN_GAPS
 from autoscaler.settings import redact_url
 
 

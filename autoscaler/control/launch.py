@@ -23,10 +23,10 @@ from typing import Any
 
 from sqlalchemy import update
 
-from autoscaler.api import broker_users, keys
+from autoscaler.access import broker_users, keys
+from autoscaler.access.credentials import CredentialError
 from autoscaler.control import rate_limits
 from autoscaler.control.runtime import Runtime, log, utc_now
-from autoscaler.credentials import CredentialError
 from autoscaler.lifecycle import InstanceState
 from autoscaler.providers.base import (
     AmbiguousCreateError,

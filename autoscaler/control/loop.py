@@ -28,7 +28,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from autoscaler.config.models import MetricTrigger
+from autoscaler.config.models import MIN_GAPS, MetricTrigger
 from autoscaler.control.executor import execute
 from autoscaler.control.observe import Scope, read_sightings
 from autoscaler.control.runtime import Loaded, Runtime, utc_now
@@ -43,7 +43,7 @@ from autoscaler.metrics.registry import (
 )
 from autoscaler.metrics.workers import QueueLoad, with_worker_loads
 from autoscaler.policy.decide import decide
-from autoscaler.policy.history import GAPS_KEPT, MIN_GAPS, NO_HISTORY, QueueHistory, observe_load
+from autoscaler.policy.history import GAPS_KEPT, NO_HISTORY, QueueHistory, observe_load
 from autoscaler.policy.plan import Drain, Launch, QueuePlan, Reclaim
 from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
 from autoscaler.store import fleet, job_records, leases, queue_samples, rate_limits

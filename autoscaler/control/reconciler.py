@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy import delete, select
 
+from autoscaler.access.credentials import CredentialError
 from autoscaler.control import rate_limits
 from autoscaler.control.observe import observe_celery_workers
 from autoscaler.control.runtime import Loaded, Runtime, log
-from autoscaler.credentials import CredentialError
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile
 from autoscaler.providers.base import ProviderError, RateLimitedError
@@ -71,7 +71,7 @@ def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) ->
 def _sweep_broker_users(rt: Runtime, loaded: Loaded, live: set[str]) -> None:
     """Per-machine broker users whose machine has no live row are deleted (never a failure of
     the round: a broker that cannot be reached is tried again next time)."""
-    from autoscaler.api import broker_users
+    from autoscaler.access import broker_users
 
     with rt.transaction() as session:
         install = rt.installation_id(session)

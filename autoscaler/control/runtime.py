@@ -19,10 +19,10 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from autoscaler.access.credentials import registered_provider_configs, resolve_api_key
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.loader import known_providers
 from autoscaler.config.models import Config, MetricsSource, ProviderConfig, Queue
-from autoscaler.credentials import registered_provider_configs, resolve_api_key
 from autoscaler.metrics.fallback import FallbackReader
 from autoscaler.metrics.registry import (
     ReadGroup,

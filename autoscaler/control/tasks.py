@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoscaler.celery import app
 from autoscaler.control import drain as drain_step
 from autoscaler.control import launch as launch_step
 from autoscaler.control import loop, manual, reconciler
 from autoscaler.control import terminate as terminate_step
+from autoscaler.control.app import app
 from autoscaler.control.runtime import log, runtime
 from autoscaler.settings import Settings, redact_url
 from autoscaler.store.db import make_engine, session_factory, transaction

@@ -7,10 +7,10 @@ terminating; reconcile enqueues this step again until the provider no longer lis
 
 from __future__ import annotations
 
-from autoscaler.api import broker_users, keys
+from autoscaler.access import broker_users, keys
+from autoscaler.access.credentials import CredentialError
 from autoscaler.control import rate_limits
 from autoscaler.control.runtime import Runtime, log, utc_now
-from autoscaler.credentials import CredentialError
 from autoscaler.lifecycle import InstanceState, MachineStatus
 from autoscaler.providers.base import ProviderError, RateLimitedError
 from autoscaler.providers.labels import make_label

@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import Field
 from sqlalchemy.orm import Session
 
+from autoscaler.access.credentials import registered_provider_configs
 from autoscaler.api.inputs import Strict
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.isolation import check_broker_isolation
@@ -28,7 +29,6 @@ from autoscaler.config.loader import known_providers, load_config_text, parse_ya
 from autoscaler.config.models import Config
 from autoscaler.config.summary import describe
 from autoscaler.control.runtime import log
-from autoscaler.credentials import registered_provider_configs
 from autoscaler.store import config_versions, queue_samples, views
 
 STATIC = FsPath(__file__).parent / "static"

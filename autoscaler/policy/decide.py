@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from autoscaler.config.models import (
+    LEARNED_MAX_FACTOR,
     Autoscale,
     Config,
     IdleTrigger,
@@ -44,7 +45,7 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.policy import triggers as t
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.caps import Grant, Request, allocate, usage
-from autoscaler.policy.history import LEARNED_MAX_FACTOR, burst_limit, learned_idle_timeout
+from autoscaler.policy.history import burst_limit, learned_idle_timeout
 from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Wait, WaitKind
 from autoscaler.policy.snapshot import (
     BackoffState,

@@ -21,15 +21,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
 
+# what the config promises of a learned timeout (how few gaps teach nothing, how far it goes)
+from autoscaler.config.models import LEARNED_MAX_FACTOR, MIN_GAPS
+
 GAPS_KEPT = 64
 """The last this many quiet gaps are kept: about a day of a sparse queue, enough for a
 distribution, short enough to follow a change of traffic within a day."""
 
-MIN_GAPS = 8
-"""No idle timeout is learned from fewer gaps: the configured one holds until then."""
-
-LEARNED_MAX_FACTOR = 4.0
-"""A learned idle timeout never exceeds this × the configured one."""
 
 
 

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import ColumnElement, Engine, create_engine, event, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+
+StoreError = SQLAlchemyError
+"""Any failure of the store (unreachable, a lost connection, a constraint): what the layers above
+catch without importing SQLAlchemy."""
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -68,3 +75,34 @@ def store_now(session: Session) -> datetime:
         if isinstance(value, datetime):
             return value.astimezone(UTC)
     return datetime.now(UTC)
+
+
+def upsert(
+    session: Session,
+    table: type[Any],
+    rows: Sequence[Mapping[str, Any]],
+    key: Sequence[str],
+    update: Sequence[str] | Mapping[str, Callable[[Any], Any]] = (),
+    where: Callable[[Any], ColumnElement[bool]] | None = None,
+) -> None:
+    """INSERT `rows` into `table`, and on a row whose `key` columns exist already set its
+    `update` columns to the new values (none: keep the old row; a mapping gives each column's
+    value from the rejected row, `excluded`) — where `where(excluded)` holds, if given. One
+    statement for all rows, in PostgreSQL's or SQLite's own dialect (both say ON CONFLICT)."""
+    if not rows:
+        return
+    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    stmt = ins(table)
+    columns = [getattr(table, k) for k in key]
+    if update:
+        done = stmt.on_conflict_do_update(
+            index_elements=columns,
+            set_={
+                c: update[c](stmt.excluded) if isinstance(update, Mapping) else stmt.excluded[c]
+                for c in update
+            },
+            where=where(stmt.excluded) if where is not None else None,
+        )
+    else:
+        done = stmt.on_conflict_do_nothing(index_elements=columns)
+    session.execute(done, batchable(rows))

@@ -15,11 +15,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from sqlalchemy import delete, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.metrics.base import Mark, MarksUpdate
+from autoscaler.store.db import upsert
 from autoscaler.store.models import QueueHeadSighting
 
 _MAX = 200  # column width of queue and message_id
@@ -63,18 +62,14 @@ def observe_heads(
         if mid is not None and (q not in existing or existing[q].message_id != mid)
     ]
     if upserts:
-        dialect = session.get_bind().dialect.name
-        ins = pg_insert if dialect == "postgresql" else sqlite_insert
-        stmt = ins(QueueHeadSighting)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[QueueHeadSighting.source, QueueHeadSighting.queue],
-            set_={
-                "message_id": stmt.excluded.message_id,
-                "first_seen_at": stmt.excluded.first_seen_at,
-            },
-            where=QueueHeadSighting.message_id != stmt.excluded.message_id,
+        upsert(
+            session,
+            QueueHeadSighting,
+            upserts,
+            key=("source", "queue"),
+            update=("message_id", "first_seen_at"),
+            where=lambda new: QueueHeadSighting.message_id != new.message_id,
         )
-        session.execute(stmt, upserts)
     session.expire_all()
     out: dict[str, datetime] = {}
     if any(mid is not None for _, mid in wanted.values()):
@@ -94,9 +89,7 @@ def observe_heads(
     return out
 
 
-def update_marks(
-    session: Session, source: str, keys: Sequence[str], update: MarksUpdate
-) -> None:
+def update_marks(session: Session, source: str, keys: Sequence[str], update: MarksUpdate) -> None:
     """Marks of `keys` read, passed to `update`, and what it returns written back: one SELECT,
     at most one DELETE and one upsert, whatever the number of keys."""
     src = _fit(source, 300)
@@ -125,18 +118,13 @@ def update_marks(
         for k, mark in new.items()
         if mark is not None and prior.get(k) != mark
     ]
-    if rows:
-        dialect = session.get_bind().dialect.name
-        ins = pg_insert if dialect == "postgresql" else sqlite_insert
-        stmt = ins(QueueHeadSighting)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[QueueHeadSighting.source, QueueHeadSighting.queue],
-            set_={
-                "message_id": stmt.excluded.message_id,
-                "first_seen_at": stmt.excluded.first_seen_at,
-            },
-        )
-        session.execute(stmt, rows)
+    upsert(
+        session,
+        QueueHeadSighting,
+        rows,
+        key=("source", "queue"),
+        update=("message_id", "first_seen_at"),
+    )
 
 
 def forget_source(session: Session, source: str) -> int:

@@ -14,11 +14,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from autoscaler.store.db import batchable
+from autoscaler.store.db import upsert
 from autoscaler.store.models import JobRecord
 
 KEEP = timedelta(days=14)
@@ -43,11 +41,7 @@ def record(session: Session, jobs: Sequence[dict[str, Any]], now: datetime) -> N
     `JobRecord` but `id`."""
     if not jobs:
         return  # most heartbeats: nothing to write, nothing to expire
-    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    stmt = ins(JobRecord).on_conflict_do_nothing(
-        index_elements=[JobRecord.queue, JobRecord.task_id]
-    )
-    session.execute(stmt, batchable(jobs))
+    upsert(session, JobRecord, jobs, key=("queue", "task_id"))
     # expire a bounded batch per write: never one long delete that heartbeats queue behind
     expired = (
         select(JobRecord.id).where(JobRecord.finished_at < now - KEEP).limit(EXPIRE_BATCH)

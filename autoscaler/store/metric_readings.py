@@ -9,11 +9,10 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.policy.snapshot import QueueMetrics
+from autoscaler.store.db import upsert
 from autoscaler.store.models import MetricReading
 
 
@@ -42,13 +41,7 @@ def save(session: Session, source: str, readings: Mapping[str, QueueMetrics]) ->
         {"source": source[:300], "queue": q[:200], "reading": to_json(m), "read_at": m.read_at}
         for q, m in readings.items()
     ]
-    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    stmt = ins(MetricReading)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[MetricReading.source, MetricReading.queue],
-        set_={"reading": stmt.excluded.reading, "read_at": stmt.excluded.read_at},
-    )
-    session.execute(stmt, rows)
+    upsert(session, MetricReading, rows, key=("source", "queue"), update=("reading", "read_at"))
 
 
 def load(

@@ -13,11 +13,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from autoscaler.store.db import batchable
+from autoscaler.store.db import upsert
 from autoscaler.store.models import QueueSample
 
 KEEP = timedelta(days=7)
@@ -27,11 +25,7 @@ def record(session: Session, samples: Sequence[dict[str, Any]], now: datetime) -
     """Insert what is new (one statement; an existing (queue, at) is left alone) and forget
     samples older than KEEP."""
     if samples:
-        ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-        stmt = ins(QueueSample).on_conflict_do_nothing(
-            index_elements=[QueueSample.queue, QueueSample.at]
-        )
-        session.execute(stmt, batchable(samples))
+        upsert(session, QueueSample, samples, key=("queue", "at"))
     session.execute(delete(QueueSample).where(QueueSample.at < now - KEEP))
 
 

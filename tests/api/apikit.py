@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from autoscaler.api import keys
+from autoscaler.access import keys
 from autoscaler.api.app import create_app
 from autoscaler.control.runtime import Runtime
 from autoscaler.lifecycle import InstanceState

@@ -151,7 +151,7 @@ def test_auth_a_token_dies_with_its_machine(world):
 def test_auth_a_revoked_admin_key_stops_at_once(world):
     from datetime import UTC, datetime
 
-    from autoscaler.api import keys
+    from autoscaler.access import keys
 
     assert call(world, "GET", "/v1/admin/queues", None, world.admin).status_code == 200
     with world.rt.transaction() as session:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from autoscaler.api import keys
+from autoscaler.access import keys
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime
 from autoscaler.control.terminate import run_terminate
@@ -180,7 +180,7 @@ def test_a_failed_launch_leaves_no_broker_user_and_no_token(
 def test_reconcile_sweeps_broker_users_of_machines_no_longer_live(
     sqlite_url, tmp_path: Path, monkeypatch
 ):
-    from autoscaler.api import broker_users
+    from autoscaler.access import broker_users
     from autoscaler.control.reconciler import run_reconcile
     from tests.api.apikit import CONFIG
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.api.broker_users import BrokerPlan, create_user, delete_user
+from autoscaler.access.broker_users import BrokerPlan, create_user, delete_user
 from tests.control.loopkit import REDIS, WATCH_BROKER, WATCH_DB, Loop, Watched, mock_config
 from tests.control.loopkit import mock_queue as queue_of
 from tests.security.flood import ReplyFlood

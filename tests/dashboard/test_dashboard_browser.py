@@ -301,7 +301,7 @@ def test_dashboard_in_headless_chromium(world, page, shots, tmp_path):
     # 6. a revoked key: back to the key form, the key forgotten
     from datetime import UTC, datetime
 
-    from autoscaler.api import keys
+    from autoscaler.access import keys
 
     with world.rt.transaction() as session:
         keys.revoke_key(session, "ops", datetime.now(UTC))

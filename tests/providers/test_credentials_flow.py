@@ -7,8 +7,8 @@ import uuid
 import pytest
 from click.testing import CliRunner
 
+from autoscaler.access.credentials import registered_provider_configs, resolve_api_key
 from autoscaler.cli import main
-from autoscaler.credentials import registered_provider_configs, resolve_api_key
 from autoscaler.providers.base import AuthError, LaunchSpec, create_on_first_offer
 from autoscaler.providers.registry import build_provider
 from autoscaler.settings import Settings

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import pytest
 import requests
 
-from autoscaler.api import keys
+from autoscaler.access import keys
 from autoscaler.store import config_versions
 from tests.agent.agentkit import serve
 from tests.api.apikit import CONFIG, World

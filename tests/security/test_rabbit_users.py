@@ -22,8 +22,8 @@ import requests
 from celery import Celery
 from kombu import Connection, Exchange, Queue
 
-from autoscaler.api import rabbit_users
-from autoscaler.api.broker_users import create_user, delete_machine_user, plan_for, sweep
+from autoscaler.access import rabbit_users
+from autoscaler.access.broker_users import create_user, delete_machine_user, plan_for, sweep
 from autoscaler.config import load_config_text
 from autoscaler.config.models import MetricsSource
 from tests.conftest import AMQP_URL
@@ -244,7 +244,7 @@ def test_no_user_for_a_queue_whose_exchange_routes_elsewhere_and_shared_exchange
     user unless accepted (a machine could bind its queue there). And since `configure` on the
     shared exchanges covers deleting them, their types are checked (here in a vhost of its own,
     where a machine had redeclared `celeryev` as a fanout to see every task event)."""
-    from autoscaler.api.broker_users import NoBrokerUser
+    from autoscaler.access.broker_users import NoBrokerUser
 
     queue, other = f"rq-{uuid.uuid4().hex[:8]}", f"ro-{uuid.uuid4().hex[:8]}"
     with Connection(AMQP_URL) as conn:

@@ -31,7 +31,7 @@ import pytest
 import redis
 from celery import Celery
 
-from autoscaler.api.broker_users import BrokerPlan, create_user, delete_user, machine_access
+from autoscaler.access.broker_users import BrokerPlan, create_user, delete_user, machine_access
 from autoscaler.config import load_config_text
 from autoscaler.control import loop
 from autoscaler.control.observe import record_sightings

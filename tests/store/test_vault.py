@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from autoscaler.credentials import CredentialError, resolve_api_key, validate_provider
+from autoscaler.access.credentials import CredentialError, resolve_api_key, validate_provider
 from autoscaler.settings import Settings
 from autoscaler.store import providers as store
 from autoscaler.store.db import transaction

@@ -12,11 +12,11 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from autoscaler.digits import ascii_whole
 from autoscaler.lifecycle import InstanceState
+from autoscaler.store import api_keys
 from autoscaler.store.models import ApiKey, Instance
 
 ADMIN = "admin"
@@ -87,31 +87,18 @@ def create_key(
     if kind == ADMIN and queues:
         raise ValueError("an admin key opens every admin endpoint: it takes no --queue")
     key = f"asg{kind[0]}_{new_secret()}"
-    row = ApiKey(
-        kind=kind,
-        name=name,
-        key_hash=digest(key),
-        created_at=now,
-        queues=sorted(set(queues)) if queues else None,
-    )
-    session.add(row)
-    session.flush()
-    return _info(row), key
+    bound = sorted(set(queues)) if queues else None
+    return _info(api_keys.add(session, kind, name, digest(key), now, bound)), key
 
 
 def list_keys(session: Session) -> list[KeyInfo]:
-    return [_info(r) for r in session.scalars(select(ApiKey).order_by(ApiKey.id))]
+    return [_info(r) for r in api_keys.all_keys(session)]
 
 
 def revoke_key(session: Session, ident: str, now: datetime) -> list[KeyInfo]:
     """Revoke the key with this id, or every live key with this name; returns those revoked."""
     number = ascii_whole(ident)
-    where = ApiKey.id == number if number is not None else ApiKey.name == ident
-    rows = list(session.scalars(select(ApiKey).where(where, ApiKey.revoked_at.is_(None))))
-    for row in rows:
-        row.revoked_at = now
-    session.flush()
-    return [_info(r) for r in rows]
+    return [_info(r) for r in api_keys.revoke(session, ident if number is None else number, now)]
 
 
 def check_key(session: Session, key: str, kind: str) -> KeyInfo | None:
@@ -119,7 +106,7 @@ def check_key(session: Session, key: str, kind: str) -> KeyInfo | None:
     if not key:
         return None
     wanted = digest(key)
-    row = session.scalar(select(ApiKey).where(ApiKey.key_hash == wanted, ApiKey.kind == kind))
+    row = api_keys.by_hash(session, wanted, kind)
     if row is None or row.revoked_at is not None or not hmac.compare_digest(row.key_hash, wanted):
         return None
     return _info(row)
@@ -130,7 +117,7 @@ def instance_of_token(session: Session, token: str) -> Instance | None:
     if not token:
         return None
     wanted = digest(token)
-    row = session.scalar(select(Instance).where(Instance.worker_token_hash == wanted))
+    row = api_keys.instance_by_token_hash(session, wanted)
     if row is None or row.worker_token_hash is None:
         return None
     if not hmac.compare_digest(row.worker_token_hash, wanted) or row.state not in TOKEN_STATES:
@@ -140,9 +127,4 @@ def instance_of_token(session: Session, token: str) -> Instance | None:
 
 def revoke_worker_token(session: Session, launch_id: str) -> None:
     """Forget a machine's token hash (at destroy); the state rule revokes it already."""
-    session.execute(
-        update(Instance)
-        .where(Instance.launch_id == launch_id)
-        .values(worker_token_hash=None)
-        .execution_options(synchronize_session=False)
-    )
+    api_keys.forget_token(session, launch_id)

@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from autoscaler.api import rabbit_users
-from autoscaler.api.rabbit_users import RabbitPlan
+from autoscaler.access import rabbit_users
+from autoscaler.access.rabbit_users import RabbitPlan
 from autoscaler.config.models import MetricsSource
 from autoscaler.metrics.registry import MetricsConfigError, source_url
 from autoscaler.providers.labels import make_label
 from autoscaler.urls import UrlError, parse_url
 
-log = logging.getLogger("autoscaler.api.broker_users")
+log = logging.getLogger("autoscaler.access.broker_users")
 
 COMMANDS = (
     # connection and introspection kombu does on connect

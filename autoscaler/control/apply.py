@@ -1,0 +1,41 @@
+"""A config the loop may run: every check `autoscaler validate` makes, then a new version.
+
+`autoscaler apply`, the admin API's `PUT /v1/admin/config` and the dashboard's edits and
+rollbacks all come through here, so that a config one of them refuses the others refuse too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from autoscaler.config.errors import ConfigError
+from autoscaler.config.isolation import check_broker_isolation
+from autoscaler.config.models import Config
+from autoscaler.settings import Settings
+from autoscaler.store import config_versions
+from autoscaler.store.models import ConfigVersion
+
+
+def runnable(config: Config, source: str, settings: Settings, env: Mapping[str, str]) -> Config:
+    """`config` (loaded with `runnable=True`) if the control plane may run it: ConfigError when a
+    watched queue lives on the control plane's own Redis database and prefix, or a URL cannot
+    be read."""
+    refusals = check_broker_isolation(
+        config, settings.broker_url, settings.control_keyprefix, env
+    )
+    if refusals:
+        raise ConfigError(refusals, source)
+    return config
+
+
+def record(
+    session: Session, config: Config, changed_by: str, now: datetime, comment: str | None
+) -> ConfigVersion | None:
+    """The checked config as a new version (who, when, why); None when nothing changed."""
+    return config_versions.record(session, config.model_dump(mode="json"), changed_by, now, comment)
+
+
+__all__ = ["record", "runnable"]
