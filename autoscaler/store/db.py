@@ -15,6 +15,20 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+__all__ = [
+    "Session",
+    "StoreError",
+    "batchable",
+    "make_engine",
+    "session_factory",
+    "sessionmaker",
+    "store_now",
+    "transaction",
+    "upsert",
+]
+"""`Session` and `sessionmaker` are SQLAlchemy's, named here so that the layers above the store
+can type a session without importing SQLAlchemy (an import-linter contract)."""
+
 StoreError = SQLAlchemyError
 """Any failure of the store (unreachable, a lost connection, a constraint): what the layers above
 catch without importing SQLAlchemy."""
