@@ -15,8 +15,6 @@ from autoscaler.store.models import Provider
 from autoscaler.store.providers import list_providers
 from autoscaler.vault import Vault
 
-NEEDS_KEY = ("runpod", "vast")
-
 MAX_OPTIONS_TEXT = 64 * 1024
 MAX_OPTIONS_DEPTH = 8
 MAX_OPTION_DIGITS = 30
@@ -138,7 +136,7 @@ def resolve_api_key(
                 f"--kind {config.kind} --api-key-stdin'"
             )
         return value
-    if config.kind in NEEDS_KEY:
+    if config.needs_key:
         raise CredentialError(
             f"provider {name!r} ({config.kind}) has no API key; store one with "
             f"'autoscaler providers add {name} --kind {config.kind} --api-key-stdin' or set "

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from autoscaler.config.durations import format_duration
 from autoscaler.config.errors import ConfigError, Refusal, refusals_from_validation
-from autoscaler.config.models import Config, ProviderConfig
+from autoscaler.config.models import PROVIDER_KINDS, Config, ProviderConfig
 from autoscaler.config.safe_yaml import YamlRefusal, load_yaml
 from autoscaler.textfile import TextFileError, read_text
 
@@ -251,7 +251,7 @@ def check_references(
         if auto is None or auto.provider in known:
             continue
         names = ", ".join(sorted(known)) or "none yet"
-        add = f"'autoscaler providers add {auto.provider} --kind vast|runpod|mock|local'"
+        add = f"'autoscaler providers add {auto.provider} --kind {'|'.join(PROVIDER_KINDS)}'"
         if store_readable:
             cause = f"unknown provider {auto.provider!r} (known: {names})"
             fix = f"register it with {add}, declare it under 'providers:', or name a known one"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from datetime import datetime
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
@@ -494,16 +494,36 @@ class Queue(Strict):
 
 # --------------------------------------------------------------------------- providers
 
-PROVIDER_KINDS = ("runpod", "vast", "mock", "local")
+def money(x: float) -> str:
+    """A price as people write it: $0.40, $1.5."""
+    return f"${x:.2f}" if round(x, 2) == x else f"${x:g}"
 
 
 class _ProviderBase(Strict):
-    """Credentials are never written in the YAML: by env var name, or stored encrypted."""
+    """What every provider kind declares beside its options (one class per kind, registered in
+    `ProviderConfig`; its machines come from `providers.registry.FACTORIES[kind]`).
+
+    Credentials are never written in the YAML: by env var name, or stored encrypted."""
+
+    needs_key: ClassVar[bool] = False
+    """Machines of this kind are rented with an API key (the vault, or `api_key_env`)."""
+    ready_when_running: ClassVar[bool] = False
+    """A machine the provider lists as running is ready: it runs no worker of ours to wait for
+    (the mock provider's simulated machines)."""
 
     api_key_env: EnvName | None = None
 
+    def terms(self) -> str:
+        """What the dry run says this provider rents (`autoscaler validate`)."""
+        raise NotImplementedError(f"provider kind {type(self).__name__} does not say its terms")
+
+    def known_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
+        """What every machine of `spec` costs before renting, and how; None on a live market."""
+        return None
+
 
 class RunPodProvider(_ProviderBase):
+    needs_key: ClassVar[bool] = True
     kind: Literal["runpod"]
     gpu_types: tuple[Annotated[Line, Field(min_length=1, max_length=100)], ...] = Field(
         default=(), max_length=100
@@ -514,8 +534,13 @@ class RunPodProvider(_ProviderBase):
     )
     base_url: HttpUrl = "https://api.runpod.io"
 
+    def terms(self) -> str:
+        gpus = ", ".join(self.gpu_types) or "the queue's GPU"
+        return f"RunPod {self.cloud_type} cloud, GPU types in order: {gpus}"
+
 
 class VastProvider(_ProviderBase):
+    needs_key: ClassVar[bool] = True
     kind: Literal["vast"]
     verified: bool = True
     countries: tuple[Annotated[Line, Field(min_length=1, max_length=100)], ...] = Field(
@@ -527,15 +552,35 @@ class VastProvider(_ProviderBase):
     avoid_host_for: Duration = Field(default=86400.0, gt=0)
     base_url: HttpUrl = "https://console.vast.ai"
 
+    def terms(self) -> str:
+        terms = ["verified" if self.verified else "any host"]
+        if self.countries:
+            terms.append("in " + "/".join(self.countries))
+        if self.min_bandwidth_mbps is not None:
+            terms.append(f"≥{self.min_bandwidth_mbps:g} Mb/s down")
+        if self.min_cuda_version is not None:
+            terms.append(f"CUDA ≥{self.min_cuda_version:g}")
+        if self.min_reliability is not None:
+            terms.append(f"reliability ≥{self.min_reliability:g}")
+        return "Vast.ai cheapest offer, " + ", ".join(terms)
+
 
 class MockProvider(_ProviderBase):
     """Simulated machines in the database: test triggers without renting anything."""
 
+    ready_when_running: ClassVar[bool] = True
     kind: Literal["mock"]
     boot_delay: Duration = Field(default=5.0, ge=0)
     boot_failure_rate: float = Field(default=0.0, ge=0, le=1)
     capacity_error_rate: float = Field(default=0.0, ge=0, le=1)
     price_per_hour: float = Field(default=0.40, ge=0, le=MAX_PRICE_PER_HOUR)
+
+    def terms(self) -> str:
+        return "mock machines (nothing is rented)"
+
+    def known_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
+        price = round(self.price_per_hour * spec.gpu_count, 6)  # as the mock provider does
+        return price, f"{money(self.price_per_hour)}/h × {spec.gpu_count} GPU"
 
 
 class LocalProvider(_ProviderBase):
@@ -545,10 +590,27 @@ class LocalProvider(_ProviderBase):
     command: Text | None = None
     price_per_hour: float = Field(default=0.0, ge=0, le=MAX_PRICE_PER_HOUR)
 
+    def terms(self) -> str:
+        return "local processes on this machine (nothing is rented)"
+
+    def known_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
+        return self.price_per_hour, f"{money(self.price_per_hour)}/h per machine"
+
 
 ProviderConfig = Annotated[
     RunPodProvider | VastProvider | MockProvider | LocalProvider, Field(discriminator="kind")
 ]
+"""The one registration of a provider kind's options (beside its factory in
+`providers.registry.FACTORIES`); `tests/providers/test_kinds.py` fails when a part is missing."""
+
+PROVIDER_MODELS: tuple[type[_ProviderBase], ...] = get_args(get_args(ProviderConfig)[0])
+PROVIDER_KINDS: tuple[str, ...] = tuple(
+    get_args(m.model_fields["kind"].annotation)[0] for m in PROVIDER_MODELS
+)
+KEYED_KINDS: tuple[str, ...] = tuple(
+    k for k, m in zip(PROVIDER_KINDS, PROVIDER_MODELS, strict=True) if m.needs_key
+)
+"""The kinds rented with an API key."""
 
 
 # --------------------------------------------------------------------------- top level

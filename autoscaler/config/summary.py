@@ -17,17 +17,14 @@ from autoscaler.config.models import (
     IdleTrigger,
     InstanceSpec,
     LatencyTrigger,
-    LocalProvider,
     MetricsSource,
     MetricTrigger,
-    MockProvider,
     NoWorkersTrigger,
     ProviderConfig,
     QueueDepthTrigger,
-    RunPodProvider,
     ScheduleDownTrigger,
     ScheduleUpTrigger,
-    VastProvider,
+    money,
 )
 from autoscaler.settings import redact_url
 
@@ -92,39 +89,10 @@ def _metrics_where(m: MetricsSource) -> str:
     return f"on the broker in ${m.url_env or WATCH_BROKER_ENV}"
 
 
-def _provider_terms(p: ProviderConfig) -> str:
-    if isinstance(p, RunPodProvider):
-        gpus = ", ".join(p.gpu_types) or "the queue's GPU"
-        return f"RunPod {p.cloud_type} cloud, GPU types in order: {gpus}"
-    if isinstance(p, VastProvider):
-        terms = ["verified" if p.verified else "any host"]
-        if p.countries:
-            terms.append("in " + "/".join(p.countries))
-        if p.min_bandwidth_mbps is not None:
-            terms.append(f"≥{p.min_bandwidth_mbps:g} Mb/s down")
-        if p.min_cuda_version is not None:
-            terms.append(f"CUDA ≥{p.min_cuda_version:g}")
-        if p.min_reliability is not None:
-            terms.append(f"reliability ≥{p.min_reliability:g}")
-        return "Vast.ai cheapest offer, " + ", ".join(terms)
-    if p.kind == "mock":
-        return "mock machines (nothing is rented)"
-    return "local processes on this machine (nothing is rented)"
-
-
-def _money(x: float) -> str:
-    return f"${x:.2f}" if round(x, 2) == x else f"${x:g}"
-
-
 def known_price(provider: ProviderConfig, spec: InstanceSpec) -> tuple[float, str] | None:
     """What every machine of `spec` costs on `provider` when that is known before renting (mock
     and local providers charge a fixed price; RunPod and Vast.ai are live markets), and how."""
-    if isinstance(provider, MockProvider):
-        price = round(provider.price_per_hour * spec.gpu_count, 6)  # as the mock provider does
-        return price, f"{_money(provider.price_per_hour)}/h × {spec.gpu_count} GPU"
-    if isinstance(provider, LocalProvider):
-        return provider.price_per_hour, f"{_money(provider.price_per_hour)}/h per machine"
-    return None
+    return provider.known_price(spec)
 
 
 def _never_rents(name: str, provider: ProviderConfig, spec: InstanceSpec) -> str | None:
@@ -133,9 +101,9 @@ def _never_rents(name: str, provider: ProviderConfig, spec: InstanceSpec) -> str
         return None
     price, how = known
     return (
-        f"  warning: {name} charges {_money(price)}/h for this machine ({how}), above the cap of "
-        f"{_money(spec.max_price_per_hour)}/h, so this queue can never rent a machine; raise "
-        f"instance.max_price_per_hour to at least {_money(price)} or lower {name}'s price_per_hour"
+        f"  warning: {name} charges {money(price)}/h for this machine ({how}), above the cap of "
+        f"{money(spec.max_price_per_hour)}/h, so this queue can never rent a machine; raise "
+        f"instance.max_price_per_hour to at least {money(price)} or lower {name}'s price_per_hour"
     )
 
 
@@ -202,7 +170,7 @@ def describe(
         worst = auto.max_workers * spec.max_price_per_hour
         total += worst
         lines += [
-            f"queue {name}: on {auto.provider} ({_provider_terms(provider)})",
+            f"queue {name}: on {auto.provider} ({provider.terms()})",
             f"  machine: {spec.gpu} ×{spec.gpu_count}, {spec.disk_gb} GB disk, at most "
             f"${spec.max_price_per_hour:.2f}/h each; image {spec.image}",
             f"  bounds: {auto.min_workers}..{auto.max_workers} machines (booting ones count), "

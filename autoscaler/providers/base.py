@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -360,3 +361,18 @@ def find_after_ambiguous_create(
         provider=provider.name,
         label=label,
     )
+
+
+@dataclass(frozen=True)
+class Build:
+    """What a provider kind's factory (`providers.registry.FACTORIES`) builds a provider from:
+    the decrypted API key (checked present for kinds that need one), this installation's id, the
+    store's sessions (for what a provider keeps there), a folder for local state, and the HTTP
+    timeouts and retry policy (a `providers.http.RetryPolicy`, None for the default)."""
+
+    credential: str | None
+    installation_id: str
+    sessions: Any
+    state_dir: Path | None = None
+    timeout: tuple[float, float] = (5.0, 30.0)
+    retry: Any = None

@@ -34,6 +34,7 @@ from typing import Any
 from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import LocalProvider as LocalConfig
 from autoscaler.providers.base import (
+    Build,
     LaunchSpec,
     MachineStatus,
     NotOwnedError,
@@ -316,3 +317,10 @@ class LocalProvider(Provider):
     def _signal(pgid: int, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
+
+
+def build(name: str, config: LocalConfig, ctx: Build) -> LocalProvider:
+    """The local provider's factory (`providers.registry.FACTORIES`): pid files in a folder."""
+    if ctx.state_dir is None:
+        raise ValueError(f"provider {name!r} (local) needs a state directory for its pid files")
+    return LocalProvider(name, config, ctx.installation_id, ctx.state_dir)

@@ -19,6 +19,7 @@ from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import MockProvider as MockConfig
 from autoscaler.digits import ascii_whole
 from autoscaler.providers.base import (
+    Build,
     CapacityError,
     LaunchSpec,
     MachineStatus,
@@ -189,3 +190,10 @@ class MockProvider(Provider):
             host_id="mock-host",
             gpu=row.gpu,
         )
+
+
+def build(name: str, config: MockConfig, ctx: Build) -> MockProvider:
+    """The mock provider's factory (`providers.registry.FACTORIES`): machines in the store."""
+    from autoscaler.store.mock_machines import StoredMockMachines
+
+    return MockProvider(name, config, ctx.installation_id, StoredMockMachines(ctx.sessions))

@@ -1,29 +1,40 @@
-"""Build a `Provider` from its config block, its key, this installation's id and the store."""
+"""Provider kinds' factories, and a `Provider` built from its config block, its key, this
+installation's id and the store.
+
+A provider kind is its options model in `config.models` (registered in `ProviderConfig`, with
+its key need, dry-run terms and known price) and its module here with a `build` factory,
+registered in FACTORIES: `tests/providers/test_kinds.py` fails when either part is missing.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-
-from sqlalchemy.orm import Session, sessionmaker
+from typing import Any
 
 from autoscaler.config import models as cfg
-from autoscaler.providers.base import AuthError, Provider
+from autoscaler.providers import local, mock, runpod, vast
+from autoscaler.providers.base import AuthError, Build, Provider
 from autoscaler.providers.http import RetryPolicy
-from autoscaler.providers.local import LocalProvider
-from autoscaler.providers.mock import MockProvider
-from autoscaler.providers.runpod import RunPodProvider
-from autoscaler.providers.vast import VastProvider
-from autoscaler.store.avoided_hosts import StoredHostsToAvoid
-from autoscaler.store.mock_machines import StoredMockMachines
+
+Factory = Callable[[str, Any, Build], Provider]
+
+FACTORIES: Mapping[str, Factory] = {
+    "runpod": runpod.build,
+    "vast": vast.build,
+    "mock": mock.build,
+    "local": local.build,
+}
+"""Each provider kind's factory, by the `kind` of its options model."""
 
 
 def build_provider(
     name: str,
-    config: cfg.RunPodProvider | cfg.VastProvider | cfg.MockProvider | cfg.LocalProvider,
+    config: cfg.ProviderConfig,
     *,
     credential: str | None,
     installation_id: str,
-    sessions: sessionmaker[Session],
+    sessions: Any,
     state_dir: Path | None = None,
     timeout: tuple[float, float] = (5.0, 30.0),
     retry: RetryPolicy | None = None,
@@ -31,35 +42,20 @@ def build_provider(
     """The provider for config block `name`.
 
     `credential` is the decrypted API key (from the vault, or the env var named by
-    `api_key_env`); RunPod and Vast refuse to start without one. `state_dir` is where the local
-    provider keeps its pid files (e.g. `Settings.home / "local-machines"`).
-    """
-    if isinstance(config, cfg.RunPodProvider | cfg.VastProvider) and not credential:
+    `api_key_env`); a kind that rents with a key (RunPod, Vast) refuses to start without one.
+    `state_dir` is where the local provider keeps its pid files (`Settings.home /
+    "local-machines"`); `sessions` is the store's session factory."""
+    if config.needs_key and not credential:
         raise AuthError(
             f"provider {name!r} ({config.kind}) has no API key: store one in the vault or set "
             f"the environment variable named by api_key_env",
             provider=name,
         )
-    if isinstance(config, cfg.RunPodProvider):
-        assert credential is not None
-        return RunPodProvider(
-            name, config, credential, installation_id, timeout=timeout, retry=retry
-        )
-    if isinstance(config, cfg.VastProvider):
-        assert credential is not None
-        return VastProvider(
-            name,
-            config,
-            credential,
-            installation_id,
-            StoredHostsToAvoid(sessions),
-            timeout=timeout,
-            retry=retry,
-        )
-    if isinstance(config, cfg.MockProvider):
-        return MockProvider(name, config, installation_id, StoredMockMachines(sessions))
-    if isinstance(config, cfg.LocalProvider):
-        if state_dir is None:
-            raise ValueError(f"provider {name!r} (local) needs a state directory for its pid files")
-        return LocalProvider(name, config, installation_id, state_dir)
-    raise ValueError(f"provider {name!r}: unknown kind {getattr(config, 'kind', '?')!r}")
+    factory = FACTORIES.get(config.kind)
+    if factory is None:
+        raise ValueError(f"provider {name!r}: unknown kind {config.kind!r}")
+    return factory(
+        name,
+        config,
+        Build(credential, installation_id, sessions, state_dir, timeout, retry),
+    )

@@ -25,6 +25,7 @@ from autoscaler.config.models import RunPodProvider as RunPodConfig
 from autoscaler.providers.api import ApiOptions, ApiProvider
 from autoscaler.providers.base import (
     AmbiguousCreateError,
+    Build,
     CapacityError,
     LaunchSpec,
     MachineStatus,
@@ -289,3 +290,11 @@ _ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 def _check_id(pod_id: str) -> None:
     if not _ID_RE.fullmatch(pod_id):
         raise ValueError(f"{pod_id!r} is not a RunPod pod id")
+
+
+def build(name: str, config: RunPodConfig, ctx: Build) -> RunPodProvider:
+    """RunPod's factory (`providers.registry.FACTORIES`)."""
+    assert ctx.credential is not None  # the registry refuses a keyed kind without its key
+    return RunPodProvider(
+        name, config, ctx.credential, ctx.installation_id, timeout=ctx.timeout, retry=ctx.retry
+    )

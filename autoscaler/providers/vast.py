@@ -32,6 +32,7 @@ from autoscaler.digits import ascii_whole, is_ascii_whole
 from autoscaler.providers.api import ApiOptions, ApiProvider
 from autoscaler.providers.base import (
     AmbiguousCreateError,
+    Build,
     CapacityError,
     HostsToAvoid,
     LaunchSpec,
@@ -387,3 +388,19 @@ class VastProvider(ApiProvider):
             host_id=str(inst["machine_id"]) if inst.get("machine_id") is not None else None,
             gpu=inst.get("gpu_name"),
         )
+
+
+def build(name: str, config: VastConfig, ctx: Build) -> VastProvider:
+    """Vast.ai's factory (`providers.registry.FACTORIES`): hosts to avoid live in the store."""
+    from autoscaler.store.avoided_hosts import StoredHostsToAvoid
+
+    assert ctx.credential is not None  # the registry refuses a keyed kind without its key
+    return VastProvider(
+        name,
+        config,
+        ctx.credential,
+        ctx.installation_id,
+        StoredHostsToAvoid(ctx.sessions),
+        timeout=ctx.timeout,
+        retry=ctx.retry,
+    )

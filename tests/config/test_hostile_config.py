@@ -363,7 +363,6 @@ def test_a_dry_run_never_prints_inf():
         (lambda d: d.__setitem__("queues", {}), "queues"),
         (lambda d: d.__setitem__("limits", {"max_machines": 0}), "limits.max_machines"),
         (lambda d: d.__setitem__("limits", {"max_price_per_hour": 0}), "limits.max_price_per_hour"),
-        (lambda d: auto(d).__setitem__("max_workers", 0), "max_workers"),
         (lambda d: d.update(poll_interval="5m", heartbeat_timeout="1m"), "heartbeat_timeout"),
         (lambda d: d.update(poll_interval="5m", boot_timeout="1m"), "boot_timeout"),
         (lambda d: auto(d).update(poll_interval="20m"), "poll_interval"),
@@ -373,7 +372,6 @@ def test_a_dry_run_never_prints_inf():
         "no queues",
         "no machines",
         "no money",
-        "no workers",
         "heartbeat < poll",
         "boot < poll",
         "queue poll > heartbeat",
@@ -382,6 +380,15 @@ def test_a_dry_run_never_prints_inf():
 )
 def test_a_config_that_can_never_run_is_refused(change, path):
     one(refused(doc(change)), path)
+
+
+def test_an_enabled_queue_with_max_workers_0_is_watched_never_rented():
+    """Hand-made capacity only: accepted, and the dry run says nothing is ever rented for it."""
+    config = load_config_text(doc(lambda d: auto(d).__setitem__("max_workers", 0)), "c.yaml", {},
+                              runnable=True)
+    text = describe(config, config.providers, NOW)
+    assert "max_workers: 0: watched and counted, never rented" in text
+    assert "worst case for all queues: $0.00/h" in text
 
 
 def test_a_disabled_queue_with_no_workers_is_fine():
