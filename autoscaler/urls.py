@@ -11,6 +11,7 @@ import re
 import unicodedata
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from autoscaler.digits import ASCII_FORM, ascii_whole
@@ -52,6 +53,21 @@ class ParsedUrl:
 
 
 REDIS_SCHEMES = frozenset({"redis", "rediss", "unix"})
+AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "pyamqps"})
+
+Transport = Literal["redis", "amqp", "sqla", "other"]
+
+
+def transport(url: str) -> Transport:
+    """The broker a Celery URL names, decided here alone (readers, worker probes, broker users
+    and the isolation check all ask): Redis (redis, rediss, unix), RabbitMQ (amqp, amqps,
+    pyamqp, pyamqps), kombu's SQL transport (sqla+...), or anything else."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in REDIS_SCHEMES:
+        return "redis"
+    if scheme in AMQP_SCHEMES:
+        return "amqp"
+    return "sqla" if scheme.startswith("sqla+") else "other"
 
 
 def split_url(url: str) -> SplitResult | None:

@@ -34,7 +34,7 @@ from autoscaler.access.rabbit_users import RabbitPlan
 from autoscaler.config.models import MetricsSource
 from autoscaler.metrics.registry import MetricsConfigError, source_url
 from autoscaler.providers.labels import make_label
-from autoscaler.urls import UrlError, parse_url
+from autoscaler.urls import Transport, UrlError, parse_url, transport
 
 log = logging.getLogger("autoscaler.access.broker_users")
 
@@ -269,8 +269,7 @@ def admin_url(source: MetricsSource, env: Mapping[str, str] | None = None) -> st
         url = source_url(source, env)
     except MetricsConfigError:
         return None
-    scheme = url.split("://", 1)[0].lower()
-    return url if scheme in ("redis", "rediss", *rabbit_users.AMQP_SCHEMES) else None
+    return url if _user_broker(url) is not None else None
 
 
 def delete_machine_user(source: MetricsSource, user: str, env: Mapping[str, str] | None) -> bool:
@@ -279,12 +278,21 @@ def delete_machine_user(source: MetricsSource, user: str, env: Mapping[str, str]
     url = admin_url(source, env)
     if url is None:
         return False
-    if url.split("://", 1)[0].lower() in rabbit_users.AMQP_SCHEMES:
+    if transport(url) == "amqp":
         target = rabbit_users.plan(url, source.queue or "", source.management_url)
         rabbit_users.delete_user(target, user)
     else:
         delete_user(url, user)
     return True
+
+
+def _user_broker(url: str) -> Transport | None:
+    """The brokers we make per-machine users on: Redis over the network (a Unix socket is out
+    of a rented machine's reach) and RabbitMQ; None elsewhere."""
+    kind = transport(url)
+    if kind == "amqp" or (kind == "redis" and not url.lower().startswith("unix")):
+        return kind
+    return None
 
 
 def glob_escape(text: str) -> str:
@@ -306,8 +314,8 @@ def plan_for(
         url = source_url(source, env)
     except MetricsConfigError as exc:
         raise NoBrokerUser(str(exc)) from None
-    scheme = url.split("://", 1)[0].lower()
-    if scheme in rabbit_users.AMQP_SCHEMES:
+    kind = _user_broker(url)
+    if kind == "amqp":
         try:
             rabbit = rabbit_users.plan(url, source.queue or queue, source.management_url)
             others = rabbit_users.other_queues_bound(rabbit)
@@ -318,7 +326,8 @@ def plan_for(
         if others and source.shared_exchange != "accept":
             raise NoBrokerUser(_shared_exchange_refusal(rabbit.queue, others))
         return rabbit
-    if scheme not in ("redis", "rediss"):
+    if kind is None:
+        scheme = url.split("://", 1)[0] if "://" in url else "scheme-less"
         raise NoBrokerUser(
             f"the {scheme} broker gets no per-machine user from us: the machine would hold the "
             "credentials of the broker URL it is given"
@@ -519,7 +528,7 @@ def sweep(
         if url is not None:
             urls.setdefault(url, queue.metrics)
     for url, source in sorted(urls.items()):
-        if url.split("://", 1)[0].lower() in rabbit_users.AMQP_SCHEMES:
+        if transport(url) == "amqp":
             target = rabbit_users.plan(url, source.queue or "", source.management_url)
             for problem in rabbit_users.shared_exchanges_intact(target):
                 log.error(

@@ -40,7 +40,6 @@ import requests
 from autoscaler.metrics.celery_rabbitmq import management_target
 from autoscaler.providers.labels import make_label
 
-AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "pyamqps")
 TIMEOUT = 5.0
 
 

@@ -10,20 +10,17 @@ from collections.abc import Mapping
 
 from autoscaler.config.errors import Refusal
 from autoscaler.config.models import Config
-from autoscaler.urls import UrlError, parse_url
+from autoscaler.urls import UrlError, parse_url, transport
 
 WATCH_BROKER_ENV = "AUTOSCALER_WATCH_BROKER_URL"
 """Where a queue's metrics are read when its config names no URL."""
 
 CONTROL_BROKER_ENV = "AUTOSCALER_BROKER_URL"
 
-_REDIS = ("redis", "rediss")
-
-
 def _redis_target(url: str) -> tuple[str, int, int] | None:
-    """(host, port, db) of a Redis URL, None for another scheme; UrlError for a bad URL."""
+    """(host, port, db) of a Redis URL, None for another broker; UrlError for a bad URL."""
     parts = parse_url(url)
-    if parts.scheme not in _REDIS:
+    if transport(url) != "redis" or parts.scheme == "unix":  # a socket path is no host:port
         return None
     return (parts.hostname or "localhost", parts.port or 6379, parts.db or 0)
 

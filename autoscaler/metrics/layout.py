@@ -28,6 +28,7 @@ from autoscaler.metrics.celery_redis import BINDING_PREFIX, DEFAULT_SEP
 from autoscaler.metrics.redis_list import open_redis
 from autoscaler.metrics.registry import MetricsConfigError, redis_layout, source_url
 from autoscaler.settings import redact_url
+from autoscaler.urls import transport
 
 MAX_KEYS = 200_000
 """Key names examined per broker (SCAN stops there)."""
@@ -215,7 +216,7 @@ def _check(config: Config, env: Mapping[str, str] | None, timeout: float) -> lis
             url = source_url(src, env)
         except MetricsConfigError:
             continue  # the dry run already says where the numbers would come from
-        if url.split("://", 1)[0].lower() not in ("redis", "rediss", "unix"):
+        if transport(url) != "redis":
             continue
         try:
             client = open_redis(url, timeout)

@@ -22,7 +22,7 @@ from autoscaler.metrics.celery_sqla import CelerySqlaReader
 from autoscaler.metrics.fallback import FallbackReader, LastReadings
 from autoscaler.metrics.prometheus import PrometheusReader
 from autoscaler.metrics.redis_list import RedisListReader, RedisStreamReader
-from autoscaler.urls import UrlError, parse_url
+from autoscaler.urls import UrlError, parse_url, transport
 
 
 class MetricsConfigError(ValueError):
@@ -72,10 +72,7 @@ def transport_options(source: MetricsSource, url: str) -> dict[str, object]:
     `metrics:` block the reader uses: on Redis the key prefix, separator and priority steps
     (remote-control replies are pushed to priority-step lists like any message, so a probe with
     other steps never sees them); nothing on RabbitMQ."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme in ("redis", "rediss", "unix"):
-        return redis_layout(source).transport_options()
-    return {}
+    return redis_layout(source).transport_options() if transport(url) == "redis" else {}
 
 
 def build_reader(
@@ -89,7 +86,7 @@ def build_reader(
     """The reader for `source`; `timeout` overrides the source's own (tests use it)."""
     url = source_url(source, env)
     timeout = source.timeout if timeout is None else timeout
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    kind = transport(url)
     if source.source == "asynq":
         return AsynqReader(url, clock=clock, timeout=timeout)
     if source.source == "redis-list":
@@ -109,20 +106,21 @@ def build_reader(
             clock=clock,
             timeout=timeout,
         )
-    if scheme in ("redis", "rediss", "unix"):
+    if kind == "redis":
         layout = redis_layout(source)
         return CeleryRedisReader(
             url, layout=layout, sightings=sightings, clock=clock, timeout=timeout
         )
-    if scheme in ("amqp", "amqps", "pyamqp", "pyamqps"):
+    if kind == "amqp":
         return CeleryRabbitMQReader(
             url, management_url=source.management_url, sightings=sightings, clock=clock,
             timeout=timeout,
         )
-    if scheme.startswith("sqla+"):
+    if kind == "sqla":
         return CelerySqlaReader(url, sightings=sightings, clock=clock, timeout=timeout)
+    scheme = url.split("://", 1)[0] if "://" in url else "scheme-less"
     raise MetricsConfigError(
-        f"celery metrics cannot read a {scheme or 'scheme-less'!r} broker URL; use redis://, "
+        f"celery metrics cannot read a {scheme!r} broker URL; use redis://, "
         "rediss://, amqp:// or sqla+<database URL>"
     )
 
