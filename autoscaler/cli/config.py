@@ -1,4 +1,8 @@
-"""`autoscaler validate`, `apply` and `history`: a config checked, recorded, and its versions."""
+"""`autoscaler validate`, `apply` and `history`: a config checked, recorded, and its versions.
+
+`apply` checks and records through `autoscaler.control.apply`, the path the admin API and the
+dashboard take too, so that a config one of them refuses the others refuse as well.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +17,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from autoscaler.access.credentials import registered_provider_configs
 from autoscaler.cli.common import StoreUnavailable, driver_cause, fail, sessions, settings, store
 from autoscaler.config import ConfigError, load_config, read_config
-from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.loader import known_providers
 from autoscaler.config.models import Config, ProviderConfig
 from autoscaler.config.summary import describe
+from autoscaler.control.apply import record, runnable
 from autoscaler.settings import Settings, redact_url
 from autoscaler.store import config_versions
 from autoscaler.store.db import session_factory, transaction
@@ -32,14 +36,9 @@ def _load_checked(
     """The config in FILE with every check `validate` and `apply` share; exits 2 on a refusal."""
     try:
         config = load_config(file, registered, store_readable=store_readable)
-        refusals = check_broker_isolation(
-            config, current.broker_url, current.control_keyprefix, os.environ
-        )
-        if refusals:
-            raise ConfigError(refusals, file)
+        return runnable(config, file, current, os.environ)
     except ConfigError as exc:
         fail(exc.render())
-    return config
 
 
 def _registered(current: Settings) -> tuple[dict[str, ProviderConfig] | None, str | None]:
@@ -120,9 +119,7 @@ def apply(file: str, changed_by: str, comment: str | None) -> None:
     current = settings()
     with transaction(sessions(current)) as session:
         config = _load_checked(file, registered_provider_configs(session), current)
-        row = config_versions.record(
-            session, config.model_dump(mode="json"), changed_by, datetime.now(UTC), comment
-        )
+        row = record(session, config, changed_by, datetime.now(UTC), comment)
         if row is None:
             click.echo(f"{file}: unchanged (the loop keeps running the newest version)")
             return
