@@ -153,137 +153,220 @@ def _vote(trig: object, view: t.QueueView) -> t.UpVote | None:
     return None  # schedule: a floor, handled by _floor
 
 
+@dataclass(frozen=True)
+class _Floor:
+    """The fewest machines the queue keeps now, why, and the manual target that set it."""
+
+    workers: int
+    why: str
+    manual: ManualTarget | None
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What the floor and the strongest fired trigger ask for, before reclaims and limits."""
+
+    trigger: str
+    reason: str
+    raw: int
+    """Machines asked for, before max_workers."""
+    desired: int
+    wanted: int
+    """Machines more than the capacity."""
+
+
 def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now: datetime) -> _Up:
-    machines = qs.machines
-    serving = sum(1 for m in machines if m.serving)
-    booting = sum(1 for m in machines if m.booting)
-    capacity = serving + booting + max(0, qs.manual_workers)
-    ceiling = auto.max_workers
-    floor, floor_why = _floor(auto, now)
-    manual = qs.manual_target if qs.manual_target and qs.manual_target.active(now) else None
-    if manual is not None:
-        floor = min(max(0, manual.workers), ceiling)
-        floor_why = (
-            f"manual target {manual.workers} set by {manual.set_by or 'an operator'} until "
-            f"{manual.until.isoformat()}"
-        )
-    notes: list[str] = [f"floor {floor} ({floor_why})"]
-    waits: list[Wait] = []
-
+    """One queue's scale-up half: the floor, the triggers' votes, a hedge, then what may be
+    rented (machines leaving taken back first, the burst rule, max_workers)."""
+    capacity = _capacity(qs)
+    floor = _effective_floor(auto, qs, now)
     fresh = qs.metrics is not None and not qs.metrics.stale
-    degraded: tuple[str, ...] = ()
-    if qs.metrics is not None:
-        have = {query for query, _ in qs.metrics.external}
-        degraded = tuple(
-            trig.query
-            for trig in auto.scale_up
-            if isinstance(trig, MetricTrigger)
-            and (trig.query in qs.metrics.external_degraded or trig.query not in have)
-        )
-    votes: list[t.UpVote] = []
-    keep_one = False
-    if manual is not None:
-        notes.append("manual target: load triggers and idle timeouts are not evaluated")
-    elif qs.metrics is None:
-        notes.append("no metrics read yet: load triggers not evaluated, no scale-down")
-    elif qs.metrics.stale:
-        notes.append(
-            f"metrics stale ({qs.metrics.error or 'source failing'}): load triggers not "
-            "evaluated, no scale-down"
-        )
-    else:
-        view = t.make_view(qs.metrics, machines, qs.manual_workers, now, _lead(auto, qs, config))
-        for trig in auto.scale_up:
-            vote = _vote(trig, view)
-            if vote is not None:
-                votes.append(vote)
-                notes.append(vote.reason)
-        if view.due_soon is not None:
-            keep_one = True
-            notes.append(
-                f"{qs.metrics.scheduled} scheduled job(s) fall due within the {view.lead:.0f}s a "
-                "machine takes to boot: the last machine is kept for them"
-            )
-
+    votes, vote_notes, keep_one = _evaluate(auto, qs, config, floor.manual, now)
     fired = [v for v in votes if v.fired]
-    best = max(fired, key=lambda v: v.wants, default=None)
-    raw = max(floor, best.wants if best is not None else 0)
-    desired = min(raw, ceiling)
-    wanted = max(0, desired - capacity)
-    if best is not None and best.wants >= floor:
-        trigger, reason = best.trigger, best.reason
-    elif manual is not None:
-        trigger = "manual"
-        reason = f"{floor_why}, {capacity} serving or booting"
-    else:
-        trigger = "schedule" if floor > auto.min_workers else "min_workers"
-        reason = f"floor: {floor_why}, {capacity} serving or booting"
-    hedge = None if manual is not None or not fresh else _hedge_reason(auto, qs, config, now)
-    if hedge is not None and wanted == 0 and capacity < ceiling:
-        wanted, trigger, reason = 1, "hedge", hedge
-        desired = max(desired, min(capacity + 1, ceiling))
-        notes.append(hedge)
-    if raw > ceiling and raw > capacity:
-        waits.append(
-            Wait(
-                queue=name,
-                kind="max_workers",
-                machines=raw - max(capacity, ceiling),
-                reason=f"{trigger} asks for {raw} but max_workers is {ceiling} (booting included)",
-            )
-        )
-    # Machines asked to drain once idle are taken back before anything new is rented: they are
-    # booted and paid for already. Idle ones first: they can take a job at once.
-    leaving = sorted(
-        (m for m in machines if m.state == InstanceState.READY and m.drain_requested),
-        key=lambda m: (m.busy, m.launch_id),
-    )
-    reclaims = tuple(leaving[:wanted])
-    wanted -= len(reclaims)
-    if wanted > 0 and fresh and manual is None and trigger not in FLOOR_TRIGGERS:
-        limit = _burst(qs, machines)
-        if limit is not None and limit[0] < wanted:
-            wanted = max(limit[0], floor - capacity - len(reclaims))  # never below the floor
-            notes.append(limit[1])
-    # Every machine of the queue that may bill counts against max_workers, leaving ones too.
-    billing = sum(1 for m in machines if m.billing)
-    headroom = max(0, ceiling - billing)
-    if wanted > headroom:
-        waits.append(
-            Wait(
-                queue=name,
-                kind="max_workers",
-                machines=wanted - headroom,
-                reason=(
-                    f"{trigger} wants {wanted} more but {billing} machine(s) of this queue may "
-                    f"still be billing (draining and terminating ones included); max_workers is "
-                    f"{ceiling}"
-                ),
-            )
-        )
-        wanted = headroom
-    if not fired and floor <= capacity:
-        desired = capacity  # nothing asks for more; scale-down may lower it below
+    asked = _ask(auto, floor, fired, capacity)
+    hedge = None if floor.manual is not None or not fresh else _hedge_reason(auto, qs, config, now)
+    hedged = _hedged(asked, hedge, capacity, auto.max_workers)
+    ask = hedged or asked
+    waits = _over_ceiling(name, ask, capacity, auto.max_workers)
+    reclaims = _reclaims(qs.machines, ask.wanted)
+    wanted, burst_note = _burst_cap(ask, qs, fresh, floor, capacity, len(reclaims))
+    wanted, full = _headroom_cap(name, ask.trigger, wanted, qs.machines, auto.max_workers)
+    notes = [f"floor {floor.workers} ({floor.why})", *vote_notes]
+    notes += [hedged.reason] if hedged is not None else []
+    notes += [burst_note] if burst_note is not None else []
     return _Up(
         name=name,
         auto=auto,
         qs=qs,
         capacity=capacity,
-        floor=floor,
-        desired=desired,
+        floor=floor.workers,
+        # nothing asks for more: capacity, and scale-down may lower it below
+        desired=capacity if not fired and floor.workers <= capacity else ask.desired,
         reclaims=reclaims,
         wanted=wanted,
-        trigger=trigger,
-        reason=reason,
-        up_fired=bool(fired) or (hedge is not None and trigger == "hedge"),
+        trigger=ask.trigger,
+        reason=ask.reason,
+        up_fired=bool(fired) or (hedge is not None and ask.trigger == "hedge"),
         fresh=fresh,
-        degraded=degraded,
+        degraded=_degraded(auto, qs),
         backoff=active_backoff(qs.backoff_for(auto.provider), now),
         notes=tuple(notes),
-        waits=tuple(waits),
-        manual=manual,
+        waits=(*waits, *full),
+        manual=floor.manual,
         keep_one=keep_one,
     )
+
+
+def _capacity(qs: QueueSnapshot) -> int:
+    """Ready machines not asked to leave, booting ones and hand-made workers."""
+    serving = sum(1 for m in qs.machines if m.serving)
+    booting = sum(1 for m in qs.machines if m.booting)
+    return serving + booting + max(0, qs.manual_workers)
+
+
+def _effective_floor(auto: Autoscale, qs: QueueSnapshot, now: datetime) -> _Floor:
+    """The schedule's floor, unless an active manual target sets it (within max_workers)."""
+    manual = qs.manual_target if qs.manual_target and qs.manual_target.active(now) else None
+    if manual is None:
+        return _Floor(*_floor(auto, now), manual=None)
+    return _Floor(
+        min(max(0, manual.workers), auto.max_workers),
+        f"manual target {manual.workers} set by {manual.set_by or 'an operator'} until "
+        f"{manual.until.isoformat()}",
+        manual,
+    )
+
+
+def _degraded(auto: Autoscale, qs: QueueSnapshot) -> tuple[str, ...]:
+    """The `metric` triggers' queries that failed or went unread (they block scale-down)."""
+    if qs.metrics is None:
+        return ()
+    have = {query for query, _ in qs.metrics.external}
+    return tuple(
+        trig.query
+        for trig in auto.scale_up
+        if isinstance(trig, MetricTrigger)
+        and (trig.query in qs.metrics.external_degraded or trig.query not in have)
+    )
+
+
+def _evaluate(
+    auto: Autoscale,
+    qs: QueueSnapshot,
+    config: Config,
+    manual: ManualTarget | None,
+    now: datetime,
+) -> tuple[list[t.UpVote], list[str], bool]:
+    """The load triggers' votes and the notes saying why (none without fresh numbers or under
+    a manual target); keep_one when scheduled jobs fall due within a boot."""
+    if manual is not None:
+        return [], ["manual target: load triggers and idle timeouts are not evaluated"], False
+    if qs.metrics is None:
+        return [], ["no metrics read yet: load triggers not evaluated, no scale-down"], False
+    if qs.metrics.stale:
+        return (
+            [],
+            [
+                f"metrics stale ({qs.metrics.error or 'source failing'}): load triggers not "
+                "evaluated, no scale-down"
+            ],
+            False,
+        )
+    view = t.make_view(qs.metrics, qs.machines, qs.manual_workers, now, _lead(auto, qs, config))
+    votes = [vote for vote in (_vote(trig, view) for trig in auto.scale_up) if vote is not None]
+    notes = [vote.reason for vote in votes]
+    if view.due_soon is None:
+        return votes, notes, False
+    notes.append(
+        f"{qs.metrics.scheduled} scheduled job(s) fall due within the {view.lead:.0f}s a "
+        "machine takes to boot: the last machine is kept for them"
+    )
+    return votes, notes, True
+
+
+def _ask(auto: Autoscale, floor: _Floor, fired: list[t.UpVote], capacity: int) -> _Ask:
+    """The strongest fired trigger against the floor: how many machines, and who asks."""
+    best = max(fired, key=lambda v: v.wants, default=None)
+    raw = max(floor.workers, best.wants if best is not None else 0)
+    desired = min(raw, auto.max_workers)
+    wanted = max(0, desired - capacity)
+    if best is not None and best.wants >= floor.workers:
+        return _Ask(best.trigger, best.reason, raw, desired, wanted)
+    if floor.manual is not None:
+        return _Ask("manual", f"{floor.why}, {capacity} serving or booting", raw, desired, wanted)
+    trigger = "schedule" if floor.workers > auto.min_workers else "min_workers"
+    return _Ask(trigger, f"floor: {floor.why}, {capacity} serving or booting", raw, desired, wanted)
+
+
+def _hedged(ask: _Ask, hedge: str | None, capacity: int, ceiling: int) -> _Ask | None:
+    """One machine more for late boots when nothing else is asked (see HEDGE_LATE_FACTOR);
+    None when no hedge applies."""
+    if hedge is None or ask.wanted != 0 or capacity >= ceiling:
+        return None
+    desired = max(ask.desired, min(capacity + 1, ceiling))
+    return replace(ask, trigger="hedge", reason=hedge, wanted=1, desired=desired)
+
+
+def _over_ceiling(name: str, ask: _Ask, capacity: int, ceiling: int) -> list[Wait]:
+    """The machines asked for above max_workers, as a wait the plan reports."""
+    if not (ask.raw > ceiling and ask.raw > capacity):
+        return []
+    return [
+        Wait(
+            queue=name,
+            kind="max_workers",
+            machines=ask.raw - max(capacity, ceiling),
+            reason=f"{ask.trigger} asks for {ask.raw} but max_workers is {ceiling} "
+            "(booting included)",
+        )
+    ]
+
+
+def _reclaims(machines: tuple[Machine, ...], wanted: int) -> tuple[Machine, ...]:
+    """Machines asked to drain once idle, taken back before anything new is rented: they are
+    booted and paid for already. Idle ones first: they can take a job at once."""
+    leaving = sorted(
+        (m for m in machines if m.state == InstanceState.READY and m.drain_requested),
+        key=lambda m: (m.busy, m.launch_id),
+    )
+    return tuple(leaving[:wanted])
+
+
+def _burst_cap(
+    ask: _Ask, qs: QueueSnapshot, fresh: bool, floor: _Floor, capacity: int, reclaimed: int
+) -> tuple[int, str | None]:
+    """The launches still wanted after the reclaims, held to the burst rule when the load asks
+    them (never below the floor); the note saying so, if it held them."""
+    wanted = ask.wanted - reclaimed
+    if wanted <= 0 or not fresh or floor.manual is not None or ask.trigger in FLOOR_TRIGGERS:
+        return wanted, None
+    limit = _burst(qs, qs.machines)
+    if limit is None or limit[0] >= wanted:
+        return wanted, None
+    return max(limit[0], floor.workers - capacity - reclaimed), limit[1]
+
+
+def _headroom_cap(
+    name: str, trigger: str, wanted: int, machines: tuple[Machine, ...], ceiling: int
+) -> tuple[int, list[Wait]]:
+    """Launches within max_workers, counting every machine of the queue that may bill (leaving
+    ones too); the wait for the rest."""
+    billing = sum(1 for m in machines if m.billing)
+    headroom = max(0, ceiling - billing)
+    if wanted <= headroom:
+        return wanted, []
+    return headroom, [
+        Wait(
+            queue=name,
+            kind="max_workers",
+            machines=wanted - headroom,
+            reason=(
+                f"{trigger} wants {wanted} more but {billing} machine(s) of this queue may "
+                f"still be billing (draining and terminating ones included); max_workers is "
+                f"{ceiling}"
+            ),
+        )
+    ]
 
 
 def _burst(qs: QueueSnapshot, machines: tuple[Machine, ...]) -> tuple[int, str] | None:

@@ -216,6 +216,25 @@ def _age(since: datetime | None, now: datetime) -> float:
     return (now - since).total_seconds() if since is not None else float("inf")
 
 
+@dataclass(frozen=True)
+class _Facts:
+    """What the provider's list and the worker's last signs of life say about one row."""
+
+    age: float
+    """Seconds in its state."""
+    known: bool
+    """The provider's list was read."""
+    machine: Listed | None
+    dead: bool
+    running: bool
+    seen: datetime | None
+    """The worker's last sign of life (now, for a running machine that has no worker)."""
+    silent_for: float
+    host: str | None
+    blind: bool
+    """Its only sign of life is the provider's list (mock), and the list could not be read."""
+
+
 def _row(
     row: Row,
     view: ProviderView | None,
@@ -224,130 +243,213 @@ def _row(
     config: Config,
     now: datetime,
 ) -> Transition | Retry | NoteSilence | None:
-    def move(
-        dst: InstanceState,
-        reason: str,
-        *,
-        provider_instance_id: str | None = None,
-        host_id: str | None = None,
-        rental: Literal["failed", "ok"] | None = None,
-        avoid_host: bool = False,
-    ) -> Transition:
-        return Transition(
-            row.launch_id,
-            row.queue,
-            row.provider,
-            row.state,
-            dst,
-            reason,
-            provider_instance_id=provider_instance_id,
-            host_id=host_id,
-            rental=rental,
-            avoid_host=avoid_host,
-        )
+    """The one move, retry or silence note the row calls for, along its lifecycle stage."""
+    facts = _facts(row, view, known, machine, now)
+    state = row.state
+    if state == S.PENDING:
+        return _pending(row, facts, config)
+    if state == S.CREATING:
+        return _creating(row, facts)
+    lost = _gone_or_dead(row, facts)
+    if lost is not None:
+        return lost
+    if state == S.BOOTING:
+        return _booting(row, facts, config)
+    if state in (S.READY, S.DRAINING):
+        why = _silence(row, facts, config)
+        if why is not None:
+            return _confirm_silence(row, why, facts, config, now)
+    if state == S.DRAINING:
+        return _draining(row, facts, config)
+    if state == S.DRAINED:
+        return _move(row, S.TERMINATING, "drained: destroy the machine")
+    if state == S.TERMINATING:
+        return _terminating(row, facts, config)
+    return None
 
-    state, age = row.state, _age(row.since, now)
-    step_retry = min(STEP_RETRY, config.poll_interval)
-    queue_cfg = config.queues.get(row.queue)
-    auto = queue_cfg.autoscale if queue_cfg is not None else None
-    boot_timeout = (auto.boot_timeout if auto else None) or config.boot_timeout
+
+def _move(
+    row: Row,
+    dst: InstanceState,
+    reason: str,
+    *,
+    provider_instance_id: str | None = None,
+    host_id: str | None = None,
+    rental: Literal["failed", "ok"] | None = None,
+    avoid_host: bool = False,
+) -> Transition:
+    """The row from its state to `dst`, with the reason."""
+    return Transition(
+        row.launch_id,
+        row.queue,
+        row.provider,
+        row.state,
+        dst,
+        reason,
+        provider_instance_id=provider_instance_id,
+        host_id=host_id,
+        rental=rental,
+        avoid_host=avoid_host,
+    )
+
+
+def _facts(
+    row: Row, view: ProviderView | None, known: bool, machine: Listed | None, now: datetime
+) -> _Facts:
     dead = machine is not None and machine.status == MachineStatus.DEAD
     running = machine is not None and machine.status == MachineStatus.RUNNING
-    seen = row.last_seen_at
-    if view is not None and view.ready_when_running and running:
-        seen = now  # a mock machine has no worker: running is its sign of life
-    silent_for = _age(seen if seen is not None else row.since, now)
-    host = machine.host_id if machine is not None else row.host_id
+    mock = view is not None and view.ready_when_running
+    seen = now if mock and running else row.last_seen_at  # running is a mock's sign of life
+    return _Facts(
+        age=_age(row.since, now),
+        known=known,
+        machine=machine,
+        dead=dead,
+        running=running,
+        seen=seen,
+        silent_for=_age(seen if seen is not None else row.since, now),
+        host=machine.host_id if machine is not None else row.host_id,
+        # missing data never destroys anything
+        blind=mock and not known,
+    )
 
-    if state == S.PENDING:
-        if age >= min(INTENT_STALE, 3 * config.poll_interval):
-            return Retry(row.launch_id, row.queue, "launch", f"intent unclaimed for {age:.0f}s")
-        return None
-    if state == S.CREATING:
-        if machine is not None:
-            return move(
-                S.BOOTING,
-                f"create confirmed: {machine.provider_instance_id} carries its label",
-                provider_instance_id=machine.provider_instance_id,
-                host_id=machine.host_id,
-            )
-        if known and age >= CREATE_GRACE:
-            return move(
-                S.FAILED,
-                f"create outcome unknown and no machine with its label after {age:.0f}s",
-                rental="failed",
-            )
-        return None
-    if state in (S.BOOTING, S.READY, S.DRAINING, S.DRAINED) and known and machine is None:
-        return move(S.LOST, f"gone at the provider while {state.value}", rental=_failed(state))
-    if state in (S.BOOTING, S.READY, S.DRAINING) and dead:
-        return move(
+
+def _step_retry(config: Config) -> float:
+    return min(STEP_RETRY, config.poll_interval)
+
+
+def _boot_timeout(row: Row, config: Config) -> float:
+    queue_cfg = config.queues.get(row.queue)
+    auto = queue_cfg.autoscale if queue_cfg is not None else None
+    return (auto.boot_timeout if auto else None) or config.boot_timeout
+
+
+def _pending(row: Row, f: _Facts, config: Config) -> Retry | None:
+    """An intent no launch task claimed is enqueued again."""
+    if f.age >= min(INTENT_STALE, 3 * config.poll_interval):
+        return Retry(row.launch_id, row.queue, "launch", f"intent unclaimed for {f.age:.0f}s")
+    return None
+
+
+def _creating(row: Row, f: _Facts) -> Transition | None:
+    """A create of unknown outcome: adopted when its label shows up, failed after the grace."""
+    if f.machine is not None:
+        return _move(
+            row,
+            S.BOOTING,
+            f"create confirmed: {f.machine.provider_instance_id} carries its label",
+            provider_instance_id=f.machine.provider_instance_id,
+            host_id=f.machine.host_id,
+        )
+    if f.known and f.age >= CREATE_GRACE:
+        return _move(
+            row,
+            S.FAILED,
+            f"create outcome unknown and no machine with its label after {f.age:.0f}s",
+            rental="failed",
+        )
+    return None
+
+
+def _gone_or_dead(row: Row, f: _Facts) -> Transition | None:
+    """A machine its provider no longer lists is lost; one it lists as dead is destroyed."""
+    state = row.state
+    if state in (S.BOOTING, S.READY, S.DRAINING, S.DRAINED) and f.known and f.machine is None:
+        return _move(
+            row, S.LOST, f"gone at the provider while {state.value}", rental=_failed(state)
+        )
+    if state in (S.BOOTING, S.READY, S.DRAINING) and f.dead:
+        return _move(
+            row,
             S.TERMINATING,
-            f"dead at the provider while {state.value} ({machine.status if machine else '?'})",
+            f"dead at the provider while {state.value} ({f.machine.status if f.machine else '?'})",
             rental=_failed(state),
-            avoid_host=state == S.BOOTING and host is not None,
-            host_id=host,
+            avoid_host=state == S.BOOTING and f.host is not None,
+            host_id=f.host,
         )
-    if state == S.BOOTING:
-        if seen is not None and seen >= row.since:
-            return move(S.READY, "its worker is up", rental="ok")
-        if age >= boot_timeout:
-            return move(
-                S.TERMINATING,
-                f"no ready worker after the boot timeout ({boot_timeout:.0f}s)",
-                rental="failed",
-                avoid_host=host is not None,
-                host_id=host,
-            )
+    return None
+
+
+def _booting(row: Row, f: _Facts, config: Config) -> Transition | None:
+    """Ready at its worker's first sign of life; a failed rental after the boot timeout."""
+    if f.seen is not None and f.seen >= row.since:
+        return _move(row, S.READY, "its worker is up", rental="ok")
+    boot_timeout = _boot_timeout(row, config)
+    if f.age >= boot_timeout:
+        return _move(
+            row,
+            S.TERMINATING,
+            f"no ready worker after the boot timeout ({boot_timeout:.0f}s)",
+            rental="failed",
+            avoid_host=f.host is not None,
+            host_id=f.host,
+        )
+    return None
+
+
+def _silence_limit(row: Row, f: _Facts, config: Config) -> float:
+    """How long the worker may be silent. A worker busy with a task may not answer (a `--pool
+    solo` Celery worker cannot while it runs one): while its machine still runs (or the list is
+    unknown), its last word "busy" holds for drain_timeout. A worker seen only through remote
+    control may have taken a job right after a sighting that found it idle (a solo worker is
+    then silent for the whole job): on a machine its provider lists as running, its silence
+    gets drain_timeout too. An agent heartbeats from its own process, busy or not: its silence
+    is the agent's."""
+    busy_and_running = (row.running_tasks > 0 and (f.running or not f.known)) or (
+        row.remote_control and f.running
+    )
+    if busy_and_running:
+        return max(config.heartbeat_timeout, config.drain_timeout)
+    return config.heartbeat_timeout
+
+
+def _silence(row: Row, f: _Facts, config: Config) -> str | None:
+    """Why the worker counts as silent past its limit, or None while it is not (or blind)."""
+    limit = _silence_limit(row, f, config)
+    if f.blind or f.silent_for < limit:
         return None
-    # A machine whose only sign of life is the provider's list (mock) says nothing when the
-    # list could not be read: missing data never destroys anything.
-    blind = view is not None and view.ready_when_running and not known
-    # A worker busy with a task may not answer (a `--pool solo` Celery worker cannot while it
-    # runs one): while its machine still runs (or the list is unknown), its last word "busy"
-    # holds for drain_timeout. A worker seen only through remote control may have taken a job
-    # right after a sighting that found it idle (a solo worker is then silent for the whole
-    # job): on a machine its provider lists as running, its silence gets drain_timeout too. An
-    # agent heartbeats from its own process, busy or not: its silence is the agent's.
-    busy_and_running = (row.running_tasks > 0 and (running or not known)) or (
-        row.remote_control and running
+    return f"silent for {f.silent_for:.0f}s (timeout {limit:.0f}s)" + (
+        f"; it reported {row.running_tasks} running task(s)" if row.running_tasks else ""
     )
-    limit = (
-        max(config.heartbeat_timeout, config.drain_timeout)
-        if busy_and_running
-        else config.heartbeat_timeout
+
+
+def _confirm_silence(
+    row: Row, why: str, f: _Facts, config: Config, now: datetime
+) -> Transition | NoteSilence | None:
+    """Silence destroys only when a second round, SILENCE_CONFIRM later, still finds it."""
+    noted = row.silence_noted_at
+    spoke_since = noted is not None and f.seen is not None and f.seen > noted
+    if noted is None or spoke_since or noted > now:
+        return NoteSilence(row.launch_id, row.queue, why)
+    if _age(noted, now) < SILENCE_CONFIRM * config.poll_interval:
+        return None  # the same round, or one racing it: wait for the next
+    return _move(row, S.TERMINATING, f"{why}, in two reconcile rounds")
+
+
+def _draining(row: Row, f: _Facts, config: Config) -> Retry | None:
+    """A drain not finished is enqueued again (a busy one past the drain timeout waits)."""
+    if f.age < _step_retry(config):
+        return None
+    overdue = f.age >= config.drain_timeout
+    return Retry(
+        row.launch_id,
+        row.queue,
+        "drain",
+        f"draining for {f.age:.0f}s"
+        + (
+            f", past the drain timeout ({config.drain_timeout:.0f}s) but still busy: waiting"
+            if overdue and row.running_tasks
+            else ""
+        ),
     )
-    if state in (S.READY, S.DRAINING) and not blind and silent_for >= limit:
-        why = f"silent for {silent_for:.0f}s (timeout {limit:.0f}s)" + (
-            f"; it reported {row.running_tasks} running task(s)" if row.running_tasks else ""
-        )
-        noted = row.silence_noted_at
-        spoke_since = noted is not None and seen is not None and seen > noted
-        if noted is None or spoke_since or noted > now:
-            return NoteSilence(row.launch_id, row.queue, why)
-        if _age(noted, now) < SILENCE_CONFIRM * config.poll_interval:
-            return None  # the same round, or one racing it: wait for the next
-        return move(S.TERMINATING, f"{why}, in two reconcile rounds")
-    if state == S.DRAINING and age >= step_retry:
-        overdue = age >= config.drain_timeout
-        return Retry(
-            row.launch_id,
-            row.queue,
-            "drain",
-            f"draining for {age:.0f}s"
-            + (
-                f", past the drain timeout ({config.drain_timeout:.0f}s) but still busy: waiting"
-                if overdue and row.running_tasks
-                else ""
-            ),
-        )
-    if state == S.DRAINED:
-        return move(S.TERMINATING, "drained: destroy the machine")
-    if state == S.TERMINATING:
-        if known and (machine is None):
-            return move(S.TERMINATED, "the provider no longer lists it")
-        if age >= step_retry:
-            return Retry(row.launch_id, row.queue, "terminate", f"terminating for {age:.0f}s")
+
+
+def _terminating(row: Row, f: _Facts, config: Config) -> Transition | Retry | None:
+    """Terminated once the provider no longer lists it; the destroy retried otherwise."""
+    if f.known and f.machine is None:
+        return _move(row, S.TERMINATED, "the provider no longer lists it")
+    if f.age >= _step_retry(config):
+        return Retry(row.launch_id, row.queue, "terminate", f"terminating for {f.age:.0f}s")
     return None
 
 

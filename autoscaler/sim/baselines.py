@@ -24,11 +24,12 @@ for machines still booting (they are not counted), so it stacks a launch every p
 the first one boots. Idle is judged per queue: only once the whole queue ran no task for the
 idle timeout are its idle workers released (down to min_workers). Busy workers are spared.
 
-KEDA-like: a ScaledObject over the queue length: desired = ceil(pending / target), clamped to
-[min, max], booting replicas counted; scale-up at once; scale-down to the highest desired of
-the last 300 s (HPA stabilization), and to zero only 300 s after the queue was last active
-(cooldownPeriod). Kubernetes removes not-ready replicas first, then the newest ready ones, and
-nothing protects a busy replica: its job is killed and re-queued (the simulator counts it).
+keda-like (`KedaLike`: `Keda` with `count_running` and `graceful` off): a ScaledObject over
+the queue length: desired = ceil(pending / target), clamped to [min, max], booting replicas
+counted; scale-up at once; scale-down to the highest desired of the last 300 s (HPA
+stabilization), and to zero only 300 s after the queue was last active (cooldownPeriod).
+Kubernetes removes not-ready replicas first, then the newest ready ones, and nothing protects
+a busy replica: its job is killed and re-queued (the simulator counts it).
 
 Both read their numbers from the same config block; both respect the rental backoff.
 """
@@ -50,7 +51,7 @@ from autoscaler.config.models import (
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan
-from autoscaler.policy.snapshot import QueueSnapshot, Snapshot
+from autoscaler.policy.snapshot import Machine, QueueSnapshot, Snapshot
 
 
 def _depth_number(auto: Autoscale) -> int | None:
@@ -143,76 +144,6 @@ class RunqyOriginal:
         return _plan(now, name, auto, len(ready), len(ready) + len(launches), launches, drains)
 
 
-class KedaLike:
-    """ceil(pending / target) replicas, 300 s stabilization and cooldown, busy not protected."""
-
-    name = "keda-like"
-
-    def __init__(self, window_s: float = 300.0, cooldown_s: float = 300.0) -> None:
-        self.window_s = window_s
-        self.cooldown_s = cooldown_s
-        self.history: list[tuple[datetime, int]] = []
-        self.last_active: datetime | None = None
-
-    def __call__(self, snapshot: Snapshot, config: Config, now: datetime) -> Plan:
-        found = _queue(snapshot, config)
-        if found is None:
-            return Plan(at=now)
-        name, auto, qs = found
-        assert qs.metrics is not None
-        pending = qs.metrics.pending
-        target = max(1, _depth_number(auto) or 1)
-        raw = math.ceil(pending / target)
-        desired = min(auto.max_workers, max(auto.min_workers, raw))
-        if pending > 0:
-            self.last_active = now
-        self.history = [
-            (t, d) for t, d in self.history if (now - t).total_seconds() < self.window_s
-        ]
-        self.history.append((now, desired))
-        replicas = [
-            x
-            for x in qs.machines
-            if x.booting or (x.state == InstanceState.READY and not x.drain_requested)
-        ]
-        current = len(replicas)
-        launches: list[Launch] = []
-        drains: list[Drain] = []
-        if desired > current:
-            if active_backoff(qs.backoff_for(auto.provider), now) is None:
-                launches = [
-                    Launch(
-                        name,
-                        auto.provider,
-                        "keda-like",
-                        f"ceil({pending}/{target}) = {raw} > {current}",
-                        i + 1,
-                    )
-                    for i in range(desired - current)
-                ]
-        else:
-            stable = max(d for _, d in self.history)
-            if (
-                stable == 0
-                and self.last_active is not None
-                and (now - self.last_active).total_seconds() < self.cooldown_s
-            ):
-                stable = 1
-            if stable < current:
-                # not-ready first, then the newest ready replica; busy or not.
-                order = sorted(
-                    replicas,
-                    key=lambda x: (not x.booting, -(x.ready_at or x.created_at).timestamp()),
-                )
-                for x in order[: current - stable]:
-                    drains.append(
-                        Drain(
-                            name, x.launch_id, "baseline", f"scale in to {stable} (busy: {x.busy})"
-                        )
-                    )
-        return _plan(now, name, auto, current, desired, launches, drains)
-
-
 def _threshold_of(trig: QueueDepthTrigger) -> tuple[int, bool]:
     """(number, per_worker): a threshold fires on pending > n; a target on pending > n·workers."""
     if trig.threshold is not None:
@@ -274,13 +205,27 @@ class Runqy:
 
 
 class Keda:
-    """ceil((pending + running) / target), 300 s stabilization and cooldown, graceful removal."""
+    """ceil((pending + running) / target), 300 s stabilization and cooldown, graceful removal.
+
+    One class for the fair KEDA and the strawman: `count_running=False` scales on pending jobs
+    alone, `graceful=False` removes busy pods at once (their jobs are killed) and lets the
+    pods still leaving stand outside max_workers. Both on is the fair one.
+    """
 
     name = "keda"
 
-    def __init__(self, window_s: float = 300.0, cooldown_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        window_s: float = 300.0,
+        cooldown_s: float = 300.0,
+        *,
+        count_running: bool = True,
+        graceful: bool = True,
+    ) -> None:
         self.window_s = window_s
         self.cooldown_s = cooldown_s
+        self.count_running = count_running
+        self.graceful = graceful
         self.history: list[tuple[datetime, int]] = []
         self.last_active: datetime | None = None
 
@@ -290,7 +235,7 @@ class Keda:
             return Plan(at=now)
         name, auto, qs = found
         assert qs.metrics is not None
-        load = qs.metrics.pending + qs.metrics.started_or_held
+        load = qs.metrics.pending + (qs.metrics.started_or_held if self.count_running else 0)
         target = max(1, _depth_number(auto) or 1)
         raw = math.ceil(load / target)
         desired = min(auto.max_workers, max(auto.min_workers, raw))
@@ -302,39 +247,65 @@ class Keda:
         self.history.append((now, desired))
         replicas = [x for x in qs.machines if x.booting or x.serving]
         current = len(replicas)
-        going = sum(1 for x in qs.machines if x.billing) - current
-        launches: list[Launch] = []
-        drains: list[Drain] = []
         if desired > current:
-            room = max(0, auto.max_workers - current - going)
-            if active_backoff(qs.backoff_for(auto.provider), now) is None:
-                launches = [
-                    Launch(name, auto.provider, "keda", f"ceil({load}/{target}) = {raw}", i + 1)
-                    for i in range(min(desired - current, room))
-                ]
-        else:
-            stable = max(d for _, d in self.history)
-            if (
-                stable == 0
-                and self.last_active is not None
-                and (now - self.last_active).total_seconds() < self.cooldown_s
-            ):
-                stable = 1
-            if stable < current:
-                # not-ready first, then the newest ready pod; a busy one finishes its job
-                # within its grace period before it exits.
-                order = sorted(
-                    replicas,
-                    key=lambda x: (not x.booting, -(x.ready_at or x.created_at).timestamp()),
-                )
-                for x in order[: current - stable]:
-                    drains.append(
-                        Drain(
-                            name,
-                            x.launch_id,
-                            "baseline",
-                            f"scale in to {stable}",
-                            when_idle=x.busy,
-                        )
-                    )
-        return _plan(now, name, auto, current, desired, launches, drains)
+            why = f"ceil({load}/{target}) = {raw}" + ("" if self.graceful else f" > {current}")
+            launches = self._launches(qs, auto, name, now, current, desired, why)
+            return _plan(now, name, auto, current, desired, launches, [])
+        drains = self._drains(replicas, name, current, now)
+        return _plan(now, name, auto, current, desired, [], drains)
+
+    def _launches(
+        self,
+        qs: QueueSnapshot,
+        auto: Autoscale,
+        name: str,
+        now: datetime,
+        current: int,
+        desired: int,
+        why: str,
+    ) -> list[Launch]:
+        """Scale up at once, within max_workers (graceful: counting the pods still leaving)."""
+        if active_backoff(qs.backoff_for(auto.provider), now) is not None:
+            return []
+        count = desired - current
+        if self.graceful:
+            going = sum(1 for x in qs.machines if x.billing) - current
+            count = min(count, max(0, auto.max_workers - current - going))
+        return [Launch(name, auto.provider, self.name, why, i + 1) for i in range(count)]
+
+    def _drains(
+        self, replicas: Sequence[Machine], name: str, current: int, now: datetime
+    ) -> list[Drain]:
+        """Scale in to the highest desired of the window (1 until the cooldown ends): not-ready
+        pods first, then the newest ready ones; a graceful busy pod finishes its job first."""
+        stable = max(d for _, d in self.history)
+        if (
+            stable == 0
+            and self.last_active is not None
+            and (now - self.last_active).total_seconds() < self.cooldown_s
+        ):
+            stable = 1
+        if stable >= current:
+            return []
+        order = sorted(
+            replicas,
+            key=lambda x: (not x.booting, -(x.ready_at or x.created_at).timestamp()),
+        )
+        if self.graceful:
+            return [
+                Drain(name, x.launch_id, "baseline", f"scale in to {stable}", when_idle=x.busy)
+                for x in order[: current - stable]
+            ]
+        return [
+            Drain(name, x.launch_id, "baseline", f"scale in to {stable} (busy: {x.busy})")
+            for x in order[: current - stable]
+        ]
+
+
+class KedaLike(Keda):
+    """The strawman: ceil(pending / target) replicas, busy pods not protected."""
+
+    name = "keda-like"
+
+    def __init__(self, window_s: float = 300.0, cooldown_s: float = 300.0) -> None:
+        super().__init__(window_s, cooldown_s, count_running=False, graceful=False)

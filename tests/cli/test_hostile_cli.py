@@ -266,12 +266,12 @@ def test_a_vault_key_file_that_is_not_utf8_is_refused(cli, tmp_path):
 
 
 def test_an_unforeseen_error_is_one_line_without_a_traceback_unless_debug(bare, monkeypatch):
-    import autoscaler.cli as cli_module
+    import autoscaler.cli.config as cli_config
 
     def boom(*a, **k):
         raise RuntimeError("kaboom at redis://:leaky-pw@h:1/0")
 
-    monkeypatch.setattr(cli_module, "read_config", boom)
+    monkeypatch.setattr(cli_config, "read_config", boom)
     result = bare("validate", str(REPO / "examples" / "seed.yaml"))
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output and "kaboom" in result.output

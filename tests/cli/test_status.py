@@ -10,8 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from click.testing import CliRunner
 
-from autoscaler import cli_status
-from autoscaler.cli import main
+from autoscaler.cli import common, main
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.models import (
@@ -224,7 +223,7 @@ def _fill(url: str) -> None:
 
 @pytest.fixture
 def cli(db_url, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli_status, "_now", lambda: NOW)
+    monkeypatch.setattr(common, "now", lambda: NOW)
     env = {
         "AUTOSCALER_HOME": str(tmp_path / "home"),
         "AUTOSCALER_DATABASE_URL": db_url,
@@ -462,7 +461,7 @@ def test_status_reads_what_the_loop_and_the_sources_write(db_url, tmp_path, monk
     from autoscaler.policy.snapshot import QueueMetrics
     from autoscaler.store import fleet, metric_readings
 
-    monkeypatch.setattr(cli_status, "_now", lambda: NOW)
+    monkeypatch.setattr(common, "now", lambda: NOW)
     env = {"AUTOSCALER_HOME": str(tmp_path), "AUTOSCALER_DATABASE_URL": db_url}
     runner = CliRunner()
     assert runner.invoke(main, ["db", "upgrade"], env=env).exit_code == 0

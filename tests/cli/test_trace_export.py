@@ -82,7 +82,7 @@ def test_export_writes_the_recorded_jobs_as_a_trace(db_url, tmp_path):
 def test_an_export_larger_than_a_trace_may_hold_keeps_the_first_jobs_and_says_so(
     db_url, tmp_path, monkeypatch
 ):
-    from autoscaler import cli_trace
+    import autoscaler.cli.trace as cli_trace
 
     monkeypatch.setattr(cli_trace, "MAX_JOBS", 2)  # the cap, made small enough to reach
     env = {"AUTOSCALER_HOME": str(tmp_path), "AUTOSCALER_DATABASE_URL": db_url}

@@ -1,23 +1,16 @@
-"""`autoscaler keys …` and `autoscaler serve`: added to the main command in autoscaler/cli.py."""
+"""`autoscaler keys …`: the admin keys (every admin endpoint) and the enrolment keys
+(hand-made machines' agents) the server API checks. Only a key's SHA-256 is stored."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 import click
-from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.access import keys as api_keys
 from autoscaler.boundary import Refused
-from autoscaler.digits import ASCII_FORM, ascii_whole
-from autoscaler.settings import Settings
-from autoscaler.store.db import make_engine, session_factory, transaction
-
-
-def _sessions() -> sessionmaker[Session]:
-    from autoscaler.cli import _sessions as checked
-
-    return checked(Settings.from_env())
+from autoscaler.cli.common import sessions, settings
+from autoscaler.store.db import transaction
 
 
 @click.group("keys")
@@ -29,7 +22,7 @@ def keys() -> None:
 
 def _create(kind: str, name: str, queues: tuple[str, ...] = ()) -> None:
     try:
-        with transaction(_sessions()) as session:
+        with transaction(sessions(settings())) as session:
             info, key = api_keys.create_key(session, kind, name, datetime.now(UTC), queues)
     except ValueError as exc:
         raise Refused(str(exc)) from None
@@ -64,7 +57,7 @@ def create_enrolment(name: str, queues: tuple[str, ...]) -> None:
 @keys.command("list")
 def list_keys() -> None:
     """Every key: id, kind, name, created, revoked (never the key)."""
-    with transaction(_sessions()) as session:
+    with transaction(sessions(settings())) as session:
         rows = api_keys.list_keys(session)
     if not rows:
         click.echo("no key yet; make one with 'autoscaler keys create-admin --name NAME'")
@@ -89,52 +82,9 @@ def list_keys() -> None:
 @click.argument("key_id_or_name")
 def revoke(key_id_or_name: str) -> None:
     """Revoke the key with this id, or every live key with this name."""
-    with transaction(_sessions()) as session:
+    with transaction(sessions(settings())) as session:
         done = api_keys.revoke_key(session, key_id_or_name, datetime.now(UTC))
     if not done:
         raise Refused(f"no live key with id or name {key_id_or_name!r} ('autoscaler keys list')")
     for r in done:
         click.echo(f"{r.kind} key {r.id} ({r.name}) revoked")
-
-
-@click.command("serve")
-@click.option(
-    "--bind", help="host:port to listen on (default $AUTOSCALER_API_BIND, 127.0.0.1:8480)"
-)
-@click.option("--log-level", default="info", show_default=True)
-def serve(bind: str | None, log_level: str) -> None:
-    """Run the server API (worker and admin endpoints, /metrics, /healthz; OpenAPI at
-    /openapi.json) and the operators' dashboard at / (it asks for an admin key)."""
-    import uvicorn
-
-    from autoscaler.api.app import create_app
-    from autoscaler.control.runtime import Runtime
-
-    settings = Settings.from_env()
-    _sessions()  # refuses a store that is not set up, with the fix
-    host, _, port_text = (bind or settings.api_bind).rpartition(":")
-    port = ascii_whole(port_text)
-    if not host or port is None or not 0 < port < 65536:
-        raise Refused(
-            f"--bind must be host:port with a port from 1 to 65535 in {ASCII_FORM}, "
-            f"not {bind or settings.api_bind!r}"
-        )
-    if settings.api_max_body is None:
-        raise Refused(
-            "AUTOSCALER_API_MAX_BODY must be the largest request body in bytes (a whole number "
-            f"> 0 in {ASCII_FORM}), e.g. 1048576"
-        )
-    rt = Runtime(settings)
-    try:
-        uvicorn.run(
-            create_app(rt),
-            host=host.strip("[]"),
-            port=port,
-            log_level=log_level,
-            server_header=False,
-        )
-    finally:
-        rt.close()
-
-
-__all__ = ["keys", "make_engine", "serve", "session_factory"]

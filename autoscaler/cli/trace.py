@@ -18,7 +18,8 @@ from typing import TextIO
 
 import click
 
-from autoscaler.cli_status import _now, _open, _when
+from autoscaler.cli import common
+from autoscaler.cli.common import open_store, when
 from autoscaler.sim.trace import MAX_JOBS
 from autoscaler.store import job_records
 from autoscaler.store.db import transaction
@@ -47,10 +48,10 @@ def trace() -> None:
 )
 def export(queue: str, since: str, output: str) -> None:
     """Write the jobs QUEUE ran since --since as a trace (CSV) for `autoscaler tune --trace`."""
-    now = _now()
-    start = _when(since, "--since", now)
+    now = common.now()
+    start = when(since, "--since", now)
     assert start is not None
-    _, sessions = _open()
+    _, sessions = open_store()
     partial = None if output == "-" else f"{output}.partial"
     sink: TextIO | None = None
     try:

@@ -1,0 +1,49 @@
+"""`autoscaler serve`: the server API and the operators' dashboard, on the checked store."""
+
+from __future__ import annotations
+
+import click
+
+from autoscaler.boundary import Refused
+from autoscaler.cli.common import sessions, settings
+from autoscaler.digits import ASCII_FORM, ascii_whole
+
+
+@click.command("serve")
+@click.option(
+    "--bind", help="host:port to listen on (default $AUTOSCALER_API_BIND, 127.0.0.1:8480)"
+)
+@click.option("--log-level", default="info", show_default=True)
+def serve(bind: str | None, log_level: str) -> None:
+    """Run the server API (worker and admin endpoints, /metrics, /healthz; OpenAPI at
+    /openapi.json) and the operators' dashboard at / (it asks for an admin key)."""
+    import uvicorn
+
+    from autoscaler.api.app import create_app
+    from autoscaler.control.runtime import Runtime
+
+    current = settings()
+    sessions(current)  # refuses a store that is not set up, with the fix
+    host, _, port_text = (bind or current.api_bind).rpartition(":")
+    port = ascii_whole(port_text)
+    if not host or port is None or not 0 < port < 65536:
+        raise Refused(
+            f"--bind must be host:port with a port from 1 to 65535 in {ASCII_FORM}, "
+            f"not {bind or current.api_bind!r}"
+        )
+    if current.api_max_body is None:
+        raise Refused(
+            "AUTOSCALER_API_MAX_BODY must be the largest request body in bytes (a whole number "
+            f"> 0 in {ASCII_FORM}), e.g. 1048576"
+        )
+    rt = Runtime(current)
+    try:
+        uvicorn.run(
+            create_app(rt),
+            host=host.strip("[]"),
+            port=port,
+            log_level=log_level,
+            server_header=False,
+        )
+    finally:
+        rt.close()
