@@ -23,6 +23,7 @@ from autoscaler.access.credentials import (
 )
 from autoscaler.cli.common import fail, sessions, settings
 from autoscaler.config import ConfigError
+from autoscaler.config.models import PROVIDER_KINDS
 from autoscaler.store import providers as provider_store
 from autoscaler.store.db import transaction
 from autoscaler.vault import Vault, VaultError
@@ -63,7 +64,7 @@ def _parse_options(pairs: tuple[str, ...], options_json: str | None) -> dict[str
 
 @providers.command("add")
 @click.argument("name")
-@click.option("--kind", required=True, type=click.Choice(["runpod", "vast", "mock", "local"]))
+@click.option("--kind", required=True, type=click.Choice(PROVIDER_KINDS))
 @click.option("--api-key-env", help="Read the key from this environment variable at run time.")
 @click.option(
     "--api-key-stdin", is_flag=True, help="Read the key from standard input and store it encrypted."

@@ -44,13 +44,13 @@ from autoscaler.store import config_versions, fleet, migrate
 from tests.conftest import REDIS_URL
 from tests.security.flood import ReplyFlood
 
-DB = 6  # the machine's database; database 0 is the other domain of the database layout
+DB = 9  # the machine's database, no other test broadcasts there; 0 is the other domain
 HOST = REDIS_URL.split("://", 1)[1]
 
 
 @pytest.fixture
 def machine() -> Iterator[tuple[str, str]]:
-    """A machine of queue A (database 6, no prefix) with the user a launch makes for it."""
+    """A machine of queue A (database 9, no prefix) with the user a launch makes for it."""
     name = f"asg-layout{uuid.uuid4().hex[:8]}-m1"
     plan = BrokerPlan(
         url=f"{REDIS_URL}/{DB}", queue=f"qa-{name}", db=DB, keyprefix="", sep="\x06\x16"
