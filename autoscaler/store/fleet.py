@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, delete, insert, or_, select, update
+from sqlalchemy import case, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from autoscaler.config.models import Backoff
@@ -182,6 +182,53 @@ def manual_targets(session: Session, now: datetime) -> dict[str, ManualTarget]:
 
 def get(session: Session, launch_id: str) -> Instance | None:
     return session.scalar(select(Instance).where(Instance.launch_id == launch_id))
+
+
+ON_THE_WAY = (
+    InstanceState.PENDING,
+    InstanceState.CREATING,
+    InstanceState.BOOTING,
+    InstanceState.READY,
+)
+"""States of a machine that serves its queue or will (a draining one is leaving it)."""
+
+
+def queues_served(session: Session) -> set[str]:
+    """Queues with a machine serving or on its way (one query: the fast path's every second)."""
+    return set(
+        session.scalars(
+            select(Instance.queue)
+            .where(Instance.state.in_(ON_THE_WAY))
+            .group_by(Instance.queue)
+            .having(func.count() > 0)
+        )
+    )
+
+
+BOOT_HISTORY = 5
+"""The boot time of a queue is the longest of its last this many boots (ready in time)."""
+
+
+def boot_estimates(session: Session, queues: list[str], now: datetime) -> dict[str, float]:
+    """Seconds from decision (the intent row) to ready of each queue's recent machines (one
+    query over the last 30 days' boots)."""
+    if not queues:
+        return {}
+    got: dict[str, list[float]] = {}
+    for queue, created, ready in session.execute(
+        select(Instance.queue, Instance.created_at, Instance.ready_at)
+        .where(
+            Instance.queue.in_(queues),
+            Instance.ready_at.is_not(None),
+            Instance.ready_at >= now - timedelta(days=30),
+        )
+        .order_by(Instance.ready_at.desc())
+        .limit(BOOT_HISTORY * len(queues) * 4)
+    ).all():
+        seen = got.setdefault(queue, [])
+        if len(seen) < BOOT_HISTORY and ready is not None and ready >= created:
+            seen.append((ready - created).total_seconds())
+    return {q: max(v) for q, v in got.items() if v}
 
 
 # --------------------------------------------------------------------------- writes
