@@ -296,6 +296,21 @@ def move(
     return bool(getattr(result, "rowcount", 0))
 
 
+def claim_intent(session: Session, launch_id: str, now: datetime, token_hash: str) -> bool:
+    """pending -> creating for the one launch task that gets there first (one more attempt, the
+    machine's worker token hash recorded); True if this call claimed it."""
+    return move(
+        session,
+        launch_id,
+        InstanceState.PENDING,
+        InstanceState.CREATING,
+        now,
+        "creating",
+        attempts=Instance.attempts + 1,
+        worker_token_hash=token_hash,
+    )
+
+
 READY_EVENT = ("lifecycle", "booting->ready")
 """(kind, action) of the event every path that sees a machine ready records."""
 
@@ -377,6 +392,66 @@ def note_silence(session: Session, launch_ids: Collection[str], now: datetime) -
             .values(silence_noted_at=now)
             .execution_options(synchronize_session=False)
         )
+
+
+SEEN_STATES = (InstanceState.BOOTING, InstanceState.READY, InstanceState.DRAINING)
+"""States in which a machine's worker may answer remote control."""
+
+
+def heard_through_broker(
+    session: Session, launch_ids: Collection[str]
+) -> list[tuple[str, int, InstanceState, str, str]]:
+    """(launch_id, running_tasks, state, queue, provider) of these machines whose worker's
+    broker replies may move their row: up (`SEEN_STATES`) and with no agent registered (a
+    machine whose agent heartbeats is known from its authenticated heartbeats alone)."""
+    if not launch_ids:
+        return []
+    return [
+        (r[0], r[1], r[2], r[3], r[4])
+        for r in session.execute(
+            select(
+                Instance.launch_id,
+                Instance.running_tasks,
+                Instance.state,
+                Instance.queue,
+                Instance.provider,
+            ).where(
+                Instance.launch_id.in_(list(launch_ids)),
+                Instance.state.in_(SEEN_STATES),
+                Instance.agent_registered_at.is_(None),
+            )
+        )
+    ]
+
+
+def note_worker(
+    session: Session, launch_id: str, worker_name: str, running: int, now: datetime, busy: bool
+) -> None:
+    """What a machine's worker just said through the broker: its name, its running tasks and
+    (when `busy`: a task ran since the last look) the time of its last task."""
+    values: dict[str, object] = {
+        "worker_name": worker_name,
+        "last_heartbeat_at": now,
+        "running_tasks": running,
+    }
+    if busy:
+        values["last_task_at"] = now
+    session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def set_broker_user(session: Session, launch_id: str, user: str | None) -> None:
+    """The per-machine broker user made for this launch (None: deleted), for terminate."""
+    session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id)
+        .values(broker_user=user)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def note_busy(session: Session, launch_id: str, running: int, now: datetime) -> None:
