@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
 from autoscaler.access.credentials import registered_provider_configs, resolve_api_key
 from autoscaler.config.errors import ConfigError
@@ -36,10 +34,10 @@ from autoscaler.providers.base import Provider
 from autoscaler.providers.registry import build_provider
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, installation
-from autoscaler.store.db import make_engine, session_factory
+from autoscaler.store import providers as provider_rows
+from autoscaler.store.db import Session, make_engine, session_factory
 from autoscaler.store.head_sightings import StoredSightings
 from autoscaler.store.metric_readings import StoredReadings
-from autoscaler.store.models import Provider as ProviderRow
 from autoscaler.vault import Vault
 
 log = logging.getLogger("autoscaler.control")
@@ -106,10 +104,7 @@ class Runtime:
         version = config_versions.current_version(session)
         if version is None:
             return None
-        stamp = session.execute(
-            select(func.count(), func.max(ProviderRow.updated_at)).select_from(ProviderRow)
-        ).one()
-        key = (version, stamp[0], stamp[1])
+        key = (version, *provider_rows.stamp(session))
         with self._lock:
             if self._loaded is not None and key == self._key:
                 return self._loaded
@@ -173,7 +168,7 @@ class Runtime:
                 raise KeyError(f"provider {name!r} is neither registered nor in the config")
             config = loaded.config.providers[name]
             with self.transaction() as session:
-                row = session.scalar(select(ProviderRow).where(ProviderRow.name == name))
+                row = provider_rows.get_provider(session, name)
                 encrypted = row.credentials_encrypted if row is not None else None
                 install = self.installation_id(session)
             key = resolve_api_key(
