@@ -30,12 +30,7 @@ from autoscaler.control.runtime import Loaded, Runtime, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.prometheus import MetricReading as PromReading
 from autoscaler.metrics.prometheus import PrometheusReader, with_external
-from autoscaler.metrics.registry import (
-    MetricsConfigError,
-    broker_domain,
-    build_prometheus,
-    source_url,
-)
+from autoscaler.metrics.registry import MetricsConfigError, broker_domain, source_url
 from autoscaler.metrics.workers import QueueLoad, with_worker_loads
 from autoscaler.policy.decide import decide
 from autoscaler.policy.history import GAPS_KEPT, NO_HISTORY, QueueHistory, observe_load
@@ -184,18 +179,14 @@ def read_metrics(rt: Runtime, loaded: Loaded, queues: Collection[str]) -> dict[s
     return out
 
 
-_PROMETHEUS: dict[tuple[str | None, str | None], PrometheusReader] = {}
-
-
 def _prometheus(rt: Runtime, trig: MetricTrigger) -> PrometheusReader | None:
-    key = (trig.url, trig.url_env)
-    if key not in _PROMETHEUS:
-        try:
-            _PROMETHEUS[key] = build_prometheus(trig, env=rt.env)
-        except MetricsConfigError as exc:
-            log.warning("%s", exc)
-            return None
-    return _PROMETHEUS[key]
+    """The trigger's Prometheus reader (the runtime's, per config version); None, logged, where
+    its address is not set."""
+    try:
+        return rt.prometheus(trig)
+    except MetricsConfigError as exc:
+        log.warning("%s", exc)
+        return None
 
 
 def build_snapshot(

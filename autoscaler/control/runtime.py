@@ -20,10 +20,12 @@ from pydantic import ValidationError
 from autoscaler.access.credentials import registered_provider_configs, resolve_api_key
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.loader import known_providers
-from autoscaler.config.models import Config, MetricsSource, ProviderConfig, Queue
+from autoscaler.config.models import Config, MetricsSource, MetricTrigger, ProviderConfig, Queue
 from autoscaler.metrics.fallback import FallbackReader
+from autoscaler.metrics.prometheus import PrometheusReader
 from autoscaler.metrics.registry import (
     ReadGroup,
+    build_prometheus,
     build_source,
     group_queues,
     source_url,
@@ -89,6 +91,7 @@ class Runtime:
         self._providers: dict[str, Provider] = {}
         self._sources: dict[MetricsSource, FallbackReader] = {}
         self._probes: dict[MetricsSource, CeleryWorkerProbe | None] = {}
+        self._prometheus: dict[tuple[object, str | None], PrometheusReader] = {}
         self._installation: str | None = None
         self.no_config_logged = False
 
@@ -150,9 +153,12 @@ class Runtime:
         for probe in self._probes.values():
             if probe is not None:
                 _close(probe)
+        for reader in self._prometheus.values():
+            _close(reader)
         self._providers.clear()
         self._sources.clear()
         self._probes.clear()
+        self._prometheus.clear()
 
     # ------------------------------------------------------------------ providers
 
@@ -202,6 +208,18 @@ class Runtime:
                 )
                 self._sources[group.source] = src
             return src
+
+    def prometheus(self, trigger: MetricTrigger) -> PrometheusReader:
+        """The reader of a `metric` trigger's Prometheus, one per address for as long as the
+        config version runs (a new version may change its timeout or the variable holding its
+        address). Raises MetricsConfigError (not cached) where the address is not set."""
+        key = (trigger.url, trigger.url_env)
+        with self._lock:
+            reader = self._prometheus.get(key)
+            if reader is None:
+                reader = build_prometheus(trigger, env=self.env)
+                self._prometheus[key] = reader
+            return reader
 
     def worker_probe(self, source: MetricsSource) -> CeleryWorkerProbe | None:
         """Celery's remote control on a watched broker (Redis or RabbitMQ), or None where the
