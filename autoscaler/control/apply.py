@@ -9,13 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from sqlalchemy.orm import Session
-
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.models import Config
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions
+from autoscaler.store.db import Session
 from autoscaler.store.models import ConfigVersion
 
 

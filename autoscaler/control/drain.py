@@ -21,14 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy.orm import Session
-
 from autoscaler.control.observe import observe_celery_workers
 from autoscaler.control.runtime import Loaded, Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.base import SourceError
 from autoscaler.store import fleet
-from autoscaler.store.db import store_now
+from autoscaler.store.db import Session, store_now
 from autoscaler.store.models import Instance
 
 S = InstanceState

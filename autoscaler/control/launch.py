@@ -21,8 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import update
-
 from autoscaler.access import broker_users, keys
 from autoscaler.access.credentials import CredentialError
 from autoscaler.control import rate_limits
@@ -37,7 +35,6 @@ from autoscaler.providers.base import (
 )
 from autoscaler.providers.labels import ENV_LABEL
 from autoscaler.store import fleet
-from autoscaler.store.models import Instance
 
 S = InstanceState
 
@@ -77,16 +74,7 @@ def run_launch(
     token = keys.new_secret()  # the machine's worker token: only its hash is stored
     with rt.transaction() as session:
         loaded = rt.load(session)
-        claimed = fleet.move(
-            session,
-            launch_id,
-            S.PENDING,
-            S.CREATING,
-            now,
-            "creating",
-            attempts=Instance.attempts + 1,
-            worker_token_hash=keys.digest(token),
-        )
+        claimed = fleet.claim_intent(session, launch_id, now, keys.digest(token))
         if not claimed:
             return "not pending (claimed already, or closed)"
         row = fleet.get(session, launch_id)
@@ -206,12 +194,7 @@ def _broker_user(
         log.warning("launch %s: no broker user (%s)", launch_id, type(exc).__name__)
         return f"no broker user could be made: the watched broker refused ({type(exc).__name__})"
     with rt.transaction() as session:
-        session.execute(
-            update(Instance)
-            .where(Instance.launch_id == launch_id)
-            .values(broker_user=user)
-            .execution_options(synchronize_session=False)
-        )
+        fleet.set_broker_user(session, launch_id, user)
     return None
 
 
@@ -232,12 +215,7 @@ def _drop_broker_user(rt: Runtime, launch_id: str, queue: str) -> None:
         log.error("launch %s failed; its broker user %s is left: %s", launch_id, user, exc)
         return
     with rt.transaction() as session:
-        session.execute(
-            update(Instance)
-            .where(Instance.launch_id == launch_id)
-            .values(broker_user=None)
-            .execution_options(synchronize_session=False)
-        )
+        fleet.set_broker_user(session, launch_id, None)
 
 
 def _text(exc: BaseException, *secrets: str) -> str:

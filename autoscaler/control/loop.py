@@ -23,11 +23,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
-
 from autoscaler.config.models import MIN_GAPS, MetricTrigger
 from autoscaler.control.executor import execute
 from autoscaler.control.observe import Scope, read_sightings
@@ -35,20 +30,15 @@ from autoscaler.control.runtime import Loaded, Runtime, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.prometheus import MetricReading as PromReading
 from autoscaler.metrics.prometheus import PrometheusReader, with_external
-from autoscaler.metrics.registry import (
-    MetricsConfigError,
-    broker_domain,
-    build_prometheus,
-    source_url,
-)
+from autoscaler.metrics.registry import MetricsConfigError, broker_domain, source_url
 from autoscaler.metrics.workers import QueueLoad, with_worker_loads
 from autoscaler.policy.decide import decide
 from autoscaler.policy.history import GAPS_KEPT, NO_HISTORY, QueueHistory, observe_load
 from autoscaler.policy.plan import Drain, Launch, QueuePlan, Reclaim
 from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
-from autoscaler.store import fleet, job_records, leases, queue_samples, rate_limits
-from autoscaler.store.db import batchable
-from autoscaler.store.models import ENROLLED_DOMAIN, Instance, QueueStatus
+from autoscaler.store import fleet, job_records, leases, queue_samples, queue_status, rate_limits
+from autoscaler.store.db import Session
+from autoscaler.store.models import ENROLLED_DOMAIN
 
 log = logging.getLogger("autoscaler.control.tick")
 
@@ -189,18 +179,14 @@ def read_metrics(rt: Runtime, loaded: Loaded, queues: Collection[str]) -> dict[s
     return out
 
 
-_PROMETHEUS: dict[tuple[str | None, str | None], PrometheusReader] = {}
-
-
 def _prometheus(rt: Runtime, trig: MetricTrigger) -> PrometheusReader | None:
-    key = (trig.url, trig.url_env)
-    if key not in _PROMETHEUS:
-        try:
-            _PROMETHEUS[key] = build_prometheus(trig, env=rt.env)
-        except MetricsConfigError as exc:
-            log.warning("%s", exc)
-            return None
-    return _PROMETHEUS[key]
+    """The trigger's Prometheus reader (the runtime's, per config version); None, logged, where
+    its address is not set."""
+    try:
+        return rt.prometheus(trig)
+    except MetricsConfigError as exc:
+        log.warning("%s", exc)
+        return None
 
 
 def build_snapshot(
@@ -243,7 +229,7 @@ def build_snapshot(
     histories = _histories(session, completed, names, now)
     # the recent boot time matters where jobs wait or are scheduled (pre-warm, a late boot, the
     # burst rule) and where an idle machine may go at a learned timeout (a boot is its price)
-    boots = _boot_estimates(
+    boots = fleet.boot_estimates(
         session,
         [
             name
@@ -316,12 +302,7 @@ def _histories(
     this reading (a stale or missing one teaches nothing), with — where jobs wait — the mean
     runtime of its jobs finished in the last day (`store.job_records`). Two queries whatever
     the number of queues."""
-    stored = {
-        q: _history_from_json(h)
-        for q, h in session.execute(
-            select(QueueStatus.queue, QueueStatus.history).where(QueueStatus.queue.in_(names))
-        ).all()
-    }
+    stored = {q: _history_from_json(h) for q, h in queue_status.histories(session, names).items()}
     # the mean runtime serves the burst rule only, which acts only while jobs wait
     waiting = [n for n in names if (m := metrics.get(n)) is not None and m.pending > 0]
     stats = job_records.runtime_stats(session, waiting, now)
@@ -364,31 +345,6 @@ def _history_from_json(doc: object) -> QueueHistory:
         )[-GAPS_KEPT:],
         quiet_since=quiet_since,
     )
-
-
-BOOT_HISTORY = 5
-"""The boot time of a queue is the longest of its last this many boots (ready in time)."""
-
-
-def _boot_estimates(session: Session, queues: list[str], now: datetime) -> dict[str, float]:
-    """Seconds from decision (the intent row) to ready of each queue's recent machines."""
-    if not queues:
-        return {}
-    got: dict[str, list[float]] = {}
-    for queue, created, ready in session.execute(
-        select(Instance.queue, Instance.created_at, Instance.ready_at)
-        .where(
-            Instance.queue.in_(queues),
-            Instance.ready_at.is_not(None),
-            Instance.ready_at >= now - timedelta(days=30),
-        )
-        .order_by(Instance.ready_at.desc())
-        .limit(BOOT_HISTORY * len(queues) * 4)
-    ).all():
-        seen = got.setdefault(queue, [])
-        if len(seen) < BOOT_HISTORY and ready is not None and ready >= created:
-            seen.append((ready - created).total_seconds())
-    return {q: max(v) for q, v in got.items() if v}
 
 
 # --------------------------------------------------------------------------- the port
@@ -508,7 +464,9 @@ class StoreActions:
         fleet.add_intents(self.session, self.intents, self.now)
         self._wait_events()
         fleet.record_events(self.session, self.events, self.now)
-        write_status(self.session, self.statuses, self.loaded.version, self.now, self.histories)
+        queue_status.record(
+            self.session, self.statuses, self.loaded.version, self.now, self.histories
+        )
         queue_samples.record(self.session, self.samples, self.now)
 
     def _sample(self, plan: QueuePlan) -> None:
@@ -537,9 +495,7 @@ class StoreActions:
             return
         before = {
             q: {w["kind"] for w in (st or {}).get("waits", [])}
-            for q, st in self.session.execute(
-                select(QueueStatus.queue, QueueStatus.status).where(QueueStatus.queue.in_(names))
-            ).all()
+            for q, st in queue_status.statuses(self.session, names).items()
         }
         for s in self.statuses:
             old = before.get(s["queue"], set())
@@ -556,39 +512,8 @@ class StoreActions:
                     )
 
 
-def write_status(
-    session: Session,
-    statuses: list[dict[str, Any]],
-    version: int,
-    now: datetime,
-    histories: Mapping[str, dict[str, Any]] | None = None,
-) -> None:
-    """Upsert each evaluated queue's status and, where given, its history (`history_json`)."""
-    if not statuses:
-        return
-    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    histories = histories or {}
-    rows = [
-        {
-            "queue": s["queue"],
-            "evaluated_at": now,
-            "config_version": version,
-            "status": s,
-            "history": histories.get(s["queue"]),
-        }
-        for s in statuses
-    ]
-    stmt = ins(QueueStatus)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[QueueStatus.queue],
-        set_={
-            "evaluated_at": stmt.excluded.evaluated_at,
-            "config_version": stmt.excluded.config_version,
-            "status": stmt.excluded.status,
-            "history": func.coalesce(stmt.excluded.history, QueueStatus.history),
-        },
-    )
-    session.execute(stmt, batchable(rows))
+write_status = queue_status.record
+"""`store.queue_status.record`, under the name the dashboard's test fixtures know."""
 
 
 # --------------------------------------------------------------------------- fast path
@@ -620,24 +545,7 @@ def fast_path(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) -> Tic
 def _queues_without_capacity(session: Session, loaded: Loaded) -> list[str]:
     """Autoscaled queues with no machine serving or on its way (hand-made workers are
     checked by the evaluation itself)."""
-    busy = {
-        q
-        for (q,) in session.execute(
-            select(Instance.queue)
-            .where(
-                Instance.state.in_(
-                    (
-                        InstanceState.PENDING,
-                        InstanceState.CREATING,
-                        InstanceState.BOOTING,
-                        InstanceState.READY,
-                    )
-                )
-            )
-            .group_by(Instance.queue)
-            .having(func.count() > 0)
-        )
-    }
+    busy = fleet.queues_served(session)
     return [q for q in loaded.autoscaled if q not in busy]
 
 

@@ -19,11 +19,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
-
 from autoscaler.config.models import Queue
 from autoscaler.control.runtime import Loaded, Runtime, log
 from autoscaler.lifecycle import InstanceState
@@ -31,10 +26,8 @@ from autoscaler.metrics.base import SourceError
 from autoscaler.metrics.registry import broker_domain
 from autoscaler.metrics.workers import QueueLoad, WorkerStatus, host_of
 from autoscaler.providers.labels import parse_label
-from autoscaler.store import fleet
-from autoscaler.store.models import Instance, WorkerSighting
-
-SEEN_STATES = (InstanceState.BOOTING, InstanceState.READY, InstanceState.DRAINING)
+from autoscaler.store import fleet, worker_sightings
+from autoscaler.store.db import Session
 
 
 def launch_of(worker: str, installation_id: str) -> str | None:
@@ -91,9 +84,9 @@ def record_sightings(
 
     `seen`: worker name -> `WorkerStatus` (or the older (queues, running) pair)."""
     status = {name: _status(v) for name, v in seen.items()}
-    if status:
-        ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-        sightings = [
+    worker_sightings.record(
+        session,
+        [
             {
                 "domain": domain[:300],
                 "worker": name[:200],
@@ -107,71 +100,25 @@ def record_sightings(
                 "seen_at": now,
             }
             for name, st in status.items()
-        ]
-        stmt = ins(WorkerSighting)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[WorkerSighting.domain, WorkerSighting.worker],
-            set_={
-                "queues": stmt.excluded.queues,
-                "running": stmt.excluded.running,
-                "seen_at": stmt.excluded.seen_at,
-            },
-        )
-        session.execute(stmt, sightings)
+        ],
+    )
     ours = {
         launch: (name, st.running)
         for name, st in status.items()
         if (launch := launch_of(name, installation_id)) is not None
     }
-    if not ours:
-        return
     # a machine whose agent heartbeats is known from its authenticated heartbeats alone: a
     # broker reply under its label (anyone who may publish on the broker can send one) moves
     # nothing of its row
-    rows = session.execute(
-        select(
-            Instance.launch_id,
-            Instance.running_tasks,
-            Instance.state,
-            Instance.queue,
-            Instance.provider,
-        ).where(
-            Instance.launch_id.in_(list(ours)),
-            Instance.state.in_(SEEN_STATES),
-            Instance.agent_registered_at.is_(None),
-        )
-    ).all()
+    rows = fleet.heard_through_broker(session, ours)
     for launch_id, _, state, queue, provider in rows:
         if state == InstanceState.BOOTING:  # ready at the first sight of its worker
             why = f"its worker is up ({ours[launch_id][0][:200]} answered remote control)"
             fleet.mark_ready(session, launch_id, queue, provider, now, why)
-    params = []
     for launch_id, before, *_ in rows:
         name, running = ours[launch_id]
-        params.append(
-            {
-                "b_launch": launch_id,
-                "worker_name": name[:200],
-                "last_heartbeat_at": now,
-                "running_tasks": running,
-                # a task ran since the last look if one runs now or one ran then
-                "busy": running > 0 or before > 0,
-            }
-        )
-    for p in params:
-        values: dict[str, object] = {
-            "worker_name": p["worker_name"],
-            "last_heartbeat_at": now,
-            "running_tasks": p["running_tasks"],
-        }
-        if p["busy"]:
-            values["last_task_at"] = now
-        session.execute(
-            update(Instance)
-            .where(Instance.launch_id == p["b_launch"])
-            .values(**values)
-            .execution_options(synchronize_session=False)
-        )
+        # a task ran since the last look if one runs now or one ran then
+        fleet.note_worker(session, launch_id, name[:200], running, now, running > 0 or before > 0)
 
 
 Scope = Callable[[str, str, bool], Iterable[str]]
@@ -213,14 +160,10 @@ def read_sightings(
     enrolment key behind it) only where `Autoscale.hand_made` allows: a remote-control reply
     can be forged by anyone who may publish on the broker."""
     since = now - timedelta(seconds=window)
-    session.execute(delete(WorkerSighting).where(WorkerSighting.seen_at < since))
     out: dict[str, dict[str, str]] = defaultdict(dict)
     loads: dict[str, QueueLoad] = {}
     reported: set[str] = set()
-    rows = session.scalars(
-        select(WorkerSighting).order_by(WorkerSighting.worker, WorkerSighting.domain)
-    )
-    for w in rows:
+    for w in worker_sightings.recent(session, since):
         data = w.queues if isinstance(w.queues, dict) else {}
         mine = launch_of(w.worker, installation_id) is not None or host_of(w.worker) in ours
         broker_seen = not mine and "enrolled_by" not in data

@@ -12,8 +12,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select
-
 from autoscaler.access.credentials import CredentialError
 from autoscaler.control import rate_limits
 from autoscaler.control.observe import observe_celery_workers
@@ -22,9 +20,8 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile
 from autoscaler.providers.base import ProviderError, RateLimitedError
 from autoscaler.providers.mock import MockProvider
-from autoscaler.store import fleet
-from autoscaler.store.db import store_now
-from autoscaler.store.models import OrphanSighting
+from autoscaler.store import fleet, orphan_sightings
+from autoscaler.store.db import Session, store_now
 
 S = InstanceState
 Enqueue = Callable[[str, str], None]
@@ -45,11 +42,7 @@ def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) ->
         listed_ids = {m.launch_id for v in views.values() for m in v.machines}
         closed = fleet.rows_of(session, listed_ids - {r.launch_id for r in live})
         rows = tuple(fleet.as_row(r) for r in [*live, *closed])
-        seen = {
-            (o.provider, o.provider_instance_id): (o.label, o.first_seen_at)
-            for o in session.scalars(select(OrphanSighting))
-        }
-        plan = reconcile(rows, views, seen, loaded.config, now)
+        plan = reconcile(rows, views, orphan_sightings.seen(session), loaded.config, now)
         cancelled = _apply(rt, session, loaded, plan, now)
     for r in plan.retries:
         enqueue(r.step, r.launch_id)
@@ -117,7 +110,7 @@ def list_providers(rt: Runtime, loaded: Loaded) -> dict[str, ProviderView]:
 
 
 def _apply(
-    rt: Runtime, session: Any, loaded: Loaded, plan: ReconcilePlan, now: datetime
+    rt: Runtime, session: Session, loaded: Loaded, plan: ReconcilePlan, now: datetime
 ) -> list[str]:
     """Carry the plan's moves out; returns the launches to destroy beyond the plan's own (a
     create adopted by label that an operator had cancelled meanwhile)."""
@@ -176,12 +169,7 @@ def _apply(
                     "reconcile", f"retry_{r.step}", r.reason, queue=r.queue, launch_id=r.launch_id
                 )
             )
-    session.execute(delete(OrphanSighting))
-    if plan.orphans:
-        session.add_all(
-            OrphanSighting(provider=p, provider_instance_id=pid, label=label, first_seen_at=first)
-            for (p, pid), (label, first) in plan.orphans.items()
-        )
+    orphan_sightings.replace(session, plan.orphans)
     fleet.record_events(session, events, now)
     return cancelled
 

@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
 from autoscaler.access.credentials import registered_provider_configs, resolve_api_key
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.loader import known_providers
-from autoscaler.config.models import Config, MetricsSource, ProviderConfig, Queue
+from autoscaler.config.models import Config, MetricsSource, MetricTrigger, ProviderConfig, Queue
 from autoscaler.metrics.fallback import FallbackReader
+from autoscaler.metrics.prometheus import PrometheusReader
 from autoscaler.metrics.registry import (
     ReadGroup,
+    build_prometheus,
     build_source,
     group_queues,
     source_url,
@@ -36,10 +36,10 @@ from autoscaler.providers.base import Provider
 from autoscaler.providers.registry import build_provider
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, installation
-from autoscaler.store.db import make_engine, session_factory
+from autoscaler.store import providers as provider_rows
+from autoscaler.store.db import Session, make_engine, session_factory
 from autoscaler.store.head_sightings import StoredSightings
 from autoscaler.store.metric_readings import StoredReadings
-from autoscaler.store.models import Provider as ProviderRow
 from autoscaler.vault import Vault
 
 log = logging.getLogger("autoscaler.control")
@@ -91,6 +91,7 @@ class Runtime:
         self._providers: dict[str, Provider] = {}
         self._sources: dict[MetricsSource, FallbackReader] = {}
         self._probes: dict[MetricsSource, CeleryWorkerProbe | None] = {}
+        self._prometheus: dict[tuple[object, str | None], PrometheusReader] = {}
         self._installation: str | None = None
         self.no_config_logged = False
 
@@ -106,10 +107,7 @@ class Runtime:
         version = config_versions.current_version(session)
         if version is None:
             return None
-        stamp = session.execute(
-            select(func.count(), func.max(ProviderRow.updated_at)).select_from(ProviderRow)
-        ).one()
-        key = (version, stamp[0], stamp[1])
+        key = (version, *provider_rows.stamp(session))
         with self._lock:
             if self._loaded is not None and key == self._key:
                 return self._loaded
@@ -155,9 +153,12 @@ class Runtime:
         for probe in self._probes.values():
             if probe is not None:
                 _close(probe)
+        for reader in self._prometheus.values():
+            _close(reader)
         self._providers.clear()
         self._sources.clear()
         self._probes.clear()
+        self._prometheus.clear()
 
     # ------------------------------------------------------------------ providers
 
@@ -173,7 +174,7 @@ class Runtime:
                 raise KeyError(f"provider {name!r} is neither registered nor in the config")
             config = loaded.config.providers[name]
             with self.transaction() as session:
-                row = session.scalar(select(ProviderRow).where(ProviderRow.name == name))
+                row = provider_rows.get_provider(session, name)
                 encrypted = row.credentials_encrypted if row is not None else None
                 install = self.installation_id(session)
             key = resolve_api_key(
@@ -207,6 +208,18 @@ class Runtime:
                 )
                 self._sources[group.source] = src
             return src
+
+    def prometheus(self, trigger: MetricTrigger) -> PrometheusReader:
+        """The reader of a `metric` trigger's Prometheus, one per address for as long as the
+        config version runs (a new version may change its timeout or the variable holding its
+        address). Raises MetricsConfigError (not cached) where the address is not set."""
+        key = (trigger.url, trigger.url_env)
+        with self._lock:
+            reader = self._prometheus.get(key)
+            if reader is None:
+                reader = build_prometheus(trigger, env=self.env)
+                self._prometheus[key] = reader
+            return reader
 
     def worker_probe(self, source: MetricsSource) -> CeleryWorkerProbe | None:
         """Celery's remote control on a watched broker (Redis or RabbitMQ), or None where the

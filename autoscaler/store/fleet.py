@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, delete, insert, or_, select, update
+from sqlalchemy import case, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from autoscaler.config.models import Backoff
@@ -184,6 +184,53 @@ def get(session: Session, launch_id: str) -> Instance | None:
     return session.scalar(select(Instance).where(Instance.launch_id == launch_id))
 
 
+ON_THE_WAY = (
+    InstanceState.PENDING,
+    InstanceState.CREATING,
+    InstanceState.BOOTING,
+    InstanceState.READY,
+)
+"""States of a machine that serves its queue or will (a draining one is leaving it)."""
+
+
+def queues_served(session: Session) -> set[str]:
+    """Queues with a machine serving or on its way (one query: the fast path's every second)."""
+    return set(
+        session.scalars(
+            select(Instance.queue)
+            .where(Instance.state.in_(ON_THE_WAY))
+            .group_by(Instance.queue)
+            .having(func.count() > 0)
+        )
+    )
+
+
+BOOT_HISTORY = 5
+"""The boot time of a queue is the longest of its last this many boots (ready in time)."""
+
+
+def boot_estimates(session: Session, queues: list[str], now: datetime) -> dict[str, float]:
+    """Seconds from decision (the intent row) to ready of each queue's recent machines (one
+    query over the last 30 days' boots)."""
+    if not queues:
+        return {}
+    got: dict[str, list[float]] = {}
+    for queue, created, ready in session.execute(
+        select(Instance.queue, Instance.created_at, Instance.ready_at)
+        .where(
+            Instance.queue.in_(queues),
+            Instance.ready_at.is_not(None),
+            Instance.ready_at >= now - timedelta(days=30),
+        )
+        .order_by(Instance.ready_at.desc())
+        .limit(BOOT_HISTORY * len(queues) * 4)
+    ).all():
+        seen = got.setdefault(queue, [])
+        if len(seen) < BOOT_HISTORY and ready is not None and ready >= created:
+            seen.append((ready - created).total_seconds())
+    return {q: max(v) for q, v in got.items() if v}
+
+
 # --------------------------------------------------------------------------- writes
 
 
@@ -247,6 +294,21 @@ def move(
         .execution_options(synchronize_session=False)
     )
     return bool(getattr(result, "rowcount", 0))
+
+
+def claim_intent(session: Session, launch_id: str, now: datetime, token_hash: str) -> bool:
+    """pending -> creating for the one launch task that gets there first (one more attempt, the
+    machine's worker token hash recorded); True if this call claimed it."""
+    return move(
+        session,
+        launch_id,
+        InstanceState.PENDING,
+        InstanceState.CREATING,
+        now,
+        "creating",
+        attempts=Instance.attempts + 1,
+        worker_token_hash=token_hash,
+    )
 
 
 READY_EVENT = ("lifecycle", "booting->ready")
@@ -330,6 +392,66 @@ def note_silence(session: Session, launch_ids: Collection[str], now: datetime) -
             .values(silence_noted_at=now)
             .execution_options(synchronize_session=False)
         )
+
+
+SEEN_STATES = (InstanceState.BOOTING, InstanceState.READY, InstanceState.DRAINING)
+"""States in which a machine's worker may answer remote control."""
+
+
+def heard_through_broker(
+    session: Session, launch_ids: Collection[str]
+) -> list[tuple[str, int, InstanceState, str, str]]:
+    """(launch_id, running_tasks, state, queue, provider) of these machines whose worker's
+    broker replies may move their row: up (`SEEN_STATES`) and with no agent registered (a
+    machine whose agent heartbeats is known from its authenticated heartbeats alone)."""
+    if not launch_ids:
+        return []
+    return [
+        (r[0], r[1], r[2], r[3], r[4])
+        for r in session.execute(
+            select(
+                Instance.launch_id,
+                Instance.running_tasks,
+                Instance.state,
+                Instance.queue,
+                Instance.provider,
+            ).where(
+                Instance.launch_id.in_(list(launch_ids)),
+                Instance.state.in_(SEEN_STATES),
+                Instance.agent_registered_at.is_(None),
+            )
+        )
+    ]
+
+
+def note_worker(
+    session: Session, launch_id: str, worker_name: str, running: int, now: datetime, busy: bool
+) -> None:
+    """What a machine's worker just said through the broker: its name, its running tasks and
+    (when `busy`: a task ran since the last look) the time of its last task."""
+    values: dict[str, object] = {
+        "worker_name": worker_name,
+        "last_heartbeat_at": now,
+        "running_tasks": running,
+    }
+    if busy:
+        values["last_task_at"] = now
+    session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def set_broker_user(session: Session, launch_id: str, user: str | None) -> None:
+    """The per-machine broker user made for this launch (None: deleted), for terminate."""
+    session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id)
+        .values(broker_user=user)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def note_busy(session: Session, launch_id: str, running: int, now: datetime) -> None:

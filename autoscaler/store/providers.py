@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -13,6 +14,15 @@ from autoscaler.store.models import LIVE_STATES, Instance, Provider
 
 def get_provider(session: Session, name: str) -> Provider | None:
     return session.scalar(select(Provider).where(Provider.name == name))
+
+
+def stamp(session: Session) -> tuple[int, datetime | None]:
+    """How many providers are registered and when one last changed: the loop reloads its config
+    when this changes (one cheap query, asked every tick)."""
+    count, changed = session.execute(
+        select(func.count(), func.max(Provider.updated_at)).select_from(Provider)
+    ).one()
+    return int(count), changed
 
 
 def list_providers(session: Session) -> Sequence[Provider]:

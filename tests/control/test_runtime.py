@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from autoscaler.config import load_config_text
+from autoscaler.config.models import MetricTrigger
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, migrate
@@ -60,5 +61,29 @@ def test_when_no_stored_version_validates_the_loop_runs_nothing(tmp_path, db_url
         with rt.transaction() as session:
             config_versions.record(session, {"queues": {"bad name": {}}}, "x", utc_now())
             assert rt.load(session) is None
+    finally:
+        rt.close()
+
+
+def test_prometheus_readers_are_kept_per_config_version_and_dropped_with_it(tmp_path, db_url):
+    rt = _runtime(tmp_path, db_url)
+    try:
+        doc = load_config_text(GOOD).model_dump(mode="json")
+        metric = {"trigger": "metric", "query": "up", "url": "http://127.0.0.1:1", "threshold": 1}
+        doc["queues"]["jobs"]["autoscale"]["scale_up"].append(metric)
+        with rt.transaction() as session:
+            config_versions.record(session, doc, "alice", utc_now())
+            loaded = rt.load(session)
+        assert loaded is not None
+        auto = loaded.config.queues["jobs"].autoscale
+        assert auto is not None
+        trig = auto.scale_up[-1]
+        assert isinstance(trig, MetricTrigger)
+        first = rt.prometheus(trig)
+        assert rt.prometheus(trig) is first  # one reader per address while the version runs
+        with rt.transaction() as session:
+            config_versions.record(session, {**doc, "poll_interval": 5.0}, "bob", utc_now())
+            assert rt.load(session) is not None
+        assert rt.prometheus(trig) is not first  # a new version: built anew
     finally:
         rt.close()

@@ -52,8 +52,8 @@ def test_one_worker_name_heard_in_two_domains_is_two_sightings_each_scoped(sessi
 
 
 def test_a_queues_boot_time_is_the_longest_of_its_last_five_boots(sessions):
-    from autoscaler.control.loop import _boot_estimates
     from autoscaler.lifecycle import InstanceState
+    from autoscaler.store.fleet import boot_estimates
     from autoscaler.store.models import Instance
 
     boots = [300, 40, 90, 60, 70, 50]  # seconds from intent to ready, oldest first
@@ -66,8 +66,8 @@ def test_a_queues_boot_time_is_the_longest_of_its_last_five_boots(sessions):
         s.add(Instance(launch_id="never", queue="cpu", provider="p",
                        state=InstanceState.FAILED, created_at=T0))
     with transaction(sessions) as s:
-        assert _boot_estimates(s, ["gpu", "cpu"], T0) == {"gpu": 90.0}
-        assert _boot_estimates(s, [], T0) == {}
+        assert boot_estimates(s, ["gpu", "cpu"], T0) == {"gpu": 90.0}
+        assert boot_estimates(s, [], T0) == {}
 
 
 def test_a_booting_machine_seen_through_remote_control_is_ready_at_once(sessions):

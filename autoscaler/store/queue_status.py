@@ -1,0 +1,72 @@
+"""Each queue's last evaluation: its status (what `autoscaler status` and the dashboard show) and
+its history (`policy.history`: quiet gaps, kept between ticks as JSON).
+
+One row per queue, written by every evaluation tick (`control.loop.StoreActions.flush`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from autoscaler.store.db import upsert
+from autoscaler.store.models import QueueStatus
+
+
+def histories(session: Session, queues: Collection[str]) -> dict[str, Any]:
+    """The stored history document of each of these queues that has one row (one query)."""
+    return dict(
+        session.execute(
+            select(QueueStatus.queue, QueueStatus.history).where(
+                QueueStatus.queue.in_(list(queues))
+            )
+        ).all()
+    )
+
+
+def statuses(session: Session, queues: Collection[str]) -> dict[str, Any]:
+    """The stored status document of each of these queues (one query)."""
+    return dict(
+        session.execute(
+            select(QueueStatus.queue, QueueStatus.status).where(QueueStatus.queue.in_(list(queues)))
+        ).all()
+    )
+
+
+def record(
+    session: Session,
+    statuses: list[dict[str, Any]],
+    version: int,
+    now: datetime,
+    histories: Mapping[str, dict[str, Any]] | None = None,
+) -> None:
+    """Upsert each evaluated queue's status and, where given, its history (one statement; a
+    queue given no history keeps its stored one)."""
+    if not statuses:
+        return
+    histories = histories or {}
+    upsert(
+        session,
+        QueueStatus,
+        [
+            {
+                "queue": s["queue"],
+                "evaluated_at": now,
+                "config_version": version,
+                "status": s,
+                "history": histories.get(s["queue"]),
+            }
+            for s in statuses
+        ],
+        key=("queue",),
+        update={
+            "evaluated_at": lambda new: new.evaluated_at,
+            "config_version": lambda new: new.config_version,
+            "status": lambda new: new.status,
+            "history": lambda new: func.coalesce(new.history, QueueStatus.history),
+        },
+    )

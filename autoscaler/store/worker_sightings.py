@@ -1,0 +1,38 @@
+"""Every worker seen lately, ours or hand-made: one row per (domain it was heard through, worker).
+
+The rows are what every control-plane process counts hand-made capacity and reported loads from
+(`control.observe`); a row not renewed within the loop's window is forgotten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from autoscaler.store.db import upsert
+from autoscaler.store.models import WorkerSighting
+
+
+def record(session: Session, sightings: Sequence[dict[str, Any]]) -> None:
+    """Upsert sightings (domain, worker, queues, running, seen_at): one statement; a worker
+    seen again gets its new queues, running count and time."""
+    upsert(
+        session,
+        WorkerSighting,
+        sightings,
+        key=("domain", "worker"),
+        update=("queues", "running", "seen_at"),
+    )
+
+
+def recent(session: Session, since: datetime) -> Sequence[WorkerSighting]:
+    """The sightings since `since`, by worker then domain; older ones are deleted on the way
+    (two statements)."""
+    session.execute(delete(WorkerSighting).where(WorkerSighting.seen_at < since))
+    return session.scalars(
+        select(WorkerSighting).order_by(WorkerSighting.worker, WorkerSighting.domain)
+    ).all()
