@@ -35,6 +35,7 @@ from autoscaler.api.limits import DEFAULT_MAX_BODY, BodyLimit
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.loader import load_config_text
+from autoscaler.control.drain import finish_drain
 from autoscaler.control.runtime import Runtime, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.settings import Settings, redact_url
@@ -422,15 +423,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         if row.state not in (S.DRAINING, S.DRAINED):
             raise HTTPException(409, f"this machine is {row.state.value}: nobody asked it to drain")
         why = "its agent reports its worker stopped after its last task"
-        if fleet.move(session, row.launch_id, S.DRAINING, S.DRAINED, now, why) or (
-            row.state == S.DRAINED
-        ):
-            fleet.move(session, row.launch_id, S.DRAINED, S.TERMINATING, now, f"drained: {why}")
-            fleet.record_events(
-                session,
-                [fleet.event("drain", "drained", why, queue=row.queue, launch_id=row.launch_id)],
-                now,
-            )
+        if finish_drain(session, row.launch_id, row.queue, why, now):
             _send_terminate(row.launch_id)
         return Drained(state="terminating")
 
