@@ -33,8 +33,8 @@ from autoscaler.access.credentials import describe_credentials, registered_provi
 from autoscaler.api.inputs import Strict, UtcTime
 from autoscaler.api.limits import DEFAULT_MAX_BODY, BodyLimit
 from autoscaler.config.errors import ConfigError
-from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.loader import load_config_text
+from autoscaler.control import apply
 from autoscaler.control.drain import finish_drain
 from autoscaler.control.runtime import Runtime, log
 from autoscaler.lifecycle import InstanceState
@@ -572,12 +572,8 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         settings = runtime().settings
         try:
             registered = registered_provider_configs(session)
-            config = load_config_text(body.yaml, "config", registered, runnable=True)
-            refusals = check_broker_isolation(
-                config, settings.broker_url, settings.control_keyprefix, os.environ
-            )
-            if refusals:
-                raise ConfigError(refusals, "config")
+            loaded = load_config_text(body.yaml, "config", registered, runnable=True)
+            config = apply.runnable(loaded, "config", settings, os.environ)
         except ConfigError as exc:
             return JSONResponse(  # type: ignore[return-value]
                 {
@@ -587,12 +583,8 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
                 },
                 status_code=422,
             )
-        row = config_versions.record(
-            session,
-            config.model_dump(mode="json"),
-            f"{body.changed_by} (admin key {who})",
-            _now(),
-            body.comment,
+        row = apply.record(
+            session, config, f"{body.changed_by} (admin key {who})", _now(), body.comment
         )
         version = row.version if row else config_versions.current_version(session)
         return {"version": version, "changed": row is not None}

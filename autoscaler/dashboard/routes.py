@@ -24,10 +24,10 @@ from sqlalchemy.orm import Session
 from autoscaler.access.credentials import registered_provider_configs
 from autoscaler.api.inputs import Strict
 from autoscaler.config.errors import ConfigError
-from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.loader import known_providers, load_config_text, parse_yaml_document
 from autoscaler.config.models import Config
 from autoscaler.config.summary import describe
+from autoscaler.control import apply
 from autoscaler.control.runtime import log
 from autoscaler.store import config_versions, queue_samples, views
 
@@ -128,12 +128,7 @@ def install(
         """`autoscaler validate`'s checks on a whole document: ConfigError with its refusals."""
         registered = registered_provider_configs(session)
         config = load_config_text(text, source, registered, runnable=True)
-        refusals = check_broker_isolation(
-            config, runtime().settings.broker_url, runtime().settings.control_keyprefix, os.environ
-        )
-        if refusals:
-            raise ConfigError(refusals, source)
-        return config, registered
+        return apply.runnable(config, source, runtime().settings, os.environ), registered
 
     def current(session: Session) -> Any:
         row = config_versions.latest(session)
@@ -338,9 +333,9 @@ def install(
         document = config.model_dump(mode="json")
         changes = _changes(_normal(row.document), document)
         new = (
-            config_versions.record(
+            apply.record(
                 session,
-                document,
+                config,
                 by(body.changed_by, who),
                 now(),
                 body.comment or f"dashboard: {queue}'s autoscale settings",
@@ -412,7 +407,7 @@ def install(
         document = config.model_dump(mode="json")
         changes = _changes(_normal(latest.document), document)
         new = (
-            config_versions.record(session, document, by(body.changed_by, who), now(), why)
+            apply.record(session, config, by(body.changed_by, who), now(), why)
             if changes
             else None
         )
