@@ -22,11 +22,6 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field
-from sqlalchemy import select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
 
 from autoscaler.access import broker_users, keys
 from autoscaler.access.credentials import describe_credentials, registered_provider_configs
@@ -39,16 +34,10 @@ from autoscaler.control.drain import finish_drain
 from autoscaler.control.runtime import Runtime, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.settings import Settings, redact_url
-from autoscaler.store import config_versions, fleet, job_records
-from autoscaler.store.db import store_now
-from autoscaler.store.models import (
-    ENROLLED_DOMAIN,
-    Instance,
-    QueueStatus,
-    ScaleEvent,
-    WorkerSighting,
-)
-from autoscaler.store.models import Provider as ProviderRow
+from autoscaler.store import config_versions, fleet, job_records, views, worker_sightings
+from autoscaler.store import providers as provider_rows
+from autoscaler.store.db import Session, StoreError, store_now
+from autoscaler.store.models import Instance
 
 S = InstanceState
 HEARTBEAT_INTERVAL = 10.0
@@ -268,8 +257,8 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         ]
         return JSONResponse({"detail": problems}, status_code=422)
 
-    @app.exception_handler(SQLAlchemyError)
-    async def store_down(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+    @app.exception_handler(StoreError)
+    async def store_down(request: Request, exc: StoreError) -> JSONResponse:
         log.warning("api: store error %s", type(exc).__name__)
         return JSONResponse({"detail": "the state store cannot be reached"}, status_code=503)
 
@@ -306,15 +295,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
     def register(body: Register, row: Worker, session: DB) -> Registered:
         now = store_now(session)
         name = body.worker_name
-        session.execute(
-            update(Instance)
-            .where(Instance.launch_id == row.launch_id)
-            # not yet a sign of its worker's life: the agent deploys first, and the machine is
-            # ready only at the heartbeat that says its worker starts (booting is judged by
-            # the boot timeout meanwhile)
-            .values(worker_name=name, agent_registered_at=now)
-            .execution_options(synchronize_session=False)
-        )
+        fleet.note_registered(session, row.launch_id, name, now)
         fleet.record_events(
             session,
             [
@@ -402,12 +383,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
                 ],
                 now,
             )
-        session.execute(
-            update(Instance)
-            .where(Instance.launch_id == row.launch_id)
-            .values(**values)
-            .execution_options(synchronize_session=False)
-        )
+        fleet.note_heartbeat(session, row.launch_id, values)
         if up and state == S.BOOTING:
             why = "its worker is up (its agent's first heartbeat)"
             if fleet.mark_ready(session, row.launch_id, row.queue, row.provider, now, why):
@@ -433,23 +409,9 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
     def hand_made_heartbeat(body: HandMadeBeat, who: Enrolled, session: DB) -> HeartbeatAnswer:
         bound(who, list(body.queues))
         now = store_now(session)
-        ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-        stmt = ins(WorkerSighting).values(
-            domain=ENROLLED_DOMAIN,
-            worker=f"agent@{body.name}"[:200],
-            queues={"queues": list(body.queues), "enrolled_by": who.name},
-            running=body.running_tasks,
-            seen_at=now,
+        worker_sightings.record_enrolled(
+            session, body.name, body.queues, who.name, body.running_tasks, now
         )
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[WorkerSighting.domain, WorkerSighting.worker],
-            set_={
-                "queues": stmt.excluded.queues,
-                "running": stmt.excluded.running,
-                "seen_at": stmt.excluded.seen_at,
-            },
-        )
-        session.execute(stmt)
         worker = f"agent@{body.name}"
         job_records.record(session, _job_rows(body.jobs, worker, list(body.queues), now), now)
         return HeartbeatAnswer(drain=False, state="hand-made")
@@ -486,7 +448,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
     @app.get("/v1/admin/queues")
     def queues(who: Admin, session: DB) -> list[dict[str, Any]]:
         loaded = runtime().load(session)
-        status = {r.queue: r for r in session.scalars(select(QueueStatus))}
+        status = views.statuses(session)
         rows = fleet.live_rows(session)
         names = sorted(set(loaded.config.queues if loaded else ()) | set(status))
         out = []
@@ -514,12 +476,8 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         state: InstanceState | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 200,
     ) -> list[dict[str, Any]]:
-        q = select(Instance).order_by(Instance.id.desc()).limit(limit)
-        if queue is not None:
-            q = q.where(Instance.queue == queue)
-        if state is not None:
-            q = q.where(Instance.state == state)
-        return [_instance(r) for r in session.scalars(q)]
+        rows = views.instance_rows(session, queue=queue, state=state, limit=limit)
+        return [_instance(r) for r in rows]
 
     @app.get("/v1/admin/events")
     def events(
@@ -531,28 +489,12 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         since: datetime | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> list[dict[str, Any]]:
-        q = select(ScaleEvent).order_by(ScaleEvent.id.desc()).limit(limit)
-        if queue is not None:
-            q = q.where(ScaleEvent.queue == queue)
-        if kind is not None:
-            q = q.where(ScaleEvent.kind == kind)
-        if launch_id is not None:
-            q = q.where(ScaleEvent.launch_id == launch_id)
-        if since is not None:
-            q = q.where(ScaleEvent.at >= (since if since.tzinfo else since.replace(tzinfo=UTC)))
-        return [
-            {
-                "id": e.id,
-                "at": e.at.isoformat(),
-                "queue": e.queue,
-                "kind": e.kind,
-                "action": e.action,
-                "launch_id": e.launch_id,
-                "reason": e.reason,
-                "details": e.details,
-            }
-            for e in session.scalars(q)
-        ]
+        if since is not None and since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
+        found = views.newest_events(
+            session, queue=queue, kind=kind, launch_id=launch_id, since=since, limit=limit
+        )
+        return [e.as_json() for e in found]
 
     @app.get("/v1/admin/config")
     def get_config(who: Admin, session: DB) -> dict[str, Any]:
@@ -620,7 +562,7 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
     @app.get("/v1/admin/providers")
     def providers(who: Admin, session: DB) -> list[dict[str, Any]]:
         out = []
-        for row in session.scalars(select(ProviderRow).order_by(ProviderRow.name)):
+        for row in provider_rows.list_providers(session):
             opts = {k: v for k, v in (row.options or {}).items() if k != "api_key_env"}
             out.append(
                 {

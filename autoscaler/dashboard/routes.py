@@ -19,7 +19,6 @@ from fastapi import FastAPI, HTTPException, Path, Query
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import Field
-from sqlalchemy.orm import Session
 
 from autoscaler.access.credentials import registered_provider_configs
 from autoscaler.api.inputs import Strict
@@ -30,6 +29,7 @@ from autoscaler.config.summary import describe
 from autoscaler.control import apply
 from autoscaler.control.runtime import log
 from autoscaler.store import config_versions, queue_samples, views
+from autoscaler.store.db import Session
 
 STATIC = FsPath(__file__).parent / "static"
 QueueName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\s/]+$")]
