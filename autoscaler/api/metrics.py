@@ -12,11 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
-from autoscaler.store import fleet
-from autoscaler.store.models import MetricReading, QueueStatus, ScaleEvent
+from autoscaler.store import fleet, metric_readings, views
+from autoscaler.store.db import Session
 
 
 def render(session: Session, rt: Any = None) -> str:
@@ -60,13 +58,14 @@ def render(session: Session, rt: Any = None) -> str:
         ["queue"],
         registry=reg,
     )
-    for queue, reading in session.execute(select(MetricReading.queue, MetricReading.reading)):
+    for queue, reading in metric_readings.every(session):
         data = reading if isinstance(reading, dict) else {}
         pending.labels(queue).set(float(data.get("pending") or 0))
         age = data.get("oldest_pending_age")
         oldest.labels(queue).set(float(age) if isinstance(age, int | float) else 0.0)
         stale.labels(queue).set(1.0 if data.get("stale") else 0.0)
-    for queue, status in session.execute(select(QueueStatus.queue, QueueStatus.status)):
+    for queue, evaluation in views.statuses(session).items():
+        status = evaluation.status
         value = (status or {}).get("desired") if isinstance(status, dict) else None
         if isinstance(value, int | float):
             desired.labels(queue).set(float(value))
@@ -80,10 +79,6 @@ def render(session: Session, rt: Any = None) -> str:
         workers.labels(queue, state).set(n)
     for queue, rate in rates.items():
         spend.labels(queue).set(rate)
-    for queue, action, n in session.execute(
-        select(ScaleEvent.queue, ScaleEvent.action, func.count())
-        .where(ScaleEvent.kind == "launch", ScaleEvent.action.in_(("created", "failed")))
-        .group_by(ScaleEvent.queue, ScaleEvent.action)
-    ):
-        (launches if action == "created" else failures).labels(queue or "").set(n)
+    for (queue, action), n in views.launch_counts(session).items():
+        (launches if action == "created" else failures).labels(queue).set(n)
     return generate_latest(reg).decode()

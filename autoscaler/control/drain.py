@@ -195,12 +195,19 @@ def _drain_worker(
 def _drained(rt: Runtime, launch_id: str, queue: str, why: str) -> str:
     now = utc_now()
     with rt.transaction() as session:
-        moved = fleet.move(session, launch_id, S.DRAINING, S.DRAINED, now, why)
-        if moved:
-            fleet.move(session, launch_id, S.DRAINED, S.TERMINATING, now, f"drained: {why}")
-            fleet.record_events(
-                session,
-                [fleet.event("drain", "drained", why, queue=queue, launch_id=launch_id)],
-                now,
-            )
+        moved = finish_drain(session, launch_id, queue, why, now)
     return "drained" if moved else "already drained"
+
+
+def finish_drain(session: Session, launch_id: str, queue: str, why: str, now: datetime) -> bool:
+    """A worker found stopped (by this step, or by its agent through the API): draining ->
+    drained -> terminating, with its event, in `session`. True when this call handed the machine
+    over to be destroyed (the caller sends the terminate step); False when it was not draining
+    or drained any more (someone else finished it)."""
+    fleet.move(session, launch_id, S.DRAINING, S.DRAINED, now, why)
+    if not fleet.move(session, launch_id, S.DRAINED, S.TERMINATING, now, f"drained: {why}"):
+        return False
+    fleet.record_events(
+        session, [fleet.event("drain", "drained", why, queue=queue, launch_id=launch_id)], now
+    )
+    return True

@@ -464,6 +464,36 @@ def note_busy(session: Session, launch_id: str, running: int, now: datetime) -> 
     )
 
 
+def note_registered(session: Session, launch_id: str, worker_name: str, now: datetime) -> None:
+    """Its agent registered, naming its worker. Not yet a sign of the worker's life: the agent
+    deploys first, and the machine is ready only at the heartbeat that says its worker starts
+    (booting is judged by the boot timeout meanwhile)."""
+    session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id)
+        .values(worker_name=worker_name, agent_registered_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+HEARTBEAT_COLUMNS = frozenset(
+    {"last_heartbeat_at", "running_tasks", "gpu_utilisation", "last_task_at", "worker_name"}
+)
+
+
+def note_heartbeat(session: Session, launch_id: str, values: Mapping[str, Any]) -> None:
+    """What its agent's heartbeat said (some of HEARTBEAT_COLUMNS; the API decides which)."""
+    unknown = set(values) - HEARTBEAT_COLUMNS
+    if unknown:
+        raise ValueError(f"not a heartbeat column: {', '.join(sorted(unknown))}")
+    session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def move_many(
     session: Session,
     reasons: Mapping[str, str],

@@ -57,6 +57,11 @@ def load(
     return {q: from_json(r) for q, r in rows}
 
 
+def every(session: Session) -> Sequence[tuple[str, Any]]:
+    """(queue, reading) of every source's last good reading (what /metrics shows)."""
+    return [(q, r) for q, r in session.execute(select(MetricReading.queue, MetricReading.reading))]
+
+
 class StoredReadings:
     """`LastReadings` backed by the state store."""
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from autoscaler.lifecycle import LIVE_STATES, InstanceState
@@ -323,7 +323,7 @@ def queues(
     in force and the manual target. A fixed number of queries."""
     latest = config_versions.latest(session)
     configured = _broker_queues(latest.document if latest else None)
-    status = {r.queue: r for r in session.scalars(select(QueueStatus))}
+    status = statuses(session)
     rows = list(machines) if machines is not None else instances(session, now)
     names = set(configured) | set(status) | {m.queue for m in rows}
     if only is not None:
@@ -423,6 +423,64 @@ def events(
     ]
 
 
+def statuses(session: Session) -> dict[str, QueueStatus]:
+    """Each queue's latest evaluation (its `queue_status` row), by queue. One query."""
+    return {r.queue: r for r in session.scalars(select(QueueStatus))}
+
+
+def instance_rows(
+    session: Session,
+    *,
+    queue: str | None = None,
+    state: InstanceState | None = None,
+    limit: int = 200,
+) -> list[Instance]:
+    """The newest `limit` machine rows of any state, newest first (the admin API's list,
+    which shows columns the views leave out). One query."""
+    q = select(Instance).order_by(Instance.id.desc()).limit(limit)
+    if queue is not None:
+        q = q.where(Instance.queue == queue)
+    if state is not None:
+        q = q.where(Instance.state == state)
+    return list(session.scalars(q))
+
+
+def newest_events(
+    session: Session,
+    *,
+    queue: str | None = None,
+    kind: str | None = None,
+    launch_id: str | None = None,
+    since: datetime | None = None,
+    limit: int = 100,
+) -> list[EventView]:
+    """The newest `limit` events that match exactly (a whole launch id, a kind), newest
+    first: the admin API's filter, where `events` is the CLI's. One query."""
+    q = select(ScaleEvent).order_by(ScaleEvent.id.desc()).limit(limit)
+    if queue is not None:
+        q = q.where(ScaleEvent.queue == queue)
+    if kind is not None:
+        q = q.where(ScaleEvent.kind == kind)
+    if launch_id is not None:
+        q = q.where(ScaleEvent.launch_id == launch_id)
+    if since is not None:
+        q = q.where(ScaleEvent.at >= since)
+    return [
+        EventView(e.id, e.at, e.queue, e.kind, e.action, e.launch_id, e.reason, e.details)
+        for e in session.scalars(q)
+    ]
+
+
+def launch_counts(session: Session) -> dict[tuple[str, str], int]:
+    """(queue, "created" | "failed") -> launches of the audit trail (queue "" for none)."""
+    rows = session.execute(
+        select(ScaleEvent.queue, ScaleEvent.action, func.count())
+        .where(ScaleEvent.kind == "launch", ScaleEvent.action.in_(("created", "failed")))
+        .group_by(ScaleEvent.queue, ScaleEvent.action)
+    )
+    return {(queue or "", action): n for queue, action, n in rows}
+
+
 def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -434,7 +492,11 @@ __all__ = [
     "Spend",
     "billing_interval",
     "events",
+    "instance_rows",
     "instances",
+    "launch_counts",
+    "newest_events",
     "queues",
     "spend",
+    "statuses",
 ]

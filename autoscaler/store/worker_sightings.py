@@ -1,7 +1,9 @@
 """Every worker seen lately, ours or hand-made: one row per (domain it was heard through, worker).
 
 The rows are what every control-plane process counts hand-made capacity and reported loads from
-(`control.observe`); a row not renewed within the loop's window is forgotten.
+(`control.observe`); a row not renewed within the loop's window is forgotten. Broker sightings
+come from remote control (`record`), hand-made machines' heartbeats from the API
+(`record_enrolled`, domain "").
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from autoscaler.store.db import upsert
-from autoscaler.store.models import WorkerSighting
+from autoscaler.store.models import ENROLLED_DOMAIN, WorkerSighting
 
 
 def record(session: Session, sightings: Sequence[dict[str, Any]]) -> None:
@@ -27,6 +29,27 @@ def record(session: Session, sightings: Sequence[dict[str, Any]]) -> None:
         key=("domain", "worker"),
         update=("queues", "running", "seen_at"),
     )
+
+
+def record_enrolled(
+    session: Session,
+    name: str,
+    queues: Sequence[str],
+    enrolled_by: str,
+    running: int,
+    now: datetime,
+) -> None:
+    """A hand-made machine's heartbeat (domain ""): its agent `agent@name` serves `queues`,
+    runs `running` tasks, and came in with the enrolment key `enrolled_by`. One row per
+    machine, moved on by each heartbeat."""
+    row = {
+        "domain": ENROLLED_DOMAIN,
+        "worker": f"agent@{name}"[:200],
+        "queues": {"queues": list(queues), "enrolled_by": enrolled_by},
+        "running": running,
+        "seen_at": now,
+    }
+    record(session, [row])
 
 
 def recent(session: Session, since: datetime) -> Sequence[WorkerSighting]:

@@ -1,0 +1,77 @@
+"""`/v1/hand-made/…`: a machine its owner runs by hand, with an enrolment key, for the queues
+that key was made for. Its heartbeats are sightings (it counts as a worker of its queues) and
+its finished jobs; the loop never rents, drains or destroys it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import Field
+
+from autoscaler.access import keys
+from autoscaler.api import machines
+from autoscaler.api.deps import DB, Enrolled, Rt
+from autoscaler.api.inputs import Strict
+from autoscaler.api.machines import Deployment, HeartbeatAnswer, JobReport, Name, WorkerState
+from autoscaler.store import job_records, worker_sightings
+from autoscaler.store.db import store_now
+
+router = APIRouter(prefix="/v1/hand-made")
+
+
+class HandMadeBeat(Strict):
+    name: Name
+    queues: list[Name] = Field(min_length=1, max_length=50)
+    state: WorkerState = "idle"
+    running_tasks: int = Field(default=0, ge=0, le=100_000)
+    jobs: list[JobReport] = Field(default_factory=list, max_length=1000)
+
+
+def bound(key: keys.KeyInfo, queues: list[str]) -> None:
+    """An enrolment key opens the queues it was made for, no other."""
+    outside = sorted(q for q in queues if not key.opens(q))
+    if outside:
+        made_for = ", ".join(key.queues) or "no queue (it predates queue binding)"
+        raise HTTPException(
+            403,
+            f"enrolment key {key.name!r} is bound to {made_for}, not {', '.join(outside)}: "
+            "make one with 'autoscaler keys create-enrolment --queue Q'",
+        )
+
+
+@router.post("/heartbeat", response_model=HeartbeatAnswer)
+def hand_made_heartbeat(body: HandMadeBeat, who: Enrolled, session: DB) -> HeartbeatAnswer:
+    bound(who, list(body.queues))
+    now = store_now(session)
+    worker_sightings.record_enrolled(
+        session, body.name, body.queues, who.name, body.running_tasks, now
+    )
+    worker = f"agent@{body.name}"
+    job_records.record(session, machines.job_rows(body.jobs, worker, list(body.queues), now), now)
+    return HeartbeatAnswer(drain=False, state="hand-made")
+
+
+@router.get("/deployment", response_model=Deployment)
+def hand_made_deployment(
+    who: Enrolled,
+    session: DB,
+    rt: Rt,
+    queue: Annotated[str, Query(min_length=1, max_length=200)],
+) -> Deployment:
+    """The deployment of a queue the key was made for. Never the control plane's own
+    broker URL (it may hold rights over the broker's users): the hand-made machine's owner
+    gives it its broker URL (AUTOSCALER_BROKER_URL on that machine)."""
+    bound(who, [queue])
+    loaded = rt.load(session)
+    queue_cfg = loaded.config.queues.get(queue) if loaded else None
+    if queue_cfg is None:
+        raise HTTPException(404, f"no queue {queue!r} in the running config")
+    note = (
+        "a hand-made machine gets no broker URL from the control plane: set "
+        "AUTOSCALER_BROKER_URL on it (a user of its own, limited to its queue)"
+    )
+    return machines.deployment(queue, queue_cfg.deployment, rt.env, None, note)
+
+
+__all__ = ["router"]

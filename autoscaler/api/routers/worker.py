@@ -1,0 +1,172 @@
+"""`/v1/worker/{launch_id}/…`: a rented machine's agent, with the worker token minted at its
+launch, for its own launch only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from pydantic import BaseModel, Field
+
+from autoscaler.access import broker_users, keys
+from autoscaler.api import machines
+from autoscaler.api.deps import DB, Rt, Worker, bearer
+from autoscaler.api.inputs import Strict, UtcTime
+from autoscaler.api.machines import Deployment, HeartbeatAnswer, JobReport, Name, WorkerState
+from autoscaler.control.drain import finish_drain
+from autoscaler.control.runtime import log
+from autoscaler.lifecycle import InstanceState
+from autoscaler.store import fleet, job_records
+from autoscaler.store.db import store_now
+
+S = InstanceState
+HEARTBEAT_INTERVAL = 10.0
+
+router = APIRouter(prefix="/v1/worker/{launch_id}")
+
+
+class Register(Strict):
+    worker_name: Name
+    hostname: Name | None = None
+
+
+class Registered(BaseModel):
+    launch_id: str
+    queue: str
+    heartbeat_interval: float
+
+
+class Heartbeat(Strict):
+    state: WorkerState
+    running_tasks: int = Field(default=0, ge=0, le=100_000)
+    last_task_at: UtcTime | None = None
+    gpu_utilisation: float | None = Field(default=None, ge=0, le=100)
+    detail: str | None = Field(default=None, max_length=500)
+    jobs: list[JobReport] = Field(default_factory=list, max_length=1000)
+
+
+class Drained(BaseModel):
+    state: str
+
+
+@router.post("/register", response_model=Registered)
+def register(body: Register, row: Worker, session: DB) -> Registered:
+    now = store_now(session)
+    name = body.worker_name
+    fleet.note_registered(session, row.launch_id, name, now)
+    fleet.record_events(
+        session,
+        [
+            fleet.event(
+                "agent",
+                "register",
+                f"agent {name} registered",
+                queue=row.queue,
+                launch_id=row.launch_id,
+            )
+        ],
+        now,
+    )
+    return Registered(
+        launch_id=row.launch_id, queue=row.queue, heartbeat_interval=HEARTBEAT_INTERVAL
+    )
+
+
+@router.get("/deployment", response_model=Deployment)
+def deployment(request: Request, row: Worker, session: DB, rt: Rt) -> Deployment:
+    loaded = rt.load(session)
+    queue_cfg = loaded.config.queues.get(row.queue) if loaded else None
+    dep = getattr(queue_cfg, "deployment", None)
+    broker_url, note = None, None
+    if queue_cfg is not None:
+        # the machine's own user, made at its launch: its URL needs no question to the
+        # broker (the broker may be busy; the user exists)
+        admin = broker_users.admin_url(queue_cfg.metrics, rt.env)
+        if row.broker_user and admin is not None:
+            password = keys.derive(bearer(request), "broker")
+            broker_url = broker_users.machine_url(admin, row.broker_user, password)
+        else:
+            try:
+                broker_users.plan_for(queue_cfg.metrics, row.queue, rt.env)
+                note = "no broker user was made for this machine at its launch"
+            except broker_users.NoBrokerUser as exc:
+                note = str(exc)
+    return machines.deployment(row.queue, dep, rt.env, broker_url, note)
+
+
+@router.post("/heartbeat", response_model=HeartbeatAnswer)
+def heartbeat(body: Heartbeat, row: Worker, session: DB) -> HeartbeatAnswer:
+    """The agent's word on its worker. Every state but `starting` and `crashed` says the
+    worker is up (the agent sends its first heartbeat as it starts the worker): a booting
+    machine is ready at once, with the move and event reconcile would make. The answer
+    tells the agent to drain, and its state (a machine no longer live gets a 401 from the
+    token instead, and its agent starts nothing)."""
+    now = store_now(session)
+    state = row.state
+    up = body.state not in ("starting", "crashed")
+    values: dict[str, Any] = {
+        "last_heartbeat_at": now,
+        "running_tasks": body.running_tasks,
+        "gpu_utilisation": body.gpu_utilisation,
+    }
+    if not up:
+        values.pop("last_heartbeat_at")
+    if not row.worker_name:
+        values["worker_name"] = f"agent@{row.launch_id}"
+    busy = body.running_tasks > 0 or row.running_tasks > 0
+    if body.last_task_at is not None:
+        values["last_task_at"] = min(body.last_task_at, now)
+    elif busy:
+        values["last_task_at"] = now
+    if body.state == "crashed":
+        # the worker process died: no sign of life from it; reconcile replaces the machine
+        values["running_tasks"] = 0
+        fleet.record_events(
+            session,
+            [
+                fleet.event(
+                    "agent",
+                    "crashed",
+                    f"the worker process crashed: {body.detail or 'no detail'}",
+                    queue=row.queue,
+                    launch_id=row.launch_id,
+                )
+            ],
+            now,
+        )
+    fleet.note_heartbeat(session, row.launch_id, values)
+    if up and state == S.BOOTING:
+        why = "its worker is up (its agent's first heartbeat)"
+        if fleet.mark_ready(session, row.launch_id, row.queue, row.provider, now, why):
+            state = S.READY
+    worker = row.worker_name or f"agent@{row.launch_id}"
+    job_records.record(session, machines.job_rows(body.jobs, worker, [row.queue], now), now)
+    drain = state in (S.DRAINING, S.DRAINED)
+    return HeartbeatAnswer(drain=drain, state=state.value)
+
+
+@router.post("/drained", response_model=Drained)
+def drained(row: Worker, session: DB) -> Drained:
+    # the drain ends as the loop's own drain step ends it, then the machine's destruction is sent
+    now = store_now(session)
+    if row.state not in (S.DRAINING, S.DRAINED):
+        raise HTTPException(409, f"this machine is {row.state.value}: nobody asked it to drain")
+    why = "its agent reports its worker stopped after its last task"
+    if finish_drain(session, row.launch_id, row.queue, why, now):
+        _send_terminate(row.launch_id)
+    return Drained(state="terminating")
+
+
+def _send_terminate(launch_id: str) -> None:
+    """Destroy the drained machine now rather than at the next reconcile. Sent a second later,
+    after this request's transaction commits (a step that runs too early finds the row not yet
+    terminating and does nothing); reconcile re-sends it if the broker cannot be reached."""
+    try:
+        from autoscaler.control.tasks import terminate  # the Celery app: only when needed
+
+        terminate.apply_async((launch_id,), countdown=1.0, expires=600.0)
+    except Exception:  # the broker is down: reconcile's retry destroys it a poll later
+        log.warning("could not send the terminate step of %s; reconcile will", launch_id)
+
+
+__all__ = ["router"]
