@@ -10,4 +10,5 @@ bash scripts/browser.sh  # the dashboard's browser tests need a headless Chromiu
 . .venv/bin/activate
 ruff check .
 mypy autoscaler celeryconfig.py
+lint-imports  # the layer contracts of pyproject.toml (ARCHITECTURE.md, "Layers")
 pytest -q "$@"

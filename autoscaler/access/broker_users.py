@@ -269,7 +269,7 @@ def admin_url(source: MetricsSource, env: Mapping[str, str] | None = None) -> st
         url = source_url(source, env)
     except MetricsConfigError:
         return None
-    return url if _user_broker(url) is not None else None
+    return url if user_broker(url) is not None else None
 
 
 def delete_machine_user(source: MetricsSource, user: str, env: Mapping[str, str] | None) -> bool:
@@ -286,7 +286,7 @@ def delete_machine_user(source: MetricsSource, user: str, env: Mapping[str, str]
     return True
 
 
-def _user_broker(url: str) -> Transport | None:
+def user_broker(url: str) -> Transport | None:
     """The brokers we make per-machine users on: Redis over the network (a Unix socket is out
     of a rented machine's reach) and RabbitMQ; None elsewhere."""
     kind = transport(url)
@@ -314,7 +314,7 @@ def plan_for(
         url = source_url(source, env)
     except MetricsConfigError as exc:
         raise NoBrokerUser(str(exc)) from None
-    kind = _user_broker(url)
+    kind = user_broker(url)
     if kind == "amqp":
         try:
             rabbit = rabbit_users.plan(url, source.queue or queue, source.management_url)

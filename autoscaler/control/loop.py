@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from autoscaler.access.broker_users import user_broker
 from autoscaler.config.models import MIN_GAPS, MetricTrigger
 from autoscaler.control.executor import execute
 from autoscaler.control.observe import Scope, read_sightings
@@ -279,10 +280,10 @@ def sighting_scope(loaded: Loaded, users_made: bool, env: Mapping[str, str]) -> 
         mode = q.autoscale.hand_made if q.autoscale is not None else "auto"
         if mode == "auto":
             try:
-                scheme = source_url(q.metrics, env).split("://", 1)[0].lower()
+                redis = user_broker(source_url(q.metrics, env)) == "redis"
             except ValueError:
-                scheme = ""
-            own_users = users_made and q.metrics.source == "celery" and scheme.startswith("redis")
+                redis = False
+            own_users = users_made and q.metrics.source == "celery" and redis
             if not own_users:
                 trusted.add(name)
         elif mode == "broker":

@@ -19,7 +19,6 @@ from autoscaler.control.runtime import Loaded, Runtime, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile
 from autoscaler.providers.base import ProviderError, RateLimitedError
-from autoscaler.providers.mock import MockProvider
 from autoscaler.store import fleet, orphan_sightings
 from autoscaler.store.db import Session, store_now
 
@@ -104,7 +103,7 @@ def list_providers(rt: Runtime, loaded: Loaded) -> dict[str, ProviderView]:
                 for m in machines
                 if m.launch_id is not None
             ),
-            ready_when_running=isinstance(provider, MockProvider),
+            ready_when_running=loaded.config.providers[name].ready_when_running,
         )
     return views
 

@@ -40,6 +40,7 @@ from autoscaler.store import providers as provider_rows
 from autoscaler.store.db import Session, make_engine, session_factory
 from autoscaler.store.head_sightings import StoredSightings
 from autoscaler.store.metric_readings import StoredReadings
+from autoscaler.urls import transport
 from autoscaler.vault import Vault
 
 log = logging.getLogger("autoscaler.control")
@@ -234,14 +235,7 @@ class Runtime:
                     url = source_url(source, self.env)
                 except ValueError:
                     url = ""
-                if url.split("://", 1)[0].lower() in (
-                    "redis",
-                    "rediss",
-                    "amqp",
-                    "amqps",
-                    "pyamqp",
-                    "pyamqps",
-                ):
+                if transport(url) in ("redis", "amqp"):
                     options = transport_options(source, url)
                     probe = CeleryWorkerProbe(url, transport_options=options, timeout=1.0)
             self._probes[key] = probe
