@@ -68,9 +68,9 @@ def _look_for_its_worker(rt: Runtime, launch_id: str) -> None:
     """A booting machine whose worker Celery remote control could see: look once before
     cancelling it, so a worker already taking jobs is drained (warm), never destroyed."""
     with rt.transaction() as session:
-        loaded = rt.load(session)
         row = fleet.get(session, launch_id)
         queue = row.queue if row is not None else None
+        loaded = rt.load_for(session, row.config_version if row is not None else None)
     queue_cfg = loaded.config.queues.get(queue) if loaded and queue else None
     if loaded is not None and queue_cfg is not None:
         observe_celery_workers(rt, loaded, utc_now(), only=[queue_cfg])
@@ -81,10 +81,10 @@ def _once(rt: Runtime, launch_id: str, reason: str, probe: bool) -> tuple[str | 
     its worker through remote control first."""
     now = utc_now()
     with rt.transaction() as session:
-        loaded = rt.load(session)
         row = fleet.get(session, launch_id)
         if row is None:
             return "no such machine", False
+        loaded = rt.load_for(session, row.config_version)  # the config it was rented under
         if row.state in (S.PENDING, S.CREATING, S.BOOTING):
             queue_cfg = loaded.config.queues.get(row.queue) if loaded else None
             remote = queue_cfg is not None and rt.worker_probe(queue_cfg.metrics) is not None

@@ -73,20 +73,24 @@ def run_launch(
     now = utc_now()
     token = keys.new_secret()  # the machine's worker token: only its hash is stored
     with rt.transaction() as session:
-        loaded = rt.load(session)
         claimed = fleet.claim_intent(session, launch_id, now, keys.digest(token))
         if not claimed:
             return "not pending (claimed already, or closed)"
         row = fleet.get(session, launch_id)
         assert row is not None
-        queue, provider_name = row.queue, row.provider
+        queue, provider_name, version = row.queue, row.provider, row.config_version
+        # exactly what decide() judged: the config version of the decision, not the newest
+        loaded = rt.load_version(session, version)
         install = rt.installation_id(session)
+    if loaded is None and version is not None:
+        why = f"config version {version}, which asked for it, no longer validates; nothing rented"
+        return _fail(rt, launch_id, queue, provider_name, why, None)
     queue_cfg = loaded.config.queues.get(queue) if loaded else None
     auto = queue_cfg.autoscale if queue_cfg else None
     if loaded is None or auto is None or not auto.enabled:
         return _fail(rt, launch_id, queue, provider_name, "the queue is no longer autoscaled", None)
     try:
-        provider = rt.provider(provider_name)
+        provider = rt.provider(provider_name, loaded)
     except (CredentialError, ProviderError, KeyError, ValueError) as exc:
         return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff)
     limit = rate_limits.current(rt, provider_name)
@@ -204,7 +208,7 @@ def _drop_broker_user(rt: Runtime, launch_id: str, queue: str) -> None:
     with rt.transaction() as session:
         row = fleet.get(session, launch_id)
         user = row.broker_user if row is not None else None
-        loaded = rt.load(session)
+        loaded = rt.load_for(session, row.config_version if row is not None else None)
     queue_cfg = loaded.config.queues.get(queue) if loaded else None
     if not user or queue_cfg is None:
         return

@@ -462,9 +462,10 @@ class StoreActions:
         self._drain_all()
         fleet.set_drain_requested(self.session, self._marks[True], True)
         fleet.set_drain_requested(self.session, self._marks[False], False)
-        fleet.add_intents(self.session, self.intents, self.now)
+        fleet.add_intents(self.session, self.intents, self.now, self.loaded.version)
         self._wait_events()
         fleet.record_events(self.session, self.events, self.now)
+        fleet.link_decisions(self.session, [i[0] for i in self.intents])
         queue_status.record(
             self.session, self.statuses, self.loaded.version, self.now, self.histories
         )

@@ -89,7 +89,8 @@ class Runtime:
         self._lock = threading.RLock()
         self._key: tuple[object, ...] | None = None
         self._loaded: Loaded | None = None
-        self._providers: dict[str, Provider] = {}
+        self._providers: dict[tuple[str, ProviderConfig], Provider] = {}
+        self._versions: dict[int, Loaded | None] = {}
         self._sources: dict[MetricsSource, FallbackReader] = {}
         self._probes: dict[MetricsSource, CeleryWorkerProbe | None] = {}
         self._prometheus: dict[tuple[object, str | None], PrometheusReader] = {}
@@ -143,6 +144,35 @@ class Runtime:
                 )
         return None
 
+    def load_version(self, session: Session, version: int | None) -> Loaded | None:
+        """The config as of stored `version` (None: the newest), as the loop ran it: what a
+        launch rents, and where a drain or terminate finds its queue and provider. None when
+        that version is gone or no longer validates."""
+        newest = self.load(session)
+        if version is None or (newest is not None and newest.version == version):
+            return newest
+        with self._lock:
+            if version in self._versions:
+                return self._versions[version]
+        row = config_versions.get(session, version)
+        loaded: Loaded | None = None
+        if row is not None:
+            try:
+                registered = registered_provider_configs(session)
+                loaded = Loaded(row.version, effective_config(row.document, registered))
+            except (ValidationError, ConfigError) as exc:
+                log.error("config version %d no longer validates: %s", version, str(exc)[:300])
+        with self._lock:
+            if len(self._versions) >= 32:  # a few versions are ever in flight at once
+                self._versions.clear()
+            self._versions[version] = loaded
+        return loaded
+
+    def load_for(self, session: Session, version: int | None) -> Loaded | None:
+        """The config a machine was rented under (`Instance.config_version`), else the newest:
+        what drain and terminate read its queue and provider from."""
+        return self.load_version(session, version) or self.load(session)
+
     def installation_id(self, session: Session) -> str:
         if self._installation is None:
             self._installation = installation.installation_id(session)
@@ -157,23 +187,24 @@ class Runtime:
         for reader in self._prometheus.values():
             _close(reader)
         self._providers.clear()
+        self._versions.clear()
         self._sources.clear()
         self._probes.clear()
         self._prometheus.clear()
 
     # ------------------------------------------------------------------ providers
 
-    def provider(self, name: str) -> Provider:
-        """The provider `name` of the loaded config, with its key from the vault or the env.
-        Raises CredentialError / AuthError / KeyError with a message naming the fix."""
+    def provider(self, name: str, loaded: Loaded | None = None) -> Provider:
+        """The provider `name` of `loaded` (default: the newest config), with its key from the
+        vault or the env. Raises CredentialError / AuthError / KeyError naming the fix."""
         with self._lock:
-            built = self._providers.get(name)
-            if built is not None:
-                return built
-            loaded = self._loaded
+            loaded = loaded or self._loaded
             if loaded is None or name not in loaded.config.providers:
                 raise KeyError(f"provider {name!r} is neither registered nor in the config")
             config = loaded.config.providers[name]
+            built = self._providers.get((name, config))
+            if built is not None:
+                return built
             with self.transaction() as session:
                 row = provider_rows.get_provider(session, name)
                 encrypted = row.credentials_encrypted if row is not None else None
@@ -189,7 +220,7 @@ class Runtime:
                 sessions=self.sessions,
                 state_dir=self.settings.home / "local-machines",
             )
-            self._providers[name] = built
+            self._providers[(name, config)] = built
             return built
 
     # ------------------------------------------------------------------ metrics

@@ -21,10 +21,12 @@ S = InstanceState
 
 def run_terminate(rt: Runtime, launch_id: str) -> str:
     with rt.transaction() as session:
-        loaded = rt.load(session)
         row = fleet.get(session, launch_id)
         if row is None or row.state != S.TERMINATING:
             return f"not terminating ({row.state.value if row else 'no such machine'})"
+        # the provider and queue it was rented under (a provider since renamed or removed
+        # still destroys its machine), else the newest config
+        loaded = rt.load_for(session, row.config_version)
         queue, provider_name, pid = row.queue, row.provider, row.provider_instance_id
         broker_user = row.broker_user
         keys.revoke_worker_token(session, launch_id)  # the machine can call nothing any more
@@ -33,7 +35,7 @@ def run_terminate(rt: Runtime, launch_id: str) -> str:
     if limit is not None:  # reconcile enqueues this step again once the reset has come
         return f"waiting: {provider_name} is rate-limited until {limit.until.isoformat()}"
     try:
-        provider = rt.provider(provider_name)
+        provider = rt.provider(provider_name, loaded)
         if pid is None:
             found = provider.find_by_label(label)
             pid = found.provider_instance_id if found is not None else None

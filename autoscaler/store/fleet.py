@@ -235,9 +235,14 @@ def boot_estimates(session: Session, queues: list[str], now: datetime) -> dict[s
 
 
 def add_intents(
-    session: Session, intents: Sequence[tuple[str, str, str, str]], now: datetime
+    session: Session,
+    intents: Sequence[tuple[str, str, str, str]],
+    now: datetime,
+    config_version: int | None = None,
 ) -> None:
-    """Launch intents (launch_id, queue, provider, reason): rows written before any create."""
+    """Launch intents (launch_id, queue, provider, reason) of one evaluation of
+    `config_version`: rows written before any create (`link_decisions` then ties each to its
+    launch event)."""
     if not intents:
         return
     session.execute(
@@ -255,9 +260,31 @@ def add_intents(
                 "attempts": 0,
                 "drain_requested": False,
                 "running_tasks": 0,
+                "config_version": config_version,
             }
             for launch_id, queue, provider, reason in intents
         ],
+    )
+
+
+def link_decisions(session: Session, launch_ids: Sequence[str]) -> None:
+    """Tie each new intent to the `launch` event its decision wrote (one statement)."""
+    if not launch_ids:
+        return
+    event = (
+        select(func.max(ScaleEvent.id))
+        .where(
+            ScaleEvent.launch_id == Instance.launch_id,
+            ScaleEvent.kind == "scale_up",
+            ScaleEvent.action == "launch",
+        )
+        .scalar_subquery()
+    )
+    session.execute(
+        update(Instance)
+        .where(Instance.launch_id.in_(list(launch_ids)))
+        .values(decision_id=event)
+        .execution_options(synchronize_session=False)
     )
 
 

@@ -141,6 +141,11 @@ class Instance(Base):
     decision_id: Mapped[int | None] = mapped_column(
         ForeignKey("scale_events.id", ondelete="SET NULL"), default=None
     )
+    """The `launch` event of the decision that asked for this machine (the audit trail's link)."""
+    config_version: Mapped[int | None] = mapped_column(Integer, default=None)
+    """The config version `decide()` judged when it asked for this machine: the launch rents
+    exactly that, and drain and terminate read the queue and provider from it (None: a row
+    from before versions were frozen; the newest is used)."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     drain_requested: Mapped[bool] = mapped_column(default=False)
     pending_at: Mapped[datetime | None] = mapped_column(default=None)
