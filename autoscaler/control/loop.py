@@ -514,10 +514,6 @@ class StoreActions:
                     )
 
 
-write_status = queue_status.record
-"""`store.queue_status.record`, under the name the dashboard's test fixtures know."""
-
-
 # --------------------------------------------------------------------------- fast path
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -61,15 +62,7 @@ def observe_heads(
         for q, (_, mid) in wanted.items()
         if mid is not None and (q not in existing or existing[q].message_id != mid)
     ]
-    if upserts:
-        upsert(
-            session,
-            QueueHeadSighting,
-            upserts,
-            key=("source", "queue"),
-            update=("message_id", "first_seen_at"),
-            where=lambda new: QueueHeadSighting.message_id != new.message_id,
-        )
+    _save(session, upserts, only_new_heads=True)
     session.expire_all()
     out: dict[str, datetime] = {}
     if any(mid is not None for _, mid in wanted.values()):
@@ -118,12 +111,21 @@ def update_marks(session: Session, source: str, keys: Sequence[str], update: Mar
         for k, mark in new.items()
         if mark is not None and prior.get(k) != mark
     ]
+    _save(session, rows)
+
+
+def _save(session: Session, rows: list[dict[str, Any]], only_new_heads: bool = False) -> None:
+    """Upsert sightings by (source, queue); `only_new_heads`: a row whose head id is unchanged
+    keeps its first sighting."""
     upsert(
         session,
         QueueHeadSighting,
         rows,
         key=("source", "queue"),
         update=("message_id", "first_seen_at"),
+        where=(lambda new: QueueHeadSighting.message_id != new.message_id)
+        if only_new_heads
+        else None,
     )
 
 

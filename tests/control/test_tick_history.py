@@ -13,7 +13,7 @@ from autoscaler.control import loop
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, job_records, migrate
+from autoscaler.store import config_versions, job_records, migrate, queue_status
 from autoscaler.store.models import QueueStatus
 from tests.conftest import REDIS_URL
 
@@ -66,7 +66,7 @@ def test_quiet_gaps_and_job_runtimes_reach_the_snapshot(tmp_path, db_url):
         assert stored() == {"gaps": [100.0, 240.0], "quiet_since": None}
         # a status written without a history (none to write) keeps the stored one
         with rt.transaction() as session:
-            loop.write_status(session, [{"queue": "jobs"}], 1, t0 + timedelta(seconds=401))
+            queue_status.record(session, [{"queue": "jobs"}], 1, t0 + timedelta(seconds=401))
         assert stored() == {"gaps": [100.0, 240.0], "quiet_since": None}
 
         with rt.transaction() as session:

@@ -8,10 +8,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from autoscaler.control.loop import write_status
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.snapshot import QueueMetrics
-from autoscaler.store import fleet, metric_readings
+from autoscaler.store import fleet, metric_readings, queue_status
 from tests.api.apikit import World, add_machine, make_world
 
 SOURCE = "celery:redis://127.0.0.1:6379/11"
@@ -49,7 +48,7 @@ def set_status(world: World, desired: int, note: str = "no_workers: quiet") -> N
         "notes": [note],
     }
     with world.rt.transaction() as session:
-        write_status(session, [status], 1, datetime.now(UTC))
+        queue_status.record(session, [status], 1, datetime.now(UTC))
 
 
 def dashboard_world(db_url: str, tmp_path: Any) -> World:

@@ -78,15 +78,16 @@ def test_the_user_selects_its_own_database_only(user, db):
 
 def test_validate_lists_each_trust_domain_and_what_its_machines_hold():
     """Two queues on one database and prefix share kombu's unacked hash and bindings: `validate`
-    says so, and a queue with its own prefix is its own domain. No URL is printed."""
+    says so, and a queue with its own prefix is its own domain; queues of one prefix on two
+    databases are one domain (a database is no boundary), and it says that. No URL is printed."""
     from autoscaler.access.broker_users import machine_access
     from autoscaler.config import load_config_text
 
-    def queue(name: str, prefix: str = "") -> str:
+    def queue(name: str, prefix: str = "", db: int = 4) -> str:
         extra = f", global_keyprefix: '{prefix}'" if prefix else ""
         return f"""
   {name}:
-    metrics: {{source: celery, url: "redis://:pw-secret@127.0.0.1:6379/4"{extra}}}
+    metrics: {{source: celery, url: "redis://:pw-secret@127.0.0.1:6379/{db}"{extra}}}
     autoscale:
       provider: gpu
       max_workers: 1
@@ -104,6 +105,13 @@ def test_validate_lists_each_trust_domain_and_what_its_machines_hold():
     assert "disturb each other's in-flight jobs" in text
     assert "trust domain 127.0.0.1:6379 prefix 'billing:' holds queue billing alone" in text
     assert "--without-mingle" in text and "pw-secret" not in text
+    # the same prefix on another database: the same domain, and said to be
+    config = load_config_text(
+        "providers: {gpu: {kind: mock}}\nqueues:" + queue("a") + queue("b", db=5)
+    )
+    text = "\n".join(machine_access(config))
+    assert "trust domain 127.0.0.1:6379 holds queues a, b on databases 4, 5" in text
+    assert "a database is no boundary" in text
 
 
 def test_no_user_is_made_for_a_queue_whose_exchange_routes_to_other_queues():

@@ -12,7 +12,7 @@ queue B counted as B's capacity; and its key patterns held in every database.
 - Another database is not (ACL key patterns hold in every database and a connection starts in
   database 0): the machine does reach database 0's reply lists and `unacked`. Its replies there
   count for nothing (it cannot hear the ticket of a request made on another database), and
-  `validate` says that a database is no boundary.
+  `validate` says that a database is no boundary (`test_broker_user_patterns.py`).
 - Wherever a reply is heard, it counts only for the queues of that domain.
 Real Redis 7 and the users `broker_users.create_user` makes; the loop's own tick and store.
 """
@@ -31,7 +31,7 @@ import pytest
 import redis
 from celery import Celery
 
-from autoscaler.access.broker_users import BrokerPlan, create_user, delete_user, machine_access
+from autoscaler.access.broker_users import BrokerPlan, create_user, delete_user
 from autoscaler.config import load_config_text
 from autoscaler.control import loop
 from autoscaler.control.observe import record_sightings
@@ -203,29 +203,6 @@ def _kombu_message(body: dict, ticket: str | None) -> str:
             },
         }
     )
-
-
-def test_validate_says_a_database_is_no_boundary():
-    def queue(name: str, db: int, prefix: str = "") -> str:
-        extra = f", global_keyprefix: '{prefix}'" if prefix else ""
-        return f"""
-  {name}:
-    metrics: {{source: celery, url: "redis://127.0.0.1:6379/{db}"{extra}}}
-    autoscale:
-      provider: gpu
-      max_workers: 1
-      instance: {{gpu: RTX 4090, max_price_per_hour: 0.6}}"""
-
-    config = load_config_text(
-        "providers: {gpu: {kind: mock}}\nqueues:"
-        + queue("a", 4)
-        + queue("b", 5)
-        + queue("c", 5, "c:")
-    )
-    text = "\n".join(machine_access(config))
-    assert "trust domain 127.0.0.1:6379 holds queues a, b on databases 4, 5" in text
-    assert "a database is no boundary" in text
-    assert "trust domain 127.0.0.1:6379 prefix 'c:' holds queue c alone" in text
 
 
 # --------------------------------------------------------------------------- sightings
