@@ -31,7 +31,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from autoscaler.access import rabbit_users
 from autoscaler.access.rabbit_users import RabbitPlan
-from autoscaler.config.models import MetricsSource
+from autoscaler.config.models import CelerySource, MetricsSource
 from autoscaler.metrics.registry import MetricsConfigError, source_url
 from autoscaler.providers.labels import make_label
 from autoscaler.urls import Transport, UrlError, parse_url, transport
@@ -276,7 +276,7 @@ def delete_machine_user(source: MetricsSource, user: str, env: Mapping[str, str]
     """Delete a machine's broker user (Redis or RabbitMQ); False where its broker is not one
     we make users on any more (the user cannot be reached from here)."""
     url = admin_url(source, env)
-    if url is None:
+    if url is None or not isinstance(source, CelerySource):  # admin_url: only Celery's have one
         return False
     if transport(url) == "amqp":
         target = rabbit_users.plan(url, source.queue or "", source.management_url)
@@ -520,12 +520,12 @@ def sweep(
         return out
 
     deleted: list[str] = []
-    urls: dict[str, MetricsSource] = {}
+    urls: dict[str, CelerySource] = {}
     for queue in config.queues.values():
         if queue.autoscale is None or not queue.autoscale.enabled:
             continue
         url = admin_url(queue.metrics, env)
-        if url is not None:
+        if url is not None and isinstance(queue.metrics, CelerySource):  # admin_url: Celery's
             urls.setdefault(url, queue.metrics)
     for url, source in sorted(urls.items()):
         if transport(url) == "amqp":

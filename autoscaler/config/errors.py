@@ -107,18 +107,21 @@ def shown_value(value: Any, loc: tuple[int | str, ...] = ()) -> str:
 
 def _strip_union_member(loc: tuple[Any, ...]) -> tuple[int | str, ...]:
     """Drop the discriminator tags pydantic inserts into paths (e.g. 'queue_depth')."""
-    from autoscaler.config.models import PROVIDER_KINDS, SCALE_UP_TRIGGERS
+    from autoscaler.config.models import METRICS_SOURCES, PROVIDER_KINDS, SCALE_UP_TRIGGERS
 
     tags = set(SCALE_UP_TRIGGERS) | set(PROVIDER_KINDS) | {"idle"}
     out: list[int | str] = []
     for i, part in enumerate(loc):
-        # A tag follows a list index or a providers-dict key, never a field name of ours.
+        # A tag follows a list index, a providers-dict key or a queue's `metrics` key, never a
+        # field name of ours.
         if (
             isinstance(part, str)
             and part in tags
             and i > 0
             and (isinstance(loc[i - 1], int) or (i >= 2 and loc[i - 2] == "providers"))
         ):
+            continue
+        if isinstance(part, str) and part in METRICS_SOURCES and i > 0 and loc[i - 1] == "metrics":
             continue
         out.append(part)
     return tuple(out)
@@ -135,8 +138,8 @@ def _members(tp: Any) -> list[Any]:
 
 
 def _tag(model: type[BaseModel]) -> str | None:
-    """The discriminator value of a union member (its `trigger` or `kind` literal)."""
-    for name in ("trigger", "kind"):
+    """The discriminator value of a union member (its `trigger`, `kind` or `source` literal)."""
+    for name in ("trigger", "kind", "source"):
         field = model.model_fields.get(name)
         if field is not None and get_origin(field.annotation) is Literal:
             return str(get_args(field.annotation)[0])
@@ -190,6 +193,8 @@ def _split(message: str) -> tuple[str, str]:
 def refusals_from_validation(err: ValidationError) -> list[Refusal]:
     """Every problem pydantic found; unknown keys first, since a misspelled key usually explains
     the 'required' refusal of the field it was meant to be."""
+    from autoscaler.config.models import metrics_source_tag
+
     unknown: list[Refusal] = []
     refusals: list[Refusal] = []
     for e in err.errors():
@@ -216,8 +221,10 @@ def refusals_from_validation(err: ValidationError) -> list[Refusal]:
             unknown.append(Refusal(path, f"unknown field {what}", fix))
         elif kind == "union_tag_invalid":
             disc = ctx.get("discriminator", "").strip("'")
+            if disc == f"{metrics_source_tag.__name__}()":  # the metrics block's callable one
+                disc = "source"
             expected = str(ctx.get("expected_tags", "")).replace("'", "")
-            noun = "provider kind" if disc == "kind" else "trigger"
+            noun = {"kind": "provider kind", "source": "metrics source"}.get(disc, "trigger")
             guess = _did_you_mean(str(ctx.get("tag")), [t.strip() for t in expected.split(",")])
             hint = f"did you mean '{guess}'? " if guess else ""
             refusals.append(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from autoscaler.config.models import Config, MetricsSource
+from autoscaler.config.models import CelerySource, Config
 from autoscaler.metrics.base import Secrets, safe_error
 from autoscaler.metrics.celery_redis import BINDING_PREFIX, DEFAULT_SEP
 from autoscaler.metrics.redis_list import open_redis
@@ -86,7 +86,7 @@ def _is_envelope(raw: object) -> bool:
 
 
 def inspect_layout(
-    client: redis.Redis, source: MetricsSource, queues: list[str], max_keys: int = MAX_KEYS
+    client: redis.Redis, source: CelerySource, queues: list[str], max_keys: int = MAX_KEYS
 ) -> dict[str, QueueLayout]:
     """Every watched queue's lists as the broker holds them."""
     layout = redis_layout(source)
@@ -169,7 +169,7 @@ def inspect_layout(
     return found
 
 
-def describe_layout(source: MetricsSource, entry: QueueLayout) -> list[str]:
+def describe_layout(source: CelerySource, entry: QueueLayout) -> list[str]:
     """The dry run's warnings for one queue (none when the block reads every list)."""
     lines = []
     if entry.unread_total:
@@ -204,7 +204,7 @@ def describe_layout(source: MetricsSource, entry: QueueLayout) -> list[str]:
 
 
 def _check(config: Config, env: Mapping[str, str] | None, timeout: float) -> list[str]:
-    groups: dict[MetricsSource, list[str]] = {}
+    groups: dict[CelerySource, list[str]] = {}
     for name, q in config.queues.items():
         src = q.metrics
         if src.source != "celery":

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autoscaler.config.isolation import WATCH_BROKER_ENV
-from autoscaler.config.models import MetricsSource, MetricTrigger, Queue
+from autoscaler.config.models import CelerySource, MetricsSource, MetricTrigger, Queue
 from autoscaler.metrics.asynq import AsynqReader
 from autoscaler.metrics.base import Clock, MetricsReader, Sightings, utc_now
 from autoscaler.metrics.celery_rabbitmq import CeleryRabbitMQReader
@@ -58,7 +58,7 @@ def broker_domain(source: MetricsSource, env: Mapping[str, str] | None = None) -
     return f"{where} prefix {prefix!r}"[:300] if prefix else where[:300]
 
 
-def redis_layout(source: MetricsSource) -> CeleryRedisLayout:
+def redis_layout(source: CelerySource) -> CeleryRedisLayout:
     """kombu's Redis key layout a `metrics:` block describes."""
     return CeleryRedisLayout(
         global_keyprefix=source.global_keyprefix,
@@ -67,7 +67,7 @@ def redis_layout(source: MetricsSource) -> CeleryRedisLayout:
     )
 
 
-def transport_options(source: MetricsSource, url: str) -> dict[str, object]:
+def transport_options(source: CelerySource, url: str) -> dict[str, object]:
     """The `broker_transport_options` a Celery app on the watched broker needs, from the same
     `metrics:` block the reader uses: on Redis the key prefix, separator and priority steps
     (remote-control replies are pushed to priority-step lists like any message, so a probe with

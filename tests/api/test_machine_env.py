@@ -181,6 +181,7 @@ def test_reconcile_sweeps_broker_users_of_machines_no_longer_live(
     sqlite_url, tmp_path: Path, monkeypatch
 ):
     from autoscaler.access import broker_users
+    from autoscaler.config.models import CelerySource
     from autoscaler.control.reconciler import run_reconcile
     from tests.api.apikit import CONFIG
 
@@ -201,7 +202,7 @@ def test_reconcile_sweeps_broker_users_of_machines_no_longer_live(
             fleet.move(session, "gone1", S.PENDING, S.CREATING, now, "t")
             fleet.move(session, "gone1", S.CREATING, S.FAILED, now, "t")
         plan = broker_users.plan_for(
-            broker_users.MetricsSource.model_validate(CONFIG["queues"]["q1"]["metrics"]), "q1"
+            CelerySource.model_validate(CONFIG["queues"]["q1"]["metrics"]), "q1"
         )
         gone, live = make_label(install, "gone1"), make_label(install, "live1")
         theirs = make_label("0" * 12, "gone1")  # another installation's: never ours to delete

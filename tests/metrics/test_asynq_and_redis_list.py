@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import redis
 
-from autoscaler.config.models import MetricsSource
+from autoscaler.config.models import RedisStreamSource
 from autoscaler.metrics.asynq import AsynqReader
 from autoscaler.metrics.base import SourceError
 from autoscaler.metrics.redis_list import RedisListReader, RedisStreamReader
@@ -178,8 +178,7 @@ def test_redis_stream_with_and_without_a_group(prefix, rclient):
     grouped = RedisStreamReader(REDIS_URL, group="workers", key_prefix=prefix, clock=lambda: now)
     m = grouped.read(["events"])["events"]
     from_config = build_reader(
-        MetricsSource(source="redis-stream", url=REDIS_URL, group="workers",
-                      global_keyprefix=prefix),
+        RedisStreamSource(url=REDIS_URL, group="workers", global_keyprefix=prefix),
         clock=lambda: now,
     )
     assert from_config.read(["events"])["events"] == m

@@ -14,7 +14,13 @@ from celery.signals import before_task_publish
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.config.models import MetricsSource, Queue
+from autoscaler.config.models import (
+    AsynqSource,
+    CelerySource,
+    Queue,
+    RedisListSource,
+    RedisStreamSource,
+)
 from autoscaler.metrics import stamp
 from autoscaler.metrics.asynq import AsynqReader
 from autoscaler.metrics.base import PUBLISHED_AT_HEADER, Secrets, SourceError
@@ -130,14 +136,14 @@ def test_registry_builds_the_right_reader_for_each_source(tmp_path):
     }
     cases = [
         (
-            MetricsSource(url_env="WATCH", global_keyprefix="p:", priority_steps=(0, 5)),
+            CelerySource(url_env="WATCH", global_keyprefix="p:", priority_steps=(0, 5)),
             CeleryRedisReader,
         ),
-        (MetricsSource(), CeleryRabbitMQReader),
-        (MetricsSource(url=f"sqla+sqlite:///{tmp_path / 'b.db'}"), CelerySqlaReader),
-        (MetricsSource(source="asynq", url="rediss://127.0.0.1:6390/0"), AsynqReader),
-        (MetricsSource(source="redis-list", url=REDIS_URL), RedisListReader),
-        (MetricsSource(source="redis-stream", url=REDIS_URL), RedisStreamReader),
+        (CelerySource(), CeleryRabbitMQReader),
+        (CelerySource(url=f"sqla+sqlite:///{tmp_path / 'b.db'}"), CelerySqlaReader),
+        (AsynqSource(url="rediss://127.0.0.1:6390/0"), AsynqReader),
+        (RedisListSource(url=REDIS_URL), RedisListReader),
+        (RedisStreamSource(url=REDIS_URL), RedisStreamReader),
     ]
     for src, cls in cases:
         reader = build_reader(src, env=env)
@@ -147,21 +153,21 @@ def test_registry_builds_the_right_reader_for_each_source(tmp_path):
     r = build_reader(cases[0][0], env=env)
     assert isinstance(r, CeleryRedisReader) and r.layout.keys("q") == ["p:q", "p:q\x06\x165"]
     with pytest.raises(MetricsConfigError, match="AUTOSCALER_WATCH_BROKER_URL"):
-        build_reader(MetricsSource(), env={})
+        build_reader(CelerySource(), env={})
     with pytest.raises(MetricsConfigError) as err:
-        build_reader(MetricsSource(url=f"kafka://u:{SECRET}@h"), env={})
+        build_reader(CelerySource(url=f"kafka://u:{SECRET}@h"), env={})
     assert SECRET not in str(err.value)
-    fb = build_source(MetricsSource(url=f"redis://:{SECRET}@127.0.0.1:1/0", stale_after=42))
+    fb = build_source(CelerySource(url=f"redis://:{SECRET}@127.0.0.1:1/0", stale_after=42))
     got = fb.read(["q"])["q"]  # nothing listens on port 1: stale, redacted, no exception
     assert got.stale and SECRET not in (got.error or "")
 
 
 def test_group_queues_reads_each_source_once():
-    a = MetricsSource(url="redis://h/0")
+    a = CelerySource(url="redis://h/0")
     queues = {
         "inference": Queue(metrics=a),
         "train": Queue(metrics=a.model_copy(update={"queue": "training"})),
-        "other": Queue(metrics=MetricsSource(url="redis://h/1")),
+        "other": Queue(metrics=CelerySource(url="redis://h/1")),
     }
     groups = {g.source.url: g.queues for g in group_queues(queues)}
     assert groups == {

@@ -20,7 +20,7 @@ import pytest
 import redis
 from celery import Celery
 
-from autoscaler.config.models import MetricsSource
+from autoscaler.config.models import CelerySource
 from autoscaler.control import loop
 from autoscaler.control.observe import observe_celery_workers
 from autoscaler.control.runtime import Runtime, utc_now
@@ -414,7 +414,7 @@ def test_the_worker_probe_is_built_from_the_same_metrics_block_as_the_reader(tmp
     rt = Runtime(Settings.from_env({"AUTOSCALER_HOME": str(tmp_path)}), env={})
     try:
         with dep.worker("jobs", concurrency=1) as node:
-            source = MetricsSource(url=url, global_keyprefix=prefix, sep=":p:",
+            source = CelerySource(url=url, global_keyprefix=prefix, sep=":p:",
                                    priority_steps=(1, 5))
             probe = rt.worker_probe(source)
             assert probe is not None

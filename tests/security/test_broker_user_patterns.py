@@ -119,14 +119,14 @@ def test_no_user_is_made_for_a_queue_whose_exchange_routes_to_other_queues():
     `_kombu.binding.celery`, the default exchange many queues share. Such a queue gets no
     per-machine user (with the reason and the fix), unless its metrics block accepts it."""
     from autoscaler.access.broker_users import NoBrokerUser, plan_for
-    from autoscaler.config.models import MetricsSource
+    from autoscaler.config.models import CelerySource
 
     prefix = f"t{uuid.uuid4().hex[:6]}:"
     admin = redis.Redis.from_url(f"{REDIS_URL}/6")
     key = f"{prefix}_kombu.binding.celery"
     try:
         admin.sadd(key, "celery\x06\x16\x06\x16celery")
-        source = MetricsSource(url=f"{REDIS_URL}/6", global_keyprefix=prefix)
+        source = CelerySource(url=f"{REDIS_URL}/6", global_keyprefix=prefix)
         assert plan_for(source, "celery").queue == "celery"  # its exchange is its own so far
         admin.sadd(key, "reports\x06\x16\x06\x16reports")  # another queue bound to it
         with pytest.raises(NoBrokerUser, match="also routes to reports") as info:

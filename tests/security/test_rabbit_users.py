@@ -25,7 +25,7 @@ from kombu import Connection, Exchange, Queue
 from autoscaler.access import rabbit_users
 from autoscaler.access.broker_users import create_user, delete_machine_user, plan_for, sweep
 from autoscaler.config import load_config_text
-from autoscaler.config.models import MetricsSource
+from autoscaler.config.models import CelerySource
 from tests.conftest import AMQP_URL
 
 MGMT = "http://127.0.0.1:15672"
@@ -90,7 +90,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def machine() -> Iterator[tuple[rabbit_users.RabbitPlan, str, str]]:
     install = f"t{uuid.uuid4().hex[:10]}"
     queue = f"rq-{uuid.uuid4().hex[:8]}"
-    source = MetricsSource(url=AMQP_URL, management_url=MGMT)
+    source = CelerySource(url=AMQP_URL, management_url=MGMT)
     plan = plan_for(source, queue)
     assert isinstance(plan, rabbit_users.RabbitPlan)
     user = plan.user(install, "l1")
@@ -148,7 +148,7 @@ def test_a_machines_rabbitmq_user_works_and_reaches_nothing_else(machine, tmp_pa
 def test_users_are_deleted_and_swept_for_this_installation_only(tmp_path):
     install, other = f"t{uuid.uuid4().hex[:10]}", f"o{uuid.uuid4().hex[:10]}"
     queue = f"rq-{uuid.uuid4().hex[:8]}"
-    source = MetricsSource(url=AMQP_URL, management_url=MGMT)
+    source = CelerySource(url=AMQP_URL, management_url=MGMT)
     plan = plan_for(source, queue)
     assert isinstance(plan, rabbit_users.RabbitPlan)
     users = {n: plan.user(i, n) for i, n in ((install, "live"), (install, "gone"), (other, "x"))}
@@ -219,7 +219,7 @@ queues:
             row = fleet.get(session, "r1")
             assert row is not None and row.broker_user
             user = row.broker_user
-        plan = plan_for(MetricsSource(url=AMQP_URL, management_url=MGMT), queue)
+        plan = plan_for(CelerySource(url=AMQP_URL, management_url=MGMT), queue)
         assert isinstance(plan, rabbit_users.RabbitPlan)
         assert user in rabbit_users.list_users(plan)
         # its agent would ask for its deployment with its token: find the token the mock holds
@@ -252,7 +252,7 @@ def test_no_user_for_a_queue_whose_exchange_routes_elsewhere_and_shared_exchange
         exchange = Exchange(queue, type="direct", channel=ch)
         exchange.declare()
         Queue(queue, exchange=exchange, routing_key=queue, channel=ch).declare()
-        source = MetricsSource(url=AMQP_URL, management_url=MGMT)
+        source = CelerySource(url=AMQP_URL, management_url=MGMT)
         assert isinstance(plan_for(source, queue), rabbit_users.RabbitPlan)
         Queue(other, exchange=exchange, routing_key="copy", channel=ch).declare()
         try:
@@ -276,7 +276,7 @@ def test_no_user_for_a_queue_whose_exchange_routes_elsewhere_and_shared_exchange
             json={"configure": ".*", "write": ".*", "read": ".*"},
         ).raise_for_status()
         url = AMQP_URL.rstrip("/") + f"/{vhost}"
-        plan = plan_for(MetricsSource(url=url, management_url=MGMT), "q")
+        plan = plan_for(CelerySource(url=url, management_url=MGMT), "q")
         assert isinstance(plan, rabbit_users.RabbitPlan) and plan.vhost == vhost
         assert rabbit_users.shared_exchanges_intact(plan) == []  # none declared yet: fine
         with Connection(url) as conn:
