@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
 
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.isolation import check_broker_isolation
@@ -33,8 +36,24 @@ def runnable(config: Config, source: str, settings: Settings, env: Mapping[str, 
 def record(
     session: Session, config: Config, changed_by: str, now: datetime, comment: str | None
 ) -> ConfigVersion | None:
-    """The checked config as a new version (who, when, why); None when nothing changed."""
-    return config_versions.record(session, config.model_dump(mode="json"), changed_by, now, comment)
+    """The checked config as a new version (who, when, why); None when nothing changed.
+
+    "Changed" is judged on what the documents mean: the newest one is read through today's
+    models first, so a document stored by an older release (the flat metrics block held every
+    source's fields) equals the same config written today."""
+    document = config.model_dump(mode="json")
+    latest = config_versions.latest(session)
+    if latest is not None and _meaning(latest.document) == document:
+        return None
+    return config_versions.record(session, document, changed_by, now, comment)
+
+
+def _meaning(document: dict[str, Any]) -> dict[str, Any] | None:
+    """A stored document as today's models dump it; None when it no longer validates."""
+    try:
+        return Config.model_validate(document).model_dump(mode="json")
+    except ValidationError:
+        return None
 
 
 __all__ = ["record", "runnable"]

@@ -200,3 +200,31 @@ def test_sources_still_group_by_value_without_their_queue():
         CelerySource(url="redis://h/0"): {"x": ("a",), "b": ("b",)},
         RedisListSource(url="redis://h/0"): {"c": ("c",)},
     }
+
+
+def test_applying_the_same_config_over_a_flat_era_version_records_nothing(sessions):
+    """A version stored by the flat model (every source's fields in its metrics block) and the
+    same config applied today mean the same: no new version. A real change still records one."""
+    from datetime import UTC, datetime
+
+    from autoscaler.config import load_config_text
+    from autoscaler.control.apply import record
+    from autoscaler.store import config_versions
+    from autoscaler.store.db import transaction
+
+    text = """
+providers: {gpu: {kind: mock}}
+queues:
+  q:
+    metrics: {source: asynq, url: "redis://127.0.0.1:6379/0"}
+    autoscale: {provider: gpu, max_workers: 1, instance: {gpu: x, max_price_per_hour: 1.0}}
+"""
+    config = load_config_text(text)
+    flat = config.model_dump(mode="json")
+    flat["queues"]["q"]["metrics"] = dict(OLD_ASYNQ, url="redis://127.0.0.1:6379/0", url_env=None)
+    now = datetime.now(UTC)
+    with transaction(sessions) as s:
+        assert config_versions.record(s, flat, "older release", now) is not None
+        assert record(s, config, "today", now, None) is None
+        changed = load_config_text(text.replace("max_workers: 1", "max_workers: 2"))
+        assert record(s, changed, "today", now, "more") is not None
