@@ -41,6 +41,7 @@ def _heard(flood: ReplyFlood, probe: CeleryWorkerProbe) -> dict[str, tuple[str, 
     raise AssertionError(f"the flood never answered: {flood.errors}")
 
 
+@pytest.mark.filterwarnings("ignore::celery.exceptions.DuplicateNodenameWarning")  # the ghosts
 def test_a_stream_of_replies_does_not_hold_the_collection_open(prefix, probe):
     # one reply every 50 ms for 10 s per request: kombu waited for the whole stream
     with _flood(prefix, replies_per_request=200, every=0.05) as flood:
