@@ -1,4 +1,5 @@
-"""`autoscaler providers …`: the RunPod / Vast.ai / mock / local accounts queues rent from.
+"""`autoscaler providers …`: the RunPod / Vast.ai / mock / local / container accounts queues
+rent from.
 
 Keys never go on the command line (shell history): an environment variable named at run time,
 or standard input, stored encrypted by the vault.
@@ -31,7 +32,7 @@ from autoscaler.vault import Vault, VaultError
 
 @click.group()
 def providers() -> None:
-    """Register the RunPod / Vast.ai / mock / local accounts queues rent from."""
+    """Register the RunPod / Vast.ai / mock / local / container accounts queues rent from."""
 
 
 def _parse_options(pairs: tuple[str, ...], options_json: str | None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ number that spends money or bounds capacity is range-checked here, once, for eve
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import unicodedata
 from datetime import datetime
@@ -27,7 +28,7 @@ from pydantic_core import PydanticCustomError
 
 from autoscaler.config.durations import Duration
 from autoscaler.digits import ASCII_FORM
-from autoscaler.urls import UrlError, parse_url
+from autoscaler.urls import UrlError, parse_url, shown_url, split_url
 
 DEFAULT_WORKER_IMAGE = "ghcr.io/gpu-queue-autoscaler/worker:latest"
 
@@ -681,8 +682,141 @@ class LocalProvider(_ProviderBase):
         return self.price_per_hour, f"{money(self.price_per_hour)}/h per machine"
 
 
+ENGINE_URLS = "unix:///run/podman/podman.sock, unix:///var/run/docker.sock or tcp://host:2376"
+
+
+def _check_engine_url(value: str) -> str:
+    """A container engine's API: a unix socket by absolute path, or tcp://host:port."""
+    try:
+        parsed = parse_url(value, schemes=("unix", "tcp"), example="tcp://gpu-server:2376")
+    except UrlError as exc:
+        raise ValueError(f"{exc}; an engine's API is {ENGINE_URLS}") from None
+    parts = split_url(value)
+    assert parts is not None  # parse_url accepted it
+    shown = shown_url(value)
+    if parts.query or parts.fragment or parts.username is not None:
+        raise ValueError(
+            f"{shown} has a user, query or fragment, which an engine's API does not take; "
+            f"write it as {ENGINE_URLS}"
+        )
+    if parsed.scheme == "unix" and (parts.netloc or len(parts.path) < 2):
+        raise ValueError(
+            f"{shown} names no socket by its absolute path; write unix:// and the path, e.g. "
+            "unix:///run/podman/podman.sock (three slashes)"
+        )
+    if parsed.scheme == "tcp" and (not parsed.hostname or parsed.port is None):
+        raise ValueError(f"{shown} needs a host and a port, e.g. tcp://gpu-server:2376")
+    if parsed.scheme == "tcp" and parts.path not in ("", "/"):
+        raise ValueError(f"{shown} has a path; an engine on TCP is tcp://host:port")
+    return value
+
+
+def is_loopback_host(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1: a TCP port there is reachable from this host alone."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_abs_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(
+            f"{_shown(value)} is not an absolute path; give the file's full path, e.g. "
+            "/etc/autoscaler/engine/cert.pem (every process of the control plane reads it)"
+        )
+    return value
+
+
+def _check_network(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", value):
+        raise ValueError(
+            f"{_shown(value)} is not a network's name; give host, bridge, none or the name of "
+            "a network of the engine (letters, digits, '_', '.', '-')"
+        )
+    return value
+
+
+EngineUrl = Annotated[str, AfterValidator(_check_engine_url)]
+AbsPath = Annotated[Line, Field(min_length=2), AfterValidator(_check_abs_path)]
+
+
+class ContainerTls(Strict):
+    """Mutual TLS to an engine's API on TCP: the engine's certificate is always verified
+    (against `ca_cert`, else the system's CAs) and ours proves who calls it, since whoever may
+    call that API is root on its host."""
+
+    ca_cert: AbsPath | None = None
+    client_cert: AbsPath
+    client_key: AbsPath
+
+
+class ContainerProvider(_ProviderBase):
+    """Containers of the queue's image on a Docker or Podman engine of the team's own (their
+    GPU servers): nothing is rented, `price_per_hour` is for the accounts. `gpus` is how many
+    GPUs the engine has (0: CPU-only containers, no GPU is asked of the engine)."""
+
+    kind: Literal["container"]
+    url: EngineUrl | None = None
+    tls: ContainerTls | None = None
+    gpu: Annotated[Line, Field(min_length=1, max_length=100)] | None = None
+    gpus: int = Field(ge=0, le=64)
+    max_machines: int = Field(default=1, ge=1, le=1000)
+    price_per_hour: float = Field(default=0.0, ge=0, le=MAX_PRICE_PER_HOUR)
+    network: Annotated[str, AfterValidator(_check_network)] = "host"
+    command: (
+        tuple[Annotated[Text, Field(min_length=1)], ...] | Annotated[Text, Field(min_length=1)]
+    ) | None = None
+    init: bool = True
+
+    @field_validator("command")
+    @classmethod
+    def _some_command(cls, value: tuple[str, ...] | str | None) -> tuple[str, ...] | str | None:
+        if isinstance(value, tuple) and not 1 <= len(value) <= 1000:
+            raise ValueError(
+                "the command is an empty list; give the program and its arguments, e.g. "
+                '["sleep", "infinity"], or leave command out to run the image\'s own'
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _tls_over_the_network(self) -> ContainerProvider:
+        if self.url is None or not self.url.lower().startswith("tcp://"):
+            if self.tls is not None:
+                raise ValueError(
+                    "tls is given but url is not tcp://…: TLS secures an engine reached over "
+                    "TCP; remove tls, or give url: tcp://host:2376"
+                )
+            return self
+        parsed = parse_url(self.url)
+        host = parsed.hostname or ""
+        if self.tls is None and not is_loopback_host(host):
+            raise ValueError(
+                f"url {shown_url(self.url)} reaches the engine's API over the network without "
+                f"TLS: anyone who can connect to {host}:{parsed.port} can run containers as "
+                "root on that host. Add tls: {ca_cert, client_cert, client_key} (the engine "
+                "started with --tlsverify), or reach it through a unix:// socket or a loopback "
+                "address (an SSH tunnel)"
+            )
+        return self
+
+    def terms(self) -> str:
+        where = shown_url(self.url) if self.url else "$DOCKER_HOST or the local socket"
+        gpus = f"{self.gpus} × {self.gpu or 'GPU'}" if self.gpus else "no GPU"
+        return (
+            f"containers on the engine at {where}: {gpus}, at most {self.max_machines} at "
+            "once, nothing is rented"
+        )
+
+    def known_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
+        return self.price_per_hour, f"{money(self.price_per_hour)}/h per container"
+
+
 ProviderConfig = Annotated[
-    RunPodProvider | VastProvider | MockProvider | LocalProvider, Field(discriminator="kind")
+    RunPodProvider | VastProvider | MockProvider | LocalProvider | ContainerProvider,
+    Field(discriminator="kind"),
 ]
 """The one registration of a provider kind's options (beside its factory in
 `providers.registry.FACTORIES`); `tests/providers/test_kinds.py` fails when a part is missing."""

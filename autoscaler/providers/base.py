@@ -1,6 +1,6 @@
 """The provider interface: find offers, create, get, list our own, destroy — and the errors.
 
-Every provider (RunPod, Vast.ai, mock, local) implements `Provider`. Callers never see a
+Every provider (RunPod, Vast.ai, mock, local, container) implements `Provider`. Callers never see a
 provider's wire format: they get `Offer` and `ProviderMachine` values and one of the error classes
 below, each of which says what to do next:
 
@@ -209,6 +209,9 @@ class Provider(ABC):
     """
 
     kind: str = ""
+    can_stop: bool = False
+    """Machines of this kind can be stopped and started again with their disk kept (`stop`,
+    `start`): what a warm pool needs. Kinds that cannot keep the defaults, which refuse."""
 
     def __init__(self, name: str, installation_id: str) -> None:
         if not labels.INSTALLATION_RE.fullmatch(installation_id):
@@ -245,6 +248,22 @@ class Provider(ABC):
     @abstractmethod
     def destroy(self, provider_instance_id: str) -> None:
         """Destroy one of our machines. Already gone = success. Not ours = `NotOwnedError`."""
+
+    # -- stop and start, for kinds that can (`can_stop`)
+
+    def stop(self, provider_instance_id: str) -> None:
+        """Stop one of our machines, keeping its disk, so `start` resumes it."""
+        raise ProviderRequestError(
+            f"{self.name}: {self.kind} machines cannot be stopped and started",
+            provider=self.name,
+        )
+
+    def start(self, provider_instance_id: str) -> None:
+        """Start one of our stopped machines again."""
+        raise ProviderRequestError(
+            f"{self.name}: {self.kind} machines cannot be stopped and started",
+            provider=self.name,
+        )
 
     # -- helpers with sensible defaults
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.config import models as cfg
-from autoscaler.providers import local, mock, runpod, vast
+from autoscaler.providers import container, local, mock, runpod, vast
 from autoscaler.providers.base import AuthError, Build, Provider
 from autoscaler.providers.http import RetryPolicy
 
@@ -24,6 +24,7 @@ FACTORIES: Mapping[str, Factory] = {
     "vast": vast.build,
     "mock": mock.build,
     "local": local.build,
+    "container": container.build,
 }
 """Each provider kind's factory, by the `kind` of its options model."""
 

@@ -8,6 +8,7 @@ import pytest
 
 from autoscaler.config import Config, ConfigError, load_config
 from autoscaler.config.models import (
+    PROVIDER_KINDS,
     IdleTrigger,
     LatencyTrigger,
     MetricTrigger,
@@ -50,7 +51,7 @@ def test_seed_block_without_its_provider_is_refused_naming_it():
 def test_full_example_loads_every_trigger_and_provider_kind():
     config = load_config(EXAMPLES / "full.yaml")
     kinds = {name: p.kind for name, p in config.providers.items()}
-    assert set(kinds.values()) == {"runpod", "vast", "mock", "local"}
+    assert set(kinds.values()) == set(PROVIDER_KINDS)
     triggers = [t for q in config.queues.values() if q.autoscale for t in q.autoscale.scale_up]
     downs = [t for q in config.queues.values() if q.autoscale for t in q.autoscale.scale_down]
     for cls in (

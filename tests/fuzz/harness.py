@@ -344,6 +344,23 @@ def provider() -> st.SearchStrategy[Any]:
             },
         ),
         _block({"kind": st.just("local")}, {"command": mix(st.just("sleep 1"))}),
+        _block(
+            {"kind": st.just("container"), "gpus": counts(0, 8)},
+            {
+                "url": mix(
+                    st.sampled_from(
+                        [
+                            "unix:///run/podman/podman.sock",
+                            "tcp://127.0.0.1:2375",
+                            "tcp://10.0.0.7:2375",  # refused: no TLS over the network
+                        ]
+                    )
+                ),
+                "max_machines": counts(0, 4),
+                "command": mix(st.sampled_from([["sleep", "1"], "sleep 1", []])),
+                "network": mix(st.sampled_from(["host", "bridge", "no such"])),
+            },
+        ),
         st.fixed_dictionaries({"kind": mix(st.just("aws"))}),
     )
 
@@ -661,7 +678,7 @@ def cli_cases(draw: st.DrawFn, world: CliWorld) -> tuple[list[str], bytes | None
             "add",
             draw(text),
             "--kind",
-            draw(st.sampled_from(["mock", "vast", "runpod", "local", "aws"])),
+            draw(st.sampled_from(["mock", "vast", "runpod", "local", "container", "aws"])),
         ]
         for _ in range(draw(st.integers(0, 2))):
             key = draw(

@@ -1,4 +1,5 @@
-"""Fixtures for the provider tests: the fakes on loopback and providers pointed at them.
+"""Fixtures for the provider tests: the fakes on loopback and providers pointed at them, and a
+real Podman engine for the container provider.
 
 Retries and lookups are tuned short (milliseconds) so failure modes run fast; the logic is the
 production logic. Every fake fails the test at teardown if it saw a request or sent a response
@@ -8,21 +9,25 @@ that its OpenAPI spec refuses, unless the test took those violations itself.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.config.models import ContainerProvider as ContainerConfig
 from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import RunPodProvider as RunPodConfig
 from autoscaler.config.models import VastProvider as VastConfig
+from autoscaler.providers.container import ContainerProvider
 from autoscaler.providers.http import RetryPolicy
 from autoscaler.providers.runpod import RunPodProvider
 from autoscaler.providers.vast import VastProvider
 from autoscaler.store.avoided_hosts import StoredHostsToAvoid
 from autoscaler.store.db import make_engine, session_factory
 from autoscaler.store.models import Base
+from tests.containers import engine as podman_kit
 from tests.fakes.runpod_server import FakeRunPod
 from tests.fakes.vast_server import FakeVast
 
@@ -32,6 +37,54 @@ INSTALLATION = "inst0a1b2c3d"
 OTHER_INSTALLATION = "othr9z8y7x6w"
 FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05, rate_limit_budget=0.2)
 TIMEOUT = (1.0, 0.3)  # connect, read: a fake holding a create 0.6 s is a timeout
+
+
+@pytest.fixture(scope="session")
+def podman_engine() -> Iterator[podman_kit.Engine]:
+    """A real Podman engine (its API on a socket of this session's) and the test image
+    (`tests/containers/engine.py`). Never skipped: without podman these fail, saying so
+    (`scripts/images.sh` installs it)."""
+    with podman_kit.podman_engine() as engine:
+        yield engine
+
+
+@pytest.fixture
+def installations() -> Iterator[Callable[[], str]]:
+    """Fresh installation ids (the engine's storage is shared by every test run on this
+    machine); every container labelled for one of them is removed at teardown."""
+    made: list[str] = []
+
+    def fresh() -> str:
+        made.append(f"t{uuid.uuid4().hex[:15]}")
+        return made[-1]
+
+    try:
+        yield fresh
+    finally:
+        for installation in made:
+            podman_kit.remove_owned_by(installation)
+
+
+def make_container(
+    engine: podman_kit.Engine,
+    installation: str,
+    *,
+    grace: float = 1.0,
+    **cfg: object,
+) -> ContainerProvider:
+    """The container provider on the test engine; containers sleep unless `command` says."""
+    options: dict[str, object] = {
+        "kind": "container",
+        "url": engine.url,
+        "gpus": 0,
+        "command": ["sleep", "infinity"],
+        "price_per_hour": 0.30,
+    }
+    options.update(cfg)
+    config = ContainerConfig.model_validate(options)
+    return ContainerProvider(
+        "gpu-box", config, installation, timeout=30.0, grace=grace, lookup_delay=0.05
+    )
 
 
 def spec(**kw: object) -> InstanceSpec:

@@ -24,6 +24,7 @@ MINIMAL = {
     "vast": {"kind": "vast"},
     "mock": {"kind": "mock"},
     "local": {"kind": "local", "command": "true"},
+    "container": {"kind": "container", "gpus": 0},
 }
 
 

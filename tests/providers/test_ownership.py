@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.config.models import ContainerProvider as ContainerConfig
 from autoscaler.config.models import LocalProvider as LocalConfig
 from autoscaler.config.models import MockProvider as MockConfig
 from autoscaler.config.models import RunPodProvider as RunPodConfig
@@ -209,7 +210,9 @@ def test_registry_builds_each_kind(sqlite_sessions: sessionmaker[Session], tmp_p
     vast = build_provider("v", VastConfig(kind="vast"), credential="k-secret-2", **kw)
     mock = build_provider("m", MockConfig(kind="mock"), credential=None, **kw)
     loc = build_provider("l", LocalConfig(kind="local"), credential=None, state_dir=tmp_path, **kw)
-    assert [p.kind for p in (rp, vast, mock, loc)] == ["runpod", "vast", "mock", "local"]
+    box = build_provider("c", ContainerConfig(kind="container", gpus=0), credential=None, **kw)
+    kinds = [p.kind for p in (rp, vast, mock, loc, box)]
+    assert kinds == ["runpod", "vast", "mock", "local", "container"]
     assert "k-secret" not in repr(rp) + repr(vast) + str(vars(rp)) + str(vars(vast))
     with pytest.raises(AuthError, match="no API key"):
         build_provider("r", RunPodConfig(kind="runpod"), credential=None, **kw)
