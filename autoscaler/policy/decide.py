@@ -574,7 +574,11 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
     drains: list[Drain] = []
     chosen: set[str] = set()
 
-    # idle: most idle first; several idle triggers act as the shortest timeout.
+    # idle: most idle first; several idle triggers act as the shortest timeout. Jobs waiting
+    # keep the machines they need (ceil(pending / target)): a machine that looks idle while
+    # work waits is about to take it (a worker still loading its models, or an agent whose
+    # last report predates its first job), and draining it would only rent another.
+    idle_budget = min(budget, _serving(u) - _needed_for_waiting(u))
     idle: dict[str, tuple[Machine, float, float, str]] = {}
     poll = u.auto.poll_interval or config.poll_interval
     for trig in u.auto.scale_down:
@@ -585,7 +589,7 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
                 if m.launch_id not in idle or timeout < idle[m.launch_id][2]:
                     idle[m.launch_id] = (m, secs, timeout, how)
     for m, secs, timeout, how in sorted(idle.values(), key=lambda x: (-x[1], x[0].launch_id)):
-        if len(drains) >= budget:
+        if len(drains) >= idle_budget:
             break
         drains.append(
             Drain(
@@ -679,6 +683,25 @@ def _learned_notes(u: _Up, config: Config) -> list[str]:
     return out
 
 
+def _target_per_worker(u: _Up) -> int:
+    """Jobs one machine is meant to carry: the largest `queue_depth.target_per_worker`, else 1."""
+    target = 1
+    for trig in u.auto.scale_up:
+        if isinstance(trig, QueueDepthTrigger) and trig.target_per_worker:
+            target = max(target, trig.target_per_worker)
+    return target
+
+
+def _serving(u: _Up) -> int:
+    return sum(1 for m in u.qs.machines if m.serving)
+
+
+def _needed_for_waiting(u: _Up) -> int:
+    """Machines the jobs waiting now need, ceil(pending / target); 0 when none waits."""
+    pending = u.qs.metrics.pending if u.qs.metrics is not None else 0
+    return -(-max(0, pending) // _target_per_worker(u))
+
+
 def _fleet_down(
     u: _Up, now: datetime, chosen: set[str], budget: int, idle_triggers: list[IdleTrigger]
 ) -> list[Drain]:
@@ -691,10 +714,7 @@ def _fleet_down(
     if shortest <= FLEET_IDLE_S:
         return []  # the idle timeout already acts sooner
     load = u.qs.metrics.pending + u.qs.metrics.started_or_held
-    target = 1
-    for trig in u.auto.scale_up:
-        if isinstance(trig, QueueDepthTrigger) and trig.target_per_worker:
-            target = max(target, trig.target_per_worker)
+    target = _target_per_worker(u)
     need = max(1, -(-load // target))
     serving = [m for m in u.qs.machines if m.serving and m.launch_id not in chosen]
     spare = sorted(

@@ -147,6 +147,17 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
                     assert trig.query not in qs.metrics.external_degraded
             assert cap - len(down) >= qp.floor
             assert all(d.trigger in ("idle", "schedule") for d in down)
+            # jobs waiting keep the serving machines they need from every idle drain
+            idle_down = [d for d in down if d.trigger == "idle"]
+            if idle_down and qs.metrics.pending > 0:
+                per = max(
+                    [t.target_per_worker for t in auto.scale_up
+                     if isinstance(t, QueueDepthTrigger) and t.target_per_worker] or [1]
+                )
+                serving = sum(1 for m in qs.machines if m.serving)
+                assert serving - len(idle_down) >= math.ceil(qs.metrics.pending / per), (
+                    serving, len(idle_down), qs.metrics.pending, per
+                )
         for a in qp.launches:
             assert a.reason and a.provider == auto.provider
         for d in qp.drains:

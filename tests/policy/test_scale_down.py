@@ -46,6 +46,28 @@ def test_worker_that_never_ran_a_task_is_idle_since_ready():
     assert drains(config([], IDLE), snap(metrics(), (m,))) == ()
 
 
+def test_jobs_waiting_keep_the_machines_they_need_however_idle_those_look():
+    """An agent's last report can predate its worker's first job, and a worker loading its
+    models runs nothing for minutes: while jobs wait, the machines they need stay (a drain
+    would only rent another; seen in tests/images/test_worker_image.py on a loaded host)."""
+    three = (ready("a", idle_for=700), ready("b", idle_for=5000), ready("c", idle_for=900))
+    by_depth = [{"trigger": "queue_depth", "target_per_worker": 2}]
+    # 2 waiting at 1 a worker (no queue_depth target): two stay, the most idle goes
+    got = drains(config([], IDLE), snap(metrics(pending=2), three))
+    assert [d.launch_id for d in got] == ["b"]
+    # 3 waiting at 2 a worker need two machines: likewise
+    got = drains(config(by_depth, IDLE, max_workers=3), snap(metrics(pending=3), three))
+    assert [d.launch_id for d in got] == ["b"]
+    # as many waiting as the fleet can take: nobody goes; once nothing waits, all go
+    assert drains(config([], IDLE), snap(metrics(pending=3), three)) == ()
+    assert drains(config([], IDLE, max_workers=3), snap(metrics(pending=9), three)) == ()
+    got = drains(config([], IDLE), snap(metrics(), three))
+    assert [d.launch_id for d in got] == ["b", "c", "a"]
+    # a lone machine that never ran a task, ready long ago, stays while one job waits
+    lone = replace(ready("a", created_ago=5000), last_task_at=None)
+    assert drains(config(by_depth, IDLE, max_workers=1), snap(metrics(pending=1), (lone,))) == ()
+
+
 @pytest.mark.parametrize(
     "state",
     [InstanceState.BOOTING, InstanceState.DRAINING, InstanceState.DRAINED, InstanceState.FAILED],
