@@ -19,6 +19,28 @@ import uvicorn
 
 from tests.api.apikit import World
 
+TASK_APP = """
+import json, os, time
+
+import autoscaler.agent.hook
+
+autoscaler.agent.hook.install()
+
+from celery import Celery
+
+app = Celery("tasks", broker=os.environ["AUTOSCALER_BROKER_URL"], set_as_current=False)
+app.conf.update(
+    task_serializer="json",
+    accept_content=["json"],
+    task_ignore_result=True,
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+"""
+"""The head of an e2e task module deployed from Git (`tasks.py`): the agent's job hook and a
+Celery app on the broker the machine is given; the tasks follow."""
+
 
 def free_port() -> int:
     with socket.socket() as s:

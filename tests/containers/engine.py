@@ -47,14 +47,16 @@ def podman_env() -> dict[str, str]:
     return {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
 
 
-def podman(
-    *args: str, check: bool = True, timeout: float = 60.0
+def run(
+    argv: list[str], *, cwd: Path | None = None, check: bool = True, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
-    """Run the podman command (as a human would, beside the API), output captured."""
-    if shutil.which("podman") is None:
-        raise EngineUnavailable("podman is not installed: bash scripts/images.sh installs it")
+    """Run a podman tool (podman, podman-compose) with this host's podman settings, output
+    captured; a tool that is not installed fails with how to get it."""
+    if shutil.which(argv[0]) is None:
+        raise EngineUnavailable(f"{argv[0]} is not installed: bash scripts/images.sh installs it")
     done = subprocess.run(
-        ["podman", *args],
+        argv,
+        cwd=cwd,
         env=podman_env(),
         capture_output=True,
         text=True,
@@ -62,8 +64,18 @@ def podman(
         check=False,
     )
     if check and done.returncode != 0:
-        raise RuntimeError(f"podman {' '.join(args)} failed ({done.returncode}): {done.stderr}")
+        raise RuntimeError(
+            f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
+            f"{done.stderr[-3000:]}"
+        )
     return done
+
+
+def podman(
+    *args: str, check: bool = True, timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """Run the podman command (as a human would, beside the API), output captured."""
+    return run(["podman", *args], check=check, timeout=timeout)
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec

@@ -61,6 +61,7 @@ def problems(text: str) -> list[str]:
     found: list[str] = []
     steps = instructions(text)
     args: dict[str, str] = {}
+    stage_names: set[str] = set()
     stages = [i for i, (word, _) in enumerate(steps) if word == "FROM"]
     if not stages:
         return ["no FROM"]
@@ -77,7 +78,11 @@ def problems(text: str) -> list[str]:
                 ):
                     found.append(f"{word} {name} carries a value that may be a secret")
         if word == "FROM":
-            image = rest.split()[0]
+            image, *alias = rest.split()
+            if image in stage_names:  # an earlier stage of this file: its base was checked
+                continue
+            if len(alias) == 2 and alias[0].upper() == "AS":
+                stage_names.add(alias[1])
             image = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), ""), image)
             name, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "")
             if "@sha256:" not in image and (not tag or tag == "latest"):
@@ -115,6 +120,12 @@ def test_the_structural_check_catches_a_bad_dockerfile():
     ]
     assert problems("ARG B=python:3.11\nFROM ${B}\nHEALTHCHECK NONE\n") == [
         "the final stage runs as root (no USER)"
+    ]
+    # a later stage FROM an earlier one is pinned by it; a name no stage has is an image
+    staged = "FROM python:3.11 AS base\nFROM base\nUSER 1000\nHEALTHCHECK NONE\n"
+    assert problems(staged) == []
+    assert problems(staged.replace("FROM base", "FROM other")) == [
+        "base image 'other' is not pinned to a tag or digest"
     ]
 
 

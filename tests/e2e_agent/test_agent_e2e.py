@@ -26,30 +26,12 @@ from celery import Celery
 
 from autoscaler.metrics import stamp
 from autoscaler.sim.trace import load_trace
-from tests.agent.agentkit import AgentProc, free_port, git_repo
+from tests.agent.agentkit import TASK_APP, AgentProc, free_port, git_repo
 from tests.control.loopkit import REDIS, WATCH_BROKER, Loop, local_machines, unique
 
 CONTROL = f"{REDIS}/8"  # this test's own control-plane database
 
-TASKS = """
-import json, os, time
-
-import autoscaler.agent.hook
-
-autoscaler.agent.hook.install()
-
-from celery import Celery
-
-app = Celery("tasks", broker=os.environ["AUTOSCALER_BROKER_URL"], set_as_current=False)
-app.conf.update(
-    task_serializer="json",
-    accept_content=["json"],
-    task_ignore_result=True,
-    worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-)
-
+TASKS = TASK_APP + """
 
 def record(path, entry):
     with open(path, "a") as fh:
