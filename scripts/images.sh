@@ -14,11 +14,12 @@
 #      localhost/gpu-queue-autoscaler-base:bookworm;
 #   3. the wheelhouse: `pip wheel . setuptools -w wheelhouse/` with the host's pip and its
 #      package-index settings; the images install from it with --no-index (an air-gapped build);
+#      the dependencies' wheels are kept in ~/.cache/gpu-queue-autoscaler (IMAGES_CACHE);
 #   4. the images, FROM the base: localhost/gpu-queue-autoscaler-worker:dev and
 #      localhost/gpu-queue-autoscaler:dev (the control plane), labelled with a hash of their
 #      inputs so an unchanged tree rebuilds nothing.
 # Users build FROM a CUDA image: BASE=nvidia/cuda:<tag> with Python 3.11 (the wheelhouse is
-# built for the host's Python, PYTHON=python3.11 picks another; the build refuses a mismatch).
+# built for the host's Python, WHEEL_PYTHON=python3.12 picks another; the build refuses a mismatch).
 # Nothing here skips: a step that cannot run fails with what to do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -108,14 +109,14 @@ fi
 
 # ------------------------------------------------------------------ 3. the wheelhouse
 [ -x .venv/bin/python ] || bash scripts/setup.sh
-PY=${PYTHON:-$ROOT/.venv/bin/python}
+PY=${WHEEL_PYTHON:-$ROOT/.venv/bin/python}
 host_py=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 base_py=$("$ENGINE" run --rm --network host --entrypoint python3 "$BASE" \
   -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
   || die "$BASE has no python3: build FROM an image with Python 3.11+"
 [ "$host_py" = "$base_py" ] \
   || die "the base has Python $base_py but the wheelhouse would be built for $host_py: set" \
-    "PYTHON to a python$base_py on this host, or pick a BASE with Python $host_py"
+    "WHEEL_PYTHON to a python$base_py on this host, or pick a BASE with Python $host_py"
 pip_wheel() {  # pip wheel ARGS..., quiet unless it fails
   local log
   log=$(mktemp)
@@ -123,7 +124,18 @@ pip_wheel() {  # pip wheel ARGS..., quiet unless it fails
     || { tail -n 30 "$log" >&2; rm -f "$log"; die "pip wheel $* failed"; }
   rm -f "$log"
 }
-deps_stamp=wheelhouse/.deps-$(cat pyproject.toml | sha1sum | cut -c1-12)-py$host_py
+# The dependencies' wheels depend on pyproject.toml, the host's Python and the base's own
+# Python: kept under that key in the user's cache too, so a fresh clone builds none again.
+base_id=$("$ENGINE" image inspect --format '{{.Id}}' "$BASE" | sed 's/^sha256://' | cut -c1-12)
+key=$(cat pyproject.toml | sha1sum | cut -c1-12)-py$host_py-$base_id
+deps_stamp=wheelhouse/.deps-$key
+cache=${IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-queue-autoscaler}/wheelhouse-$key
+if [ ! -f "$deps_stamp" ] && [ -f "$cache/.deps-$key" ]; then
+  say "the dependencies' wheels from $cache"
+  rm -rf wheelhouse
+  mkdir -p wheelhouse
+  cp -a "$cache/." wheelhouse/
+fi
 if [ ! -f "$deps_stamp" ]; then
   say "building the wheelhouse (the project's dependencies and setuptools, for Python $host_py)"
   rm -rf wheelhouse
@@ -146,6 +158,12 @@ if [ ! -f "$deps_stamp" ]; then
     pip_wheel --no-deps "$want"
   done
   [ -f "$deps_stamp" ] || die "the wheelhouse is still incomplete for the base's Python"
+  mkdir -p "$(dirname "$cache")"
+  rm -rf "$cache.tmp"
+  cp -a wheelhouse "$cache.tmp"
+  rm -f "$cache.tmp"/gpu_queue_autoscaler-*.whl  # the project's own: built from its sources
+  rm -rf "$cache"
+  mv "$cache.tmp" "$cache"
 fi
 rm -rf build  # setuptools' scratch folder from the wheel above
 
