@@ -119,8 +119,15 @@ def test_manual_scale_through_flowers_task_api_needs_its_login(tmp_path):
         assert status == 200, body
         task_id = json.loads(body)["task-id"]
     finally:
+        # Flower's own shutdown is not under test, and its first SIGTERM is sometimes lost (seen
+        # here: a Flower still up 27 minutes after the test, gone at a second SIGTERM): as
+        # systemd and compose do, a kill after the grace.
         flower.terminate()
-        flower.wait(timeout=30)
+        try:
+            flower.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            flower.kill()
+            flower.wait(timeout=10)
     with sqlite3.connect(broker) as db:
         payloads = [row[0] for row in db.execute("SELECT payload FROM kombu_message")]
     sent = [json.loads(p) for p in payloads]
