@@ -9,6 +9,7 @@ on any machine however loaded."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from random import Random
 from typing import Any
 
 import pytest
@@ -39,9 +40,21 @@ def _calls(
     }
 
 
+class _Draw(Random):
+    """The backoff's jitter pinned to one end, so both ends of it are tried every run."""
+
+    def __init__(self, draw: float) -> None:
+        super().__init__()
+        self._draw = draw
+
+    def random(self) -> float:
+        return self._draw
+
+
+@pytest.mark.parametrize("draw", [0.0, 0.999999], ids=["shortest-jitter", "longest-jitter"])
 @pytest.mark.parametrize("kind", ["runpod", "vast"])
 def test_every_call_answered_429_gives_up_within_the_budget_and_creates_nothing(
-    kind, fake_runpod, fake_vast, sqlite_sessions
+    kind, draw, fake_runpod, fake_vast, sqlite_sessions
 ):
     if kind == "runpod":
         fake: Any = fake_runpod
@@ -61,6 +74,7 @@ def test_every_call_answered_429_gives_up_within_the_budget_and_creates_nothing(
     provider._http.retry = RetryPolicy()  # the production budget, not the tests' fast one
     slept: list[float] = []
     provider._http._sleep = slept.append
+    provider._http._rng = _Draw(draw)
     fake.rate_limit_next = 10**6  # every call from now on
     for name, call in _calls(provider, offer, launch, machine_id).items():
         slept.clear()
@@ -71,6 +85,9 @@ def test_every_call_answered_429_gives_up_within_the_budget_and_creates_nothing(
         if kind == "runpod":  # a 30 s reset: raised at the first 429, carrying the reset
             assert slept == [] and info.value.retry_after == 30.0, (name, slept)
             assert len(fake.requests) - sent == 1, name
-        else:  # no hint: our own short backoff, then up
-            assert info.value.retry_after is None and len(fake.requests) - sent <= 3, name
+        else:  # no hint: our own jittered backoff (3 tries fit the budget, 4 at the shortest
+            # jitter), one request per sleep plus the last, then up
+            assert info.value.retry_after is None, name
+            assert len(fake.requests) - sent == len(slept) + 1 <= RetryPolicy().attempts, name
     assert dict(created()) == before  # nothing was created, by any call
+
