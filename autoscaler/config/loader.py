@@ -11,7 +11,13 @@ from pydantic import ValidationError
 
 from autoscaler.config.durations import format_duration
 from autoscaler.config.errors import ConfigError, Refusal, refusals_from_validation
-from autoscaler.config.models import PROVIDER_KINDS, Config, ProviderConfig
+from autoscaler.config.models import (
+    PROVIDER_KINDS,
+    PROVIDER_MODELS,
+    Config,
+    ProviderConfig,
+    RunPodProvider,
+)
 from autoscaler.config.safe_yaml import YamlRefusal, load_yaml
 from autoscaler.textfile import TextFileError, read_text
 
@@ -181,6 +187,17 @@ def check_runnable(config: Config) -> list[Refusal]:
                     f"make boot_timeout at least {format_duration(qpoll)}, or poll more often",
                 )
             )
+        pool = auto.warm_pool
+        if pool.size > 0 and pool.resume_timeout < qpoll:
+            refusals.append(
+                Refusal(
+                    f"{where}.warm_pool.resume_timeout",
+                    f"{format_duration(pool.resume_timeout)} is shorter than the queue's poll "
+                    f"interval ({format_duration(qpoll)}), so a resumed machine would be given up "
+                    "between two checks",
+                    f"make resume_timeout at least {format_duration(qpoll)}, or poll more often",
+                )
+            )
     return refusals
 
 
@@ -199,7 +216,9 @@ def load_config_text(
     `parse_config_text`.
     """
     config = parse_config_text(text, source, runnable=runnable)
-    refusals = check_references(config, registered_providers or {}, store_readable)
+    registered = registered_providers or {}
+    refusals = check_references(config, registered, store_readable)
+    refusals += check_warm_pools(config, registered)
     if refusals:
         raise ConfigError(refusals, source)
     return config
@@ -266,4 +285,57 @@ def check_references(
                 f"'autoscaler db upgrade' and register it with {add}"
             )
         refusals.append(Refusal(f"queues.{name}.autoscale.provider", cause, fix))
+    return refusals
+
+
+def _stoppable_kinds() -> str:
+    return ", ".join(
+        kind for kind, m in zip(PROVIDER_KINDS, PROVIDER_MODELS, strict=True) if m.can_stop
+    )
+
+
+def check_warm_pools(config: Config, registered: Mapping[str, ProviderConfig]) -> list[Refusal]:
+    """A warm pool its provider cannot keep: its kind cannot stop a machine, or (RunPod) a
+    stopped pod would keep no disk for the agent's work folder. Judged on the provider a queue
+    really uses (the file's, else the store's); an unknown one is `check_references`' refusal."""
+    known = known_providers(config, registered)
+    refusals = []
+    for name, queue in config.queues.items():
+        auto = queue.autoscale
+        if auto is None or auto.warm_pool.size == 0 or auto.provider not in known:
+            continue
+        provider = known[auto.provider]
+        where = f"queues.{name}.autoscale.warm_pool.size"
+        if not provider.can_stop:
+            able = sorted(n for n, p in known.items() if p.can_stop)
+            which = f"; known ones that can: {', '.join(able)}" if able else ""
+            refusals.append(
+                Refusal(
+                    where,
+                    f"a warm pool of {auto.warm_pool.size} needs machines that can be stopped "
+                    f"with their disk kept, and provider {auto.provider!r} is of kind "
+                    f"{provider.kind!r}, which cannot stop one",
+                    "set warm_pool.size to 0 (or remove warm_pool), or use a provider of a kind "
+                    f"that can stop ({_stoppable_kinds()}){which}",
+                )
+            )
+        elif isinstance(provider, RunPodProvider) and provider.volume_gb == 0:
+            p = auto.provider
+            fix = (
+                f"set providers.{p}.volume_gb to the GB that folder needs (e.g. 20)"
+                if p in config.providers
+                else f"give {p} a volume of the GB that folder needs (e.g. 20): declare it under "
+                "'providers:' with volume_gb (the file's declaration overrides the registered "
+                f"one), or 'autoscaler providers remove {p}' and add it again with "
+                "'--option volume_gb=20'"
+            )
+            refusals.append(
+                Refusal(
+                    where,
+                    f"RunPod provider {p!r} gives its pods no volume disk (volume_gb: 0): the "
+                    "container disk is erased at stop, and the agent's work folder (checkout, "
+                    "virtualenv, downloaded files) needs a volume to survive it",
+                    f"{fix}; or set warm_pool.size to 0",
+                )
+            )
     return refusals

@@ -534,6 +534,20 @@ METRICS_SOURCES: tuple[str, ...] = tuple(
 )
 
 
+class WarmPool(Strict):
+    """Stopped machines kept for a queue (`autoscale.warm_pool`): an idle machine, once drained,
+    is stopped with its disk kept instead of destroyed, and a later launch resumes it (the
+    provider's start plus the worker's start) instead of renting cold. Off at `size: 0`."""
+
+    size: int = Field(default=0, ge=0, le=MAX_WORKERS)
+    """At most this many stopped machines kept for the queue."""
+    keep_for: Duration = Field(default=86400.0, gt=0)
+    """A machine stopped this long is destroyed."""
+    resume_timeout: Duration = Field(default=120.0, gt=0)
+    """A resumed machine without a ready worker by then is destroyed (a warm miss), and a fresh
+    one is rented at once."""
+
+
 class Autoscale(Strict):
     """A queue's scaling rules. `priority` matters under `limits`: higher is served first,
     equal priorities take turns one machine at a time."""
@@ -548,6 +562,7 @@ class Autoscale(Strict):
     instance: InstanceSpec
     poll_interval: Duration | None = Field(default=None, ge=MIN_POLL_INTERVAL, le=MAX_POLL_INTERVAL)
     boot_timeout: Duration | None = Field(default=None, gt=0)
+    warm_pool: WarmPool = WarmPool()
     hand_made: Literal["auto", "broker", "enrolled"] = "auto"
     """Which workers we did not rent count as capacity. `enrolled`: hand-made machines whose
     agent heartbeats with an enrolment key. `broker`: also Celery workers seen through the
@@ -568,6 +583,12 @@ class Autoscale(Strict):
                     f"a schedule asks for {trig.workers} workers but max_workers is "
                     f"{self.max_workers}; lower the schedule's workers or raise max_workers"
                 )
+        if self.warm_pool.size > self.max_workers:
+            raise ValueError(
+                f"warm_pool.size ({self.warm_pool.size}) is above max_workers "
+                f"({self.max_workers}): the pool only ever holds machines the queue had running; "
+                "lower warm_pool.size or raise max_workers"
+            )
         return self
 
 
@@ -578,6 +599,10 @@ class Queue(Strict):
 
 
 # --------------------------------------------------------------------------- providers
+
+HOURS_PER_MONTH = 730.0
+"""Hours in a billing month (365 × 24 / 12), to turn $/GB-month into $/h."""
+
 
 def money(x: float) -> str:
     """A price as people write it: $0.40, $1.5."""
@@ -595,6 +620,9 @@ class _ProviderBase(Strict):
     ready_when_running: ClassVar[bool] = False
     """A machine the provider lists as running is ready: it runs no worker of ours to wait for
     (the mock provider's simulated machines)."""
+    can_stop: ClassVar[bool] = False
+    """Machines of this kind can be stopped with their disk kept and started again (a warm
+    pool's need); `providers.base.Provider.can_stop` reads it from here."""
 
     api_key_env: EnvName | None = None
 
@@ -605,6 +633,21 @@ class _ProviderBase(Strict):
     def known_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
         """What every machine of `spec` costs before renting, and how; None on a live market."""
         return None
+
+    def known_storage_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
+        """What a stopped machine of `spec` bills per hour (its kept disks), and how; None
+        where only a live offer says (Vast's per-host storage price)."""
+        return None
+
+
+def _check_volume_gb(value: int) -> int:
+    """RunPod makes no volume below 10 GB: refused here rather than at the first create."""
+    if value != 0 and value < 10:
+        raise ValueError(
+            f"{value} GB: RunPod's smallest volume is 10 GB; set volume_gb to 0 (no volume) or "
+            "10 or more"
+        )
+    return value
 
 
 class RunPodProvider(_ProviderBase):
@@ -618,6 +661,21 @@ class RunPodProvider(_ProviderBase):
         default=(), max_length=100
     )
     base_url: HttpUrl = "https://api.runpod.io"
+    volume_gb: Annotated[int, AfterValidator(_check_volume_gb)] = Field(default=0, le=100_000)
+    """A volume disk per pod (RunPod's `mounts.persistent`), mounted at `volume_mount_path`: the
+    only disk a stopped pod keeps (its container disk is erased), so the agent keeps its work
+    folder there. A warm pool needs one."""
+    volume_mount_path: AbsPath = "/workspace"
+    storage_price_per_gb_month: float = Field(default=0.20, ge=0, le=100)
+    """What RunPod bills per GB-month for a stopped pod's volume ($0.20 at the time of writing)."""
+
+    can_stop: ClassVar[bool] = True
+
+    def known_storage_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
+        price = round(self.volume_gb * self.storage_price_per_gb_month / HOURS_PER_MONTH, 6)
+        return price, (
+            f"{self.volume_gb} GB volume × {money(self.storage_price_per_gb_month)}/GB-month"
+        )
 
     def terms(self) -> str:
         gpus = ", ".join(self.gpu_types) or "the queue's GPU"
@@ -636,6 +694,8 @@ class VastProvider(_ProviderBase):
     min_reliability: float | None = Field(default=None, ge=0, le=1)
     avoid_host_for: Duration = Field(default=86400.0, gt=0)
     base_url: HttpUrl = "https://console.vast.ai"
+
+    can_stop: ClassVar[bool] = True
 
     def terms(self) -> str:
         terms = ["verified" if self.verified else "any host"]
@@ -659,6 +719,15 @@ class MockProvider(_ProviderBase):
     boot_failure_rate: float = Field(default=0.0, ge=0, le=1)
     capacity_error_rate: float = Field(default=0.0, ge=0, le=1)
     price_per_hour: float = Field(default=0.40, ge=0, le=MAX_PRICE_PER_HOUR)
+    stop_delay: Duration = Field(default=2.0, ge=0)
+    """Seconds from a stop to the machine reported stopped."""
+    start_delay: Duration = Field(default=2.0, ge=0)
+    """Seconds from a start to the machine reported running again."""
+    resume_failure_rate: float = Field(default=0.0, ge=0, le=1)
+    """Share of starts refused as if the host's GPU had been rented meanwhile."""
+    storage_price_per_hour: float = Field(default=0.01, ge=0, le=MAX_PRICE_PER_HOUR)
+
+    can_stop: ClassVar[bool] = True
 
     def terms(self) -> str:
         return "mock machines (nothing is rented)"
@@ -666,6 +735,9 @@ class MockProvider(_ProviderBase):
     def known_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
         price = round(self.price_per_hour * spec.gpu_count, 6)  # as the mock provider does
         return price, f"{money(self.price_per_hour)}/h × {spec.gpu_count} GPU"
+
+    def known_storage_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
+        return self.storage_price_per_hour, f"{money(self.storage_price_per_hour)}/h stopped"
 
 
 class LocalProvider(_ProviderBase):
@@ -675,8 +747,13 @@ class LocalProvider(_ProviderBase):
     command: Text | None = None
     price_per_hour: float = Field(default=0.0, ge=0, le=MAX_PRICE_PER_HOUR)
 
+    can_stop: ClassVar[bool] = True
+
     def terms(self) -> str:
         return "local processes on this machine (nothing is rented)"
+
+    def known_storage_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
+        return 0.0, "a folder on this machine"
 
     def known_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
         return self.price_per_hour, f"{money(self.price_per_hour)}/h per machine"
@@ -801,6 +878,11 @@ class ContainerProvider(_ProviderBase):
                 "address (an SSH tunnel)"
             )
         return self
+
+    can_stop: ClassVar[bool] = True
+
+    def known_storage_price(self, spec: InstanceSpec) -> tuple[float, str] | None:
+        return 0.0, "a stopped container on the team's own engine"
 
     def terms(self) -> str:
         where = shown_url(self.url) if self.url else "$DOCKER_HOST or the local socket"

@@ -11,8 +11,10 @@ from croniter import CroniterError, croniter
 from autoscaler.config.durations import format_duration
 from autoscaler.config.isolation import WATCH_BROKER_ENV
 from autoscaler.config.models import (
+    HOURS_PER_MONTH,
     LEARNED_MAX_FACTOR,
     MIN_GAPS,
+    Autoscale,
     Config,
     IdleTrigger,
     InstanceSpec,
@@ -24,6 +26,7 @@ from autoscaler.config.models import (
     QueueDepthTrigger,
     ScheduleDownTrigger,
     ScheduleUpTrigger,
+    WarmPool,
     money,
 )
 from autoscaler.settings import redact_url
@@ -62,11 +65,16 @@ def _scale_up(t: object, now: datetime) -> str:
     raise TypeError(t)
 
 
-def _scale_down(t: object, now: datetime) -> str:
+def _scale_down(t: object, now: datetime, pool: WarmPool) -> str:
     if isinstance(t, IdleTrigger):
+        fate = (
+            "stop its machine while the warm pool has room, else destroy it"
+            if pool.size
+            else "destroy its machine"
+        )
         return (
             f"a worker has run no task for {format_duration(t.timeout)} → drain it and "
-            "destroy its machine (most idle first, busy workers spared, never below the floor)"
+            f"{fate} (most idle first, busy workers spared, never below the floor)"
             + (
                 f"; once the queue has shown {MIN_GAPS} quiet gaps, the timeout that would have "
                 f"cost least over them (up to {format_duration(t.timeout * LEARNED_MAX_FACTOR)}; "
@@ -105,6 +113,47 @@ def _never_rents(name: str, provider: ProviderConfig, spec: InstanceSpec) -> str
         f"{money(spec.max_price_per_hour)}/h, so this queue can never rent a machine; raise "
         f"instance.max_price_per_hour to at least {money(price)} or lower {name}'s price_per_hour"
     )
+
+
+def _rate(x: float) -> str:
+    """A small price per hour readably: $0.02, $0.011, $0.00548 (three significant digits)."""
+    return money(x) if round(x, 2) == x else f"${x:.3g}"
+
+
+def warm_pool_cost(provider: ProviderConfig, auto: Autoscale) -> float | None:
+    """What the queue's warm pool bills per hour while full (its stopped machines' disks);
+    None where each host sets its own storage price (a live market)."""
+    known = provider.known_storage_price(auto.instance)
+    return None if known is None else auto.warm_pool.size * known[0]
+
+
+def _warm_pool(provider: ProviderConfig, auto: Autoscale) -> list[str]:
+    """The pool's bounds and its price while full: the dry run is where its cost is seen before
+    it is paid."""
+    pool = auto.warm_pool
+    if pool.size == 0:
+        return []
+    known = provider.known_storage_price(auto.instance)
+    if known is None:
+        cost = (
+            f"{pool.size} × its host's own storage price per GB-month × the instance's "
+            f"{auto.instance.disk_gb} GB disk, priced per host at rent time (not known before)"
+        )
+    elif known[0] == 0:
+        cost = f"no storage cost ({known[1]})"
+    else:
+        total = pool.size * known[0]
+        cost = (
+            f"{pool.size} × {_rate(known[0])}/h ({known[1]}) = {_rate(total)}/h of storage "
+            f"(≈ ${total * HOURS_PER_MONTH:.2f}/month)"
+        )
+    return [
+        f"  warm pool: up to {pool.size} stopped machine(s) kept, each destroyed after "
+        f"{format_duration(pool.keep_for)} stopped; a resumed one with no ready worker within "
+        f"{format_duration(pool.resume_timeout)} is destroyed and a fresh one rented",
+        f"    while full: {cost}; a stopped machine is not capacity and does not count toward "
+        "max_workers",
+    ]
 
 
 def _origins(config: Config, registered: Mapping[str, ProviderConfig] | None) -> list[str]:
@@ -159,6 +208,7 @@ def describe(
     if not config.queues:
         lines += ["", "no queue is configured: nothing is ever rented"]
     total = 0.0
+    pools, pools_known, pools_per_host = 0.0, False, 0
     for name, queue in config.queues.items():
         auto = queue.autoscale
         lines.append("")
@@ -184,16 +234,24 @@ def describe(
                 if auto.max_workers == 0
                 else []
             ),
+            *_warm_pool(provider, auto),
             f"  metrics: {queue.metrics.source} queue {queue.metrics.queue or name} "
             f"{_metrics_where(queue.metrics)}",
         ]
+        if auto.warm_pool.size:
+            cost = warm_pool_cost(provider, auto)
+            if cost is None:
+                pools_per_host += auto.warm_pool.size
+            else:
+                pools += cost
+                pools_known = True
         if auto.scale_up:
             lines += ["  scale up when:"] + [f"    - {_scale_up(t, now)}" for t in auto.scale_up]
         else:
             lines.append("  scale up: no trigger (only min_workers is kept)")
         if auto.scale_down:
             lines += ["  scale down when:"]
-            lines += [f"    - {_scale_down(t, now)}" for t in auto.scale_down]
+            lines += [f"    - {_scale_down(t, now, auto.warm_pool)}" for t in auto.scale_down]
         else:
             lines.append("  scale down: no trigger (machines are kept until changed by hand)")
     capped = config.limits.max_price_per_hour
@@ -201,4 +259,11 @@ def describe(
     if capped is not None and capped < total:
         all_queues += f", held to ${capped:.2f}/h by limits.max_price_per_hour"
     lines += ["", all_queues]
+    if pools_known or pools_per_host:
+        parts = [f"{_rate(pools)}/h of storage"] if pools_known else []
+        if pools_per_host:
+            parts.append(f"the storage of {pools_per_host} stopped machine(s) priced per host")
+        lines.append(
+            "warm pools while full: " + ", plus ".join(parts) + ", on top of the worst case"
+        )
     return "\n".join(lines)
