@@ -14,6 +14,9 @@ class InstanceState(enum.StrEnum):
     READY = "ready"
     DRAINING = "draining"
     DRAINED = "drained"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    RESUMING = "resuming"
     TERMINATING = "terminating"
     TERMINATED = "terminated"
     FAILED = "failed"
@@ -25,7 +28,8 @@ class MachineStatus(enum.StrEnum):
 
     STARTING = "starting"  # being allocated, pulling the image, booting
     RUNNING = "running"  # up (the worker on it may still be starting)
-    DEAD = "dead"  # exited, errored, offline: will not become running by itself
+    STOPPED = "stopped"  # stopped with its disk kept (RunPod EXITED, Vast stopped): `start` resumes
+    DEAD = "dead"  # errored, offline: will not become running by itself
     GONE = "gone"  # terminated / destroyed at the provider
 
 
@@ -36,9 +40,28 @@ LIVE_STATES = (
     InstanceState.READY,
     InstanceState.DRAINING,
     InstanceState.DRAINED,
+    InstanceState.STOPPING,
+    InstanceState.STOPPED,
+    InstanceState.RESUMING,
     InstanceState.TERMINATING,
 )
 """States in which a machine may exist at the provider and may be billing."""
+
+BOOTING_STATES = (
+    InstanceState.PENDING,
+    InstanceState.CREATING,
+    InstanceState.BOOTING,
+    InstanceState.RESUMING,
+)
+"""A machine on its way to serving (a launch, or a warm pool's machine resuming): counted as
+capacity (no stacking), never drained."""
+
+LEAVING_STATES = (InstanceState.DRAINING, InstanceState.DRAINED, InstanceState.TERMINATING)
+"""Going away: no longer capacity, still billing (counted by spend caps)."""
+
+WARM_STATES = (InstanceState.STOPPING, InstanceState.STOPPED)
+"""A warm pool's machines: drained, stopped (or being stopped) with their disk kept. Not
+capacity, not counted by `max_workers`; billed at their storage price once stopped."""
 
 S = InstanceState
 ALLOWED_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
@@ -47,7 +70,10 @@ ALLOWED_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
     S.BOOTING: frozenset({S.READY, S.TERMINATING, S.LOST}),
     S.READY: frozenset({S.DRAINING, S.TERMINATING, S.LOST}),
     S.DRAINING: frozenset({S.DRAINED, S.TERMINATING, S.LOST}),
-    S.DRAINED: frozenset({S.TERMINATING, S.LOST}),
+    S.DRAINED: frozenset({S.STOPPING, S.TERMINATING, S.LOST}),
+    S.STOPPING: frozenset({S.STOPPED, S.TERMINATING, S.LOST}),
+    S.STOPPED: frozenset({S.RESUMING, S.TERMINATING, S.LOST}),
+    S.RESUMING: frozenset({S.READY, S.TERMINATING, S.LOST}),
     S.TERMINATING: frozenset({S.TERMINATED, S.LOST}),
     S.TERMINATED: frozenset(),
     S.FAILED: frozenset(),
@@ -58,7 +84,9 @@ ALLOWED_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
 A row only moves along these edges, by a conditional write on its current state, so two
 processes acting on one machine cannot both succeed and no state is skipped by accident:
 a machine is destroyed only from TERMINATING, and reaches TERMINATING from READY only when dead
-or silent (never for scale-down, which goes through DRAINING and DRAINED).
+or silent (never for scale-down, which goes through DRAINING and DRAINED). A warm pool's machine
+is stopped only once DRAINED (never with work on it), and comes back through RESUMING to READY
+at its worker's first proof of life, as a booting one does.
 """
 
 FINAL_STATES = frozenset(s for s, nxt in ALLOWED_TRANSITIONS.items() if not nxt)

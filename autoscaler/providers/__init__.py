@@ -14,6 +14,7 @@ from autoscaler.providers.base import (
     ProviderMachine,
     ProviderRequestError,
     RateLimitedError,
+    ResumeRefusedError,
     TransientError,
     create_on_first_offer,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "ProviderMachine",
     "ProviderRequestError",
     "RateLimitedError",
+    "ResumeRefusedError",
     "TransientError",
     "create_on_first_offer",
 ]

@@ -5,6 +5,7 @@ provider's wire format: they get `Offer` and `ProviderMachine` values and one of
 below, each of which says what to do next:
 
 - `CapacityError` (and its `OfferGoneError`): nothing was created; try the next GPU type/offer.
+  Its `ResumeRefusedError`: a stopped machine cannot start again; destroy it, rent afresh.
 - `AuthError`: the key is wrong or lacks rights; stop and tell the operator.
 - `RateLimitedError` / `TransientError`: nothing is known to have happened; retry later, with
   backoff (idempotent calls are already retried inside `http.HttpClient`).
@@ -14,8 +15,9 @@ below, each of which says what to do next:
 - `ProviderRequestError`: the provider refused our request as malformed — a bug or a config
   value the provider does not accept; retrying will not help.
 
-Ownership is enforced here, once: `list_owned`, `get`, `find_by_label` and `destroy` only ever
-return or touch machines whose label parses to this installation's id (`labels.is_owned`).
+Ownership is enforced here, once: `list_owned`, `get`, `find_by_label`, `destroy`, `stop` and
+`start` only ever return or touch machines whose label parses to this installation's id
+(`labels.is_owned`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from autoscaler.config.models import InstanceSpec
+from autoscaler.config.models import PROVIDER_KINDS, PROVIDER_MODELS, InstanceSpec
 from autoscaler.lifecycle import MachineStatus as MachineStatus
 from autoscaler.providers import labels
 
@@ -110,6 +112,13 @@ class LaunchSpec:
 SECRET_ENV = frozenset({"AUTOSCALER_WORKER_TOKEN"})
 """Environment variables of a launch whose values are secrets."""
 
+WORKDIR_ENV = "AUTOSCALER_AGENT_WORKDIR"
+"""Where the agent keeps its work folder (checkout, virtualenv), as `agent.run.AgentConfig`
+reads it: set by providers whose machines keep it across a stop only at a given place (RunPod's
+volume disk, a local machine's folder), so a resumed agent finds it again."""
+
+_CONFIG_MODELS = dict(zip(PROVIDER_KINDS, PROVIDER_MODELS, strict=True))
+
 
 @dataclass(frozen=True)
 class ProviderMachine:
@@ -122,6 +131,8 @@ class ProviderMachine:
     price_per_hour: float | None = None
     host_id: str | None = None
     gpu: str | None = None
+    storage_price_per_hour: float | None = None
+    """What the machine bills while stopped (its disks), where the provider says."""
 
     @property
     def launch_id(self) -> str | None:
@@ -159,6 +170,12 @@ class CapacityError(ProviderError):
 
 class OfferGoneError(CapacityError):
     """The offer vanished between search and create (Vast `no_such_ask`): try the next offer."""
+
+
+class ResumeRefusedError(CapacityError):
+    """A stopped machine cannot start again where it is: its GPU was rented by someone else
+    meanwhile (RunPod starts it with zero GPUs), the host is gone, or it waits for resources
+    indefinitely. Destroy it and rent a fresh machine; never retry the start."""
 
 
 class AuthError(ProviderError):
@@ -209,9 +226,6 @@ class Provider(ABC):
     """
 
     kind: str = ""
-    can_stop: bool = False
-    """Machines of this kind can be stopped and started again with their disk kept (`stop`,
-    `start`): what a warm pool needs. Kinds that cannot keep the defaults, which refuse."""
 
     def __init__(self, name: str, installation_id: str) -> None:
         if not labels.INSTALLATION_RE.fullmatch(installation_id):
@@ -221,6 +235,15 @@ class Provider(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, installation={self.installation_id!r})"
+
+    @property
+    def can_stop(self) -> bool:
+        """Machines of this kind can be stopped and started again with their disk kept (`stop`,
+        `start`): what a warm pool needs. Read from the kind's options model
+        (`config.models._ProviderBase.can_stop`), so `validate` and the provider never disagree;
+        kinds that cannot keep the default `stop`/`start`, which refuse."""
+        model = _CONFIG_MODELS.get(self.kind)
+        return bool(model is not None and model.can_stop)
 
     def redacting(self, secrets: Iterable[str]) -> AbstractContextManager[None]:
         """While it lasts, `secrets` are scrubbed from every error this provider raises (a
@@ -252,14 +275,17 @@ class Provider(ABC):
     # -- stop and start, for kinds that can (`can_stop`)
 
     def stop(self, provider_instance_id: str) -> None:
-        """Stop one of our machines, keeping its disk, so `start` resumes it."""
+        """Stop one of our machines, keeping its disk, so `start` resumes it. Asynchronous at
+        most providers: `get` reports STOPPED once it is. Already stopped = success; gone =
+        success (nothing runs); not ours = `NotOwnedError`."""
         raise ProviderRequestError(
             f"{self.name}: {self.kind} machines cannot be stopped and started",
             provider=self.name,
         )
 
     def start(self, provider_instance_id: str) -> None:
-        """Start one of our stopped machines again."""
+        """Start one of our stopped machines again; `get` reports STARTING, then RUNNING.
+        Already running = success. Gone, GPU taken or host unable = `ResumeRefusedError`."""
         raise ProviderRequestError(
             f"{self.name}: {self.kind} machines cannot be stopped and started",
             provider=self.name,

@@ -54,6 +54,7 @@ from autoscaler.providers.base import (
     ProviderMachine,
     ProviderRequestError,
     RateLimitedError,
+    ResumeRefusedError,
     TransientError,
     find_after_ambiguous_create,
 )
@@ -80,10 +81,12 @@ _STATUS = {
     "restarting": MachineStatus.STARTING,
     "running": MachineStatus.RUNNING,
     "stopping": MachineStatus.RUNNING,
-    "paused": MachineStatus.DEAD,
-    "exited": MachineStatus.DEAD,
-    "stopped": MachineStatus.DEAD,
-    "dead": MachineStatus.DEAD,
+    # Files kept, `start` resumes (a paused one: unpaused). Exited by itself looks the same to
+    # the engine; the caller knows which it stopped.
+    "paused": MachineStatus.STOPPED,
+    "exited": MachineStatus.STOPPED,
+    "stopped": MachineStatus.STOPPED,
+    "dead": MachineStatus.DEAD,  # a removal that failed half-way: never starts again
     "removing": MachineStatus.GONE,
 }
 _RESTING = frozenset({"exited", "stopped", "dead", "removing"})
@@ -138,7 +141,6 @@ def _cause(exc: BaseException) -> str:
 
 class ContainerProvider(Provider):
     kind = "container"
-    can_stop = True
 
     def __init__(
         self,
@@ -346,6 +348,7 @@ class ContainerProvider(Provider):
             price_per_hour=price,
             host_id=self._host_name(),
             gpu=labels.get(GPU_KEY) or None,
+            storage_price_per_hour=0.0,  # the team's own engine bills nothing
         )
 
     def get(self, provider_instance_id: str) -> ProviderMachine | None:
@@ -686,38 +689,53 @@ class ContainerProvider(Provider):
         attrs = self._ours(provider_instance_id)
         if attrs is None:
             return  # gone: not running, as asked
+        container_id, labels, state = _view(attrs)
+        if state in _RESTING:
+            return  # stopped already, or dead
         api = self._client()
-        with self._engine(f"stop {provider_instance_id[:12]}"):
-            api.stop(_view(attrs)[0], timeout=max(0, math.ceil(self.grace)))
+        with self._engine(f"stop {labels.get(LABEL_KEY)}"):
+            try:
+                if state == "paused":  # frozen processes get no SIGTERM: thaw them first
+                    api.unpause(container_id)
+                api.stop(container_id, timeout=max(0, math.ceil(self.grace)))
+            except docker.errors.NotFound:
+                return
 
     def start(self, provider_instance_id: str) -> None:
         """Start a stopped container of ours again, unless another of ours took its GPUs."""
         attrs = self._ours(provider_instance_id)
         if attrs is None:
-            raise ProviderRequestError(
-                f"{self.name}: container {provider_instance_id[:64]} does not exist any more; "
-                "create a new machine",
-                provider=self.name,
-            )
+            raise self._resume_refused(provider_instance_id, "it does not exist any more")
         container_id, labels, state = _view(attrs)
+        label = labels.get(LABEL_KEY)
         api = self._client()
+        if state in ("dead", "removing"):
+            raise self._resume_refused(label, f"the engine has it {state}")
         if state == "paused":
-            with self._engine(f"unpause {labels.get(LABEL_KEY)}"):
+            with self._engine(f"unpause {label}"):
                 api.unpause(container_id)
             return
-        if state not in _RESTING or state == "removing":
-            return
+        if state not in _RESTING:
+            return  # running, or on its way
         mine = set(_gpu_ids(labels))
         others = [c for c in self._owned() if _view(c)[0] != container_id]
         taken = self._held_gpus(others) & mine
         if taken:
-            raise CapacityError(
-                f"{self.name}: GPU {','.join(sorted(taken))} of {labels.get(LABEL_KEY)} is "
-                "held by another container of ours now",
-                provider=self.name,
+            raise self._resume_refused(
+                label, f"GPU {','.join(sorted(taken))} is held by another container of ours now"
             )
-        with self._engine(f"start {labels.get(LABEL_KEY)}"):
-            api.start(container_id)
+        with self._engine(f"start {label}"):
+            try:
+                api.start(container_id)
+            except docker.errors.NotFound:
+                raise self._resume_refused(label, "it went away while starting") from None
+
+    def _resume_refused(self, which: str | None, why: str) -> ResumeRefusedError:
+        return ResumeRefusedError(
+            f"{self.name}: container {(which or '?')[:64]} cannot be resumed: {why}; create a "
+            "new machine",
+            provider=self.name,
+        )
 
 
 def build(name: str, config: ContainerConfig, ctx: Build) -> ContainerProvider:

@@ -2,14 +2,21 @@
 for real on one computer.
 
 Each machine is one process started in its own session (`start_new_session=True`, so it leads
-its own process group) running `command` through `/bin/sh -c` with the machine's environment
-(the ownership marker and whatever the launch carries) on top of this process's. Destroy stops
-the whole group: SIGTERM, then SIGKILL after `grace` seconds.
+its own process group) running `command` through `/bin/sh -c` in the machine's folder
+(`<state_dir>/<label>/`, its "disk": the agent's work folder, `WORKDIR_ENV`, with its checkout
+and virtualenv) with the machine's environment (the ownership marker and whatever the launch
+carries) on top of a few variables of this process's. Destroy stops the whole group (SIGTERM,
+then SIGKILL after `grace` seconds) and removes the folder. Stop ends the processes the same way
+and keeps the folder; start runs the same command again there with the same environment, so
+the agent finds its work folder. Only a machine we stopped reads STOPPED: one whose processes
+ended by themselves reads DEAD, and is not started again.
 
 State is one JSON file per machine under `state_dir` (`<label>.json`, mode 0600 since the env
 may carry the worker's token) holding the pid, the process start time (so a recycled pid is
-never signalled) and the label and env. Any process with the same `state_dir` — beat, a worker,
-the CLI — can therefore find and destroy machines started by another.
+never signalled), the label, command, folder and environment, and when we stopped it. Any
+process with the same `state_dir` — beat, a worker, the CLI — can therefore find, stop, start
+and destroy machines started by another; a lock file per machine keeps two of them from
+starting (or stopping and starting) one machine at once.
 
 The default command (`DEFAULT_COMMAND`) is the worker agent (`autoscaler agent`), so the whole
 loop (register, deploy from Git, heartbeat, drain) runs on one computer; `command` in the
@@ -19,21 +26,24 @@ provider's config replaces it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from autoscaler.config.models import InstanceSpec
 from autoscaler.config.models import LocalProvider as LocalConfig
 from autoscaler.providers.base import (
+    WORKDIR_ENV,
     Build,
     LaunchSpec,
     MachineStatus,
@@ -42,6 +52,7 @@ from autoscaler.providers.base import (
     Provider,
     ProviderError,
     ProviderMachine,
+    ResumeRefusedError,
 )
 from autoscaler.providers.labels import ENV_LABEL, parse_label
 
@@ -160,16 +171,41 @@ class LocalProvider(Provider):
         if existing is not None:
             return existing
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # Only what a process needs to start, never the autoscaler's own environment (provider
-        # keys, the vault key, database URLs): a local machine gets what a rented one gets.
-        env = {k: os.environ[k] for k in BASE_ENV if k in os.environ}
-        env.update(launch.env)
-        log_path = self.state_dir / f"{launch.label}.log"
-        with open(log_path, "ab") as out:
+        folder = self._folder(launch.label)
+        folder.mkdir(exist_ok=True, mode=0o700)
+        env = dict(launch.env)
+        env.setdefault(WORKDIR_ENV, str(folder))  # where a resumed agent finds its checkout
+        record: dict[str, Any] = {
+            "label": launch.label,
+            "env": env,
+            # Only what a process needs to start, never the autoscaler's own environment
+            # (provider keys, the vault key, database URLs): a local machine gets what a rented
+            # one gets. Kept, so a start from another process runs with the same.
+            "base_env": {k: os.environ[k] for k in BASE_ENV if k in os.environ},
+            "folder": str(folder),
+            "gpu": offer.gpu,
+            "price_per_hour": offer.price_per_hour,
+            "created_at": self._clock(),
+            "command": self.command,
+            "stopped_at": None,
+        }
+        proc = self._spawn(record)
+        self._write(launch.label, record)
+        log.info("%s: started local machine %s (pid %d)", self.name, launch.label, proc.pid)
+        return self._machine(record)
+
+    def _spawn(self, record: dict[str, Any]) -> subprocess.Popen[bytes]:
+        """Run the machine's command in its folder with its environment; the record gets the
+        new process's pid, group and start time."""
+        label = str(record["label"])
+        env = {**record.get("base_env", {}), **record.get("env", {})}
+        folder = record.get("folder")
+        with open(self.state_dir / f"{label}.log", "ab") as out:
             try:
                 proc = subprocess.Popen(
-                    ["/bin/sh", "-c", self.command],
+                    ["/bin/sh", "-c", str(record.get("command") or self.command)],
                     env=env,
+                    cwd=folder,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -181,21 +217,12 @@ class LocalProvider(Provider):
                     f"{self.name}: cannot start the local machine command ({exc.strerror})",
                     provider=self.name,
                 ) from None
-        record = {
-            "pid": proc.pid,
-            "pgid": proc.pid,
-            "start_time": _start_time(proc.pid),
-            "label": launch.label,
-            "env": dict(launch.env),
-            "gpu": offer.gpu,
-            "price_per_hour": offer.price_per_hour,
-            "created_at": self._clock(),
-            "command": self.command,
-        }
-        self._write(launch.label, record)
-        self._children[launch.label] = proc
-        log.info("%s: started local machine %s (pid %d)", self.name, launch.label, proc.pid)
-        return self._machine(record)
+        record.update(pid=proc.pid, pgid=proc.pid, start_time=_start_time(proc.pid))
+        self._children[label] = proc
+        return proc
+
+    def _folder(self, label: str) -> Path:
+        return self.state_dir / label
 
     # ------------------------------------------------------------------ read
 
@@ -231,14 +258,21 @@ class LocalProvider(Provider):
 
     def _machine(self, record: dict[str, Any]) -> ProviderMachine:
         alive = self._alive(record)
+        if alive:
+            status, raw = MachineStatus.RUNNING, "alive"
+        elif record.get("stopped_at") is not None:
+            status, raw = MachineStatus.STOPPED, "stopped"
+        else:  # it ended by itself: not ours to start again
+            status, raw = MachineStatus.DEAD, "exited"
         return ProviderMachine(
             provider_instance_id=str(record["label"]),
             label=str(record["label"]),
-            status=MachineStatus.RUNNING if alive else MachineStatus.DEAD,
-            raw_status=f"pid {record['pid']} {'alive' if alive else 'exited'}",
+            status=status,
+            raw_status=f"pid {record['pid']} {raw}",
             price_per_hour=float(record.get("price_per_hour") or 0.0),
             host_id=os.uname().nodename,
             gpu=record.get("gpu"),
+            storage_price_per_hour=0.0,
         )
 
     def get(self, provider_instance_id: str) -> ProviderMachine | None:
@@ -263,19 +297,103 @@ class LocalProvider(Provider):
                 machines.append(self._machine(record))
         return machines
 
-    # ------------------------------------------------------------------ destroy
+    # ------------------------------------------------------------------ destroy, stop, start
 
-    def destroy(self, provider_instance_id: str) -> None:
+    def _owned_id(self, provider_instance_id: str) -> bool:
+        """True for a machine id of ours; False for one this provider never made; raises
+        `NotOwnedError` for another installation's."""
         if parse_label(provider_instance_id) is None:
-            return  # not a machine id this provider ever made
+            return False
         if not self.owns(provider_instance_id):
             raise NotOwnedError(
                 f"{self.name}: {provider_instance_id} was not created by this installation",
                 provider=self.name,
             )
-        record = self._read(provider_instance_id)
-        if record is None:
+        return True
+
+    @contextlib.contextmanager
+    def _locked(self, label: str) -> Iterator[None]:
+        """One stop, start or destroy of a machine at a time, across processes (none for a
+        machine without a record: nothing to race on, and no lock file left behind)."""
+        if not self._path(label).exists():
+            yield
             return
+        fd = os.open(self.state_dir / f".{label}.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def destroy(self, provider_instance_id: str) -> None:
+        if not self._owned_id(provider_instance_id):
+            return  # not a machine id this provider ever made
+        with self._locked(provider_instance_id):
+            record = self._read(provider_instance_id)
+            if record is None:
+                return
+            self._end(record)
+            folder = Path(str(record.get("folder") or self._folder(provider_instance_id)))
+            if folder.resolve().parent == self.state_dir.resolve():  # never one we did not make
+                shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                self._path(provider_instance_id).unlink()
+            with contextlib.suppress(FileNotFoundError):
+                (self.state_dir / f".{provider_instance_id}.lock").unlink()
+        log.info("%s: destroyed local machine %s", self.name, provider_instance_id)
+
+    def stop(self, provider_instance_id: str) -> None:
+        """Its processes end (as destroy ends them); its folder and record stay."""
+        if not self._owned_id(provider_instance_id):
+            return
+        with self._locked(provider_instance_id):
+            record = self._read(provider_instance_id)
+            if record is None:
+                return  # gone: nothing runs
+            if record.get("stopped_at") is None:
+                # Written first: a stop cut short still reads STOPPED once its processes end.
+                record["stopped_at"] = self._clock()
+                self._write(provider_instance_id, record)
+            self._end(record)
+        log.info("%s: stopped local machine %s", self.name, provider_instance_id)
+
+    def start(self, provider_instance_id: str) -> None:
+        """The same command again, in the same folder, with the same environment."""
+        if not self._owned_id(provider_instance_id):
+            raise self._refused(provider_instance_id, "no such machine")
+        with self._locked(provider_instance_id):
+            record = self._read(provider_instance_id)
+            if record is None:
+                raise self._refused(provider_instance_id, "it is gone")
+            if self._alive(record):
+                return  # running already
+            if record.get("stopped_at") is None:
+                raise self._refused(provider_instance_id, "it exited by itself; we did not stop it")
+            folder = record.get("folder")
+            if folder is not None and not Path(str(folder)).is_dir():
+                raise self._refused(provider_instance_id, f"its folder {folder} is gone")
+            self._children.pop(provider_instance_id, None)
+            self._power_off(provider_instance_id)  # a straggler of a stop cut short: never two
+            self._spawn(record)
+            record["stopped_at"] = None
+            record["resumes"] = int(record.get("resumes") or 0) + 1
+            self._write(provider_instance_id, record)
+        log.info(
+            "%s: started local machine %s again (pid %d)",
+            self.name,
+            provider_instance_id,
+            record["pid"],
+        )
+
+    def _refused(self, label: str, why: str) -> ResumeRefusedError:
+        return ResumeRefusedError(
+            f"{self.name}: local machine {label} cannot be resumed: {why}", provider=self.name
+        )
+
+    def _end(self, record: dict[str, Any]) -> None:
+        """End every process of the machine: its group (SIGTERM, SIGKILL after the grace) and
+        any that left it but carry its label."""
+        label = str(record["label"])
         pgid = int(record["pgid"])
         if self._alive(record):
             self._signal(pgid, signal.SIGTERM)
@@ -283,19 +401,16 @@ class LocalProvider(Provider):
             while time.monotonic() < deadline and self._alive(record):
                 time.sleep(0.05)
             if self._alive(record):
-                log.warning("%s: %s ignored SIGTERM; killing it", self.name, provider_instance_id)
+                log.warning("%s: %s ignored SIGTERM; killing it", self.name, label)
                 self._signal(pgid, signal.SIGKILL)
                 deadline = time.monotonic() + 5.0
                 while time.monotonic() < deadline and self._alive(record):
                     time.sleep(0.05)
-        self._power_off(provider_instance_id)
-        child = self._children.pop(provider_instance_id, None)
+        self._power_off(label)
+        child = self._children.pop(label, None)
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=1.0)
-        with contextlib.suppress(FileNotFoundError):
-            self._path(provider_instance_id).unlink()
-        log.info("%s: stopped local machine %s", self.name, provider_instance_id)
 
     def _power_off(self, label: str) -> None:
         """Like a rented machine going away, nothing of it survives: processes that left the

@@ -2,7 +2,10 @@
 
 Users test their triggers with it. Machines boot after `boot_delay`, a share of them fails to
 boot (`boot_failure_rate`: they turn DEAD instead of RUNNING), a share of creates is refused
-for capacity (`capacity_error_rate`), and every machine costs `price_per_hour`. The state lives
+for capacity (`capacity_error_rate`), and every machine costs `price_per_hour`. A stop takes
+`stop_delay` (RUNNING, then STOPPED), a start `start_delay` (STARTING, then RUNNING), a share
+of starts is refused (`resume_failure_rate`: `ResumeRefusedError`, as when a host's GPU was
+rented meanwhile), and a stopped machine bills `storage_price_per_hour`. The state lives
 behind the `MockMachines` port; production keeps it in the `mock_machines` table
 (store/mock_machines.py), so beat, workers, the CLI and the API — separate processes — all
 see the same machines.
@@ -27,6 +30,7 @@ from autoscaler.providers.base import (
     Offer,
     Provider,
     ProviderMachine,
+    ResumeRefusedError,
 )
 
 if TYPE_CHECKING:
@@ -70,6 +74,14 @@ class MockMachines(Protocol):
     def destroy(self, provider: str, machine_id: int, now: datetime) -> bool: ...
 
     def kill(self, provider: str, machine_id: int) -> bool: ...
+
+    def stop(self, provider: str, machine_id: int, until: datetime) -> bool:
+        """Stop a created machine, stopped from `until` on; False if it was not created."""
+        ...
+
+    def start(self, provider: str, machine_id: int, until: datetime) -> bool:
+        """Start a stopped machine, running from `until` on; False if it was not stopped."""
+        ...
 
 
 class MockProvider(Provider):
@@ -150,20 +162,59 @@ class MockProvider(Provider):
             return None
         return self._machine(row, self._clock())
 
-    def destroy(self, provider_instance_id: str) -> None:
+    def _owned_row(self, provider_instance_id: str) -> MockRecord | None:
+        """The machine, None when gone; `NotOwnedError` when it is not ours."""
         row_id = _row_id(provider_instance_id)
         if row_id is None:
-            return
+            return None
         row = self.machines.get(self.name, row_id)
         if row is None or row.destroyed:
-            return
+            return None
         if not self.owns(row.label):
             raise NotOwnedError(
                 f"{self.name}: machine {provider_instance_id} was not created by this "
                 "installation; it is left alone",
                 provider=self.name,
             )
-        self.machines.destroy(self.name, row_id, self._clock())
+        return row
+
+    def destroy(self, provider_instance_id: str) -> None:
+        row = self._owned_row(provider_instance_id)
+        if row is not None:
+            self.machines.destroy(self.name, row.id, self._clock())
+
+    def stop(self, provider_instance_id: str) -> None:
+        row = self._owned_row(provider_instance_id)
+        now = self._clock()
+        if row is None or self._machine(row, now).status is MachineStatus.DEAD:
+            return  # gone or dead: nothing runs
+        # Conditional: already stopped (or stopping) keeps its first stop's time.
+        self.machines.stop(self.name, row.id, now + timedelta(seconds=self.config.stop_delay))
+
+    def start(self, provider_instance_id: str) -> None:
+        row = self._owned_row(provider_instance_id)
+        if row is None:
+            raise self._refused(provider_instance_id, "it is gone")
+        now = self._clock()
+        if self._machine(row, now).status is MachineStatus.DEAD:
+            raise self._refused(provider_instance_id, "it is dead")
+        if not row.stopped:
+            return  # running or starting already
+        if self._rng.random() < self.config.resume_failure_rate:
+            raise self._refused(
+                provider_instance_id, "simulated: its host's GPU was rented meanwhile"
+            )
+        until = now + timedelta(seconds=self.config.start_delay)
+        if not self.machines.start(self.name, row.id, until):
+            again = self.machines.get(self.name, row.id)  # changed meanwhile: by whom?
+            if again is None or again.destroyed or again.dead:
+                raise self._refused(provider_instance_id, "it went away while starting")
+
+    def _refused(self, provider_instance_id: str, why: str) -> ResumeRefusedError:
+        return ResumeRefusedError(
+            f"{self.name}: machine {provider_instance_id} cannot be resumed: {why}",
+            provider=self.name,
+        )
 
     def kill(self, provider_instance_id: str) -> bool:
         """Simulate the machine dying (demos, reconciler tests)."""
@@ -171,10 +222,15 @@ class MockProvider(Provider):
         return row_id is not None and self.machines.kill(self.name, row_id)
 
     def _machine(self, row: MockRecord, now: datetime) -> ProviderMachine:
+        raw = row.status
         if row.destroyed:
             status = MachineStatus.GONE
         elif row.dead:
             status = MachineStatus.DEAD
+        elif row.stopped and now < row.boots_at:
+            status, raw = MachineStatus.RUNNING, "stopping"
+        elif row.stopped:
+            status = MachineStatus.STOPPED
         elif now < row.boots_at:
             status = MachineStatus.STARTING
         elif row.will_fail:
@@ -185,10 +241,11 @@ class MockProvider(Provider):
             provider_instance_id=f"{ID_PREFIX}{row.id}",
             label=row.label,
             status=status,
-            raw_status=row.status,
+            raw_status=raw,
             price_per_hour=row.price_per_hour,
             host_id="mock-host",
             gpu=row.gpu,
+            storage_price_per_hour=self.config.storage_price_per_hour,
         )
 
 

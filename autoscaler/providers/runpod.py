@@ -10,6 +10,13 @@
 - `GET /v2/pods` answers every pod of the account in one response (the v2 spec has no paging
   parameters); it is read whole and filtered by label.
 - Terminate is `DELETE /v2/pods/{id}`; 404 means already gone.
+- Stop and start are `POST /v2/pods/{id}/action` (`{"action": "stop"|"start"}`), after the same
+  ownership check as terminate. A stopped pod is `EXITED` (its volume disk kept, its container
+  disk erased: with `volume_gb` the pod gets a volume and the agent its work folder there). A
+  409 (action not allowed in the pod's status), a 5xx or a lost answer is settled by reading the
+  pod again: both actions are idempotent in effect. A start that comes back without a GPU (the
+  host's GPU was rented meanwhile) is stopped again at once, so no worker runs without its GPU,
+  and refused (`ResumeRefusedError`): the caller destroys it.
 """
 
 from __future__ import annotations
@@ -20,10 +27,11 @@ from typing import Any, Unpack
 
 import requests
 
-from autoscaler.config.models import InstanceSpec
+from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec
 from autoscaler.config.models import RunPodProvider as RunPodConfig
 from autoscaler.providers.api import ApiOptions, ApiProvider
 from autoscaler.providers.base import (
+    WORKDIR_ENV,
     AmbiguousCreateError,
     Build,
     CapacityError,
@@ -34,6 +42,8 @@ from autoscaler.providers.base import (
     ProviderError,
     ProviderMachine,
     ProviderRequestError,
+    ResumeRefusedError,
+    TransientError,
 )
 from autoscaler.providers.http import json_body
 
@@ -43,10 +53,14 @@ _STATUS = {
     "PROVISIONING": MachineStatus.STARTING,
     "STARTING": MachineStatus.STARTING,
     "RUNNING": MachineStatus.RUNNING,
-    "EXITED": MachineStatus.DEAD,
-    "ERROR": MachineStatus.DEAD,
+    "EXITED": MachineStatus.STOPPED,  # stopped, volume kept: `start` resumes it
+    "ERROR": MachineStatus.DEAD,  # "unrecoverable"
     "TERMINATED": MachineStatus.GONE,
 }
+
+_ACTIVE = frozenset({"PROVISIONING", "STARTING", "RUNNING"})
+"""Statuses in which a pod holds (or is getting) its GPU: `stop` is allowed, `start` is not."""
+_RESTING = frozenset({"EXITED", "ERROR"})
 
 _CAPACITY_RE = re.compile(
     r"no (longer )?(any )?instances? (are )?(currently )?available"
@@ -168,6 +182,12 @@ class RunPodProvider(ApiProvider):
             "disk": spec.disk_gb,
             "env": dict(launch.env),
         }
+        if self.config.volume_gb > 0:
+            # The only disk a stopped pod keeps: the agent's work folder lives there, so a
+            # resumed pod skips the clone and install.
+            mount = self.config.volume_mount_path
+            body["mounts"] = {"persistent": {"size": self.config.volume_gb, "path": mount}}
+            body["env"].setdefault(WORKDIR_ENV, f"{mount.rstrip('/')}/autoscaler")
         if self.config.data_centers:
             body["dataCenterIds"] = list(self.config.data_centers)
         try:
@@ -230,23 +250,132 @@ class RunPodProvider(ApiProvider):
             return None
         return pod
 
+    def _owned_pod(self, pod_id: str) -> dict[str, Any] | None:
+        """The pod, None when gone; `NotOwnedError` when it is not ours."""
+        pod = self._get_pod(pod_id)
+        if pod is not None and not self.owns(pod.get("name")):
+            raise NotOwnedError(
+                f"{self.name}: pod {pod_id} was not created by this installation; it is left "
+                "alone",
+                provider=self.name,
+            )
+        return pod
+
     # ------------------------------------------------------------------ destroy
 
     def destroy(self, provider_instance_id: str) -> None:
-        pod = self._get_pod(provider_instance_id)
+        pod = self._owned_pod(provider_instance_id)
         if pod is None:
             return
-        if not self.owns(pod.get("name")):
-            raise NotOwnedError(
-                f"{self.name}: pod {provider_instance_id} was not created by this installation; "
-                "it is left alone",
-                provider=self.name,
-            )
         resp = self._http.request("DELETE", f"/v2/pods/{provider_instance_id}")
         if resp.status_code in (200, 204, 404):
             log.info("%s: terminated pod %s", self.name, provider_instance_id)
             return
         self._raise_unexpected(resp, "DELETE /v2/pods/{id}")
+
+    # ------------------------------------------------------------------ stop / start
+
+    def stop(self, provider_instance_id: str) -> None:
+        pod = self._owned_pod(provider_instance_id)
+        if pod is None or pod.get("status") in _RESTING:
+            return  # gone, stopped or errored: nothing runs
+        resp, why = self._action(provider_instance_id, "stop")
+        if resp is not None and resp.status_code == 200:
+            log.info("%s: stopping pod %s", self.name, provider_instance_id)
+            return
+        # 409 (not allowed in its status now), 404, a 5xx or a lost answer: read what happened.
+        after = self._get_pod(provider_instance_id)
+        if after is None or after.get("status") in _RESTING:
+            log.info("%s: pod %s is stopped (%s)", self.name, provider_instance_id, why)
+            return
+        if resp is None or resp.status_code >= 500:
+            raise TransientError(
+                f"{self.name}: stop of pod {provider_instance_id} not confirmed ({why}); it still "
+                f"reads {after.get('status')}: stop it again",
+                provider=self.name,
+            )
+        raise ProviderRequestError(
+            f"{self.name}: stop of pod {provider_instance_id} refused ({why}; locked: "
+            f"{after.get('locked')})",
+            provider=self.name,
+        )
+
+    def start(self, provider_instance_id: str) -> None:
+        pod = self._owned_pod(provider_instance_id)
+        if pod is None:
+            raise self._refused(provider_instance_id, "it is gone")
+        status = pod.get("status")
+        if status == "ERROR":
+            raise self._refused(provider_instance_id, "it is in ERROR (unrecoverable)")
+        if status in _ACTIVE:  # already running or starting: check it kept its GPU
+            self._check_gpu(pod)
+            return
+        resp, why = self._action(provider_instance_id, "start")
+        if resp is not None and resp.status_code == 200:
+            started = json_body(resp)
+            if not isinstance(started, dict):
+                started = self._get_pod(provider_instance_id)
+            if started is None:
+                raise self._refused(provider_instance_id, "it went away while starting")
+            log.info("%s: starting pod %s", self.name, provider_instance_id)
+            self._check_gpu(started)
+            return
+        if resp is not None and _CAPACITY_RE.search(why):
+            raise self._refused(provider_instance_id, why)
+        if resp is not None and resp.status_code in (400, 422):
+            raise ProviderRequestError(
+                f"{self.name}: start of pod {provider_instance_id} refused ({why})",
+                provider=self.name,
+            )
+        after = self._get_pod(provider_instance_id)
+        if after is None:
+            raise self._refused(provider_instance_id, f"it is gone ({why})")
+        if after.get("status") in _ACTIVE:  # it did start (a 409 after a start of ours, too)
+            self._check_gpu(after)
+            return
+        if resp is None or resp.status_code >= 500:
+            raise TransientError(
+                f"{self.name}: start of pod {provider_instance_id} not confirmed ({why}); it "
+                f"still reads {after.get('status')}: start it again",
+                provider=self.name,
+            )
+        raise self._refused(provider_instance_id, why)
+
+    def _action(self, pod_id: str, action: str) -> tuple[requests.Response | None, str]:
+        """POST the action: (the answer, what it says), or (None, why) when the answer was lost
+        after sending, so the action may have happened. Never retried blind: a caller that did
+        not get a 200 reads the pod to know."""
+        _check_id(pod_id)
+        try:
+            resp = self._http.request(
+                "POST", f"/v2/pods/{pod_id}/action", json={"action": action}, idempotent=False
+            )
+        except AmbiguousCreateError as exc:
+            return None, f"the answer was lost: {exc}"
+        return resp, f"HTTP {resp.status_code}: {self._problem(resp)}"
+
+    def _check_gpu(self, pod: dict[str, Any]) -> None:
+        """A started pod without a GPU (its host's GPU was rented meanwhile, and RunPod starts
+        it anyway) must not run our worker: it is stopped again, best effort, and refused."""
+        if _gpu_count(pod) > 0:
+            return
+        pod_id = str(pod.get("id"))
+        try:
+            self._action(pod_id, "stop")
+        except ProviderError as exc:  # the caller destroys it anyway
+            log.warning("%s: could not stop GPU-less pod %s again: %s", self.name, pod_id, exc)
+        raise self._refused(
+            pod_id, "it started without a GPU (the host's GPU was rented meanwhile); stopped again"
+        )
+
+    def _refused(self, pod_id: str, why: str) -> ResumeRefusedError:
+        return ResumeRefusedError(
+            f"{self.name}: pod {pod_id} cannot be resumed: {why}; destroy it and rent afresh",
+            provider=self.name,
+        )
+
+    def _problem(self, resp: requests.Response) -> str:
+        return self._http.redact(_problem(resp)) or self._http.excerpt(resp)
 
     # ------------------------------------------------------------------ helpers
 
@@ -254,15 +383,29 @@ class RunPodProvider(ApiProvider):
         raw = pod.get("status")
         gpu = pod.get("gpu") if isinstance(pod.get("gpu"), dict) else {}
         cost = pod.get("cost")
+        status = _STATUS.get(str(raw), MachineStatus.STARTING)
+        if raw in _ACTIVE and _gpu_count(pod) == 0:
+            status = MachineStatus.DEAD  # resumed without its GPU: it never serves the queue
         return ProviderMachine(
             provider_instance_id=str(pod["id"]),
             label=str(pod.get("name") or ""),
-            status=_STATUS.get(str(raw), MachineStatus.STARTING),
+            status=status,
             raw_status=str(raw) if raw is not None else None,
             price_per_hour=float(cost) if isinstance(cost, int | float) else None,
             host_id=pod.get("dataCenterId"),
             gpu=(gpu or {}).get("id"),
+            storage_price_per_hour=self._storage_price(pod),
         )
+
+    def _storage_price(self, pod: dict[str, Any]) -> float:
+        """What the pod bills stopped: its volume disk (the container disk is erased) at the
+        configured $/GB-month; none without a volume."""
+        mounts = pod.get("mounts")
+        persistent = mounts.get("persistent") if isinstance(mounts, dict) else None
+        size = persistent.get("size") if isinstance(persistent, dict) else None
+        if not isinstance(size, int | float) or size <= 0:
+            return 0.0
+        return round(float(size) * self.config.storage_price_per_gb_month / HOURS_PER_MONTH, 6)
 
     def _raise_unexpected(self, resp: requests.Response, what: str) -> None:
         if 200 <= resp.status_code < 300:
@@ -271,6 +414,19 @@ class RunPodProvider(ApiProvider):
         raise ProviderRequestError(
             f"{self.name}: {what} answered HTTP {resp.status_code}: {problem}", provider=self.name
         )
+
+
+def _gpu_count(pod: dict[str, Any]) -> int:
+    """GPUs the pod holds: its `gpu.count` (1 when unsaid, as the spec's default), 0 when it
+    has no `gpu` block; a v1-style `gpuCount` wins when present."""
+    legacy = pod.get("gpuCount")
+    if isinstance(legacy, int):
+        return legacy
+    gpu = pod.get("gpu")
+    if not isinstance(gpu, dict):
+        return 0
+    count = gpu.get("count", 1)
+    return count if isinstance(count, int) else 1
 
 
 def _match_gpu(gpus: list[Any], want: str) -> dict[str, Any] | None:

@@ -13,6 +13,12 @@
   and reading that as "no instances" would leak every machine.
 - Get `GET /api/v0/instances/{id}/` (`{"instances": null}` = gone); destroy
   `DELETE /api/v0/instances/{id}/` (404 = already gone).
+- Stop and start: `PUT /api/v0/instances/{id}/` with `{"state": "stopped"|"running"}`, after the
+  same ownership check as destroy; idempotent (setting a state twice is harmless), so retried
+  like a read. A stopped instance releases its GPU and keeps its disk (billed at the host's
+  storage price); a start waits for the GPU (`scheduling`, STARTING here — the caller's
+  `resume_timeout` ends a wait that lasts) or is refused when the machine cannot give it
+  (`ResumeRefusedError`).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any, Unpack
 
 import requests
 
-from autoscaler.config.models import InstanceSpec
+from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec
 from autoscaler.config.models import VastProvider as VastConfig
 from autoscaler.digits import ascii_whole, is_ascii_whole
 from autoscaler.providers.api import ApiOptions, ApiProvider
@@ -43,6 +49,7 @@ from autoscaler.providers.base import (
     ProviderError,
     ProviderMachine,
     ProviderRequestError,
+    ResumeRefusedError,
 )
 from autoscaler.providers.http import json_body
 
@@ -56,14 +63,23 @@ _STATUS = {
     "created": MachineStatus.STARTING,
     "loading": MachineStatus.STARTING,
     "rebooting": MachineStatus.STARTING,
+    "scheduling": MachineStatus.STARTING,  # a start waiting for the machine's GPU
     "running": MachineStatus.RUNNING,
-    "stopped": MachineStatus.DEAD,
+    "stopped": MachineStatus.STOPPED,
     "frozen": MachineStatus.DEAD,
-    "exited": MachineStatus.DEAD,
+    "exited": MachineStatus.DEAD,  # "container process exited unexpectedly"
     "unknown": MachineStatus.DEAD,
     "offline": MachineStatus.DEAD,
 }
+_HOST_GONE = frozenset({"unknown", "offline"})
+"""No word from the host: not even a stopped instance there will start again."""
 _OCI_ERROR_RE = re.compile(r"oci runtime|error response from daemon", re.IGNORECASE)
+_UNAVAILABLE_RE = re.compile(
+    r"unavail|not (currently )?available|insufficient|not enough|no (free |available )?gpus?"
+    r"|no_such_instance|not found",
+    re.IGNORECASE,
+)
+"""A start refused because the machine cannot give the instance its GPU back (or it is gone)."""
 
 
 def _country(geolocation: Any) -> str:
@@ -80,14 +96,36 @@ def _error_text(body: Any) -> str:
 
 
 def machine_status(instance: dict[str, Any]) -> MachineStatus:
-    """Normalise Vast's statuses; an OCI runtime error in status_msg means the box is dead."""
+    """Normalise Vast's statuses. An OCI runtime error in status_msg, or a host that stopped
+    reporting, means the box is dead. `intended_status` says what was asked: stopped (by us)
+    reads STOPPED whatever the container says now (Vast shows a stopped one as `exited` too),
+    and a container at rest while running is intended is a start waiting for its GPU (Vast's
+    `scheduling`), which reads STARTING."""
     actual = instance.get("actual_status")
-    status = _STATUS.get(actual, MachineStatus.DEAD if actual else MachineStatus.STARTING)
-    if status is not MachineStatus.RUNNING and _OCI_ERROR_RE.search(
-        str(instance.get("status_msg") or "")
-    ):
+    intended = instance.get("intended_status")
+    if actual != "running" and _OCI_ERROR_RE.search(str(instance.get("status_msg") or "")):
         return MachineStatus.DEAD
-    return status
+    if actual in _HOST_GONE:
+        return MachineStatus.DEAD
+    if actual == "running":
+        return MachineStatus.RUNNING  # still running while a stop is on its way
+    if intended == "stopped":
+        return MachineStatus.STOPPED
+    if actual == "stopped" and intended == "running":
+        return MachineStatus.STARTING
+    return _STATUS.get(actual, MachineStatus.DEAD if actual else MachineStatus.STARTING)
+
+
+def storage_price(instance: dict[str, Any]) -> float | None:
+    """What the instance bills stopped, $/h: Vast's own `storage_total_cost` (its disk's price
+    per hour), else `storage_cost` ($/GB-month) × `disk_space` GB; None when it says neither."""
+    total = instance.get("storage_total_cost")
+    if isinstance(total, int | float) and not isinstance(total, bool) and total >= 0:
+        return round(float(total), 6)
+    per_gb, disk = instance.get("storage_cost"), instance.get("disk_space")
+    if isinstance(per_gb, int | float) and isinstance(disk, int | float):
+        return round(float(per_gb) * float(disk) / HOURS_PER_MONTH, 6)
+    return None
 
 
 class VastProvider(ApiProvider):
@@ -331,16 +369,20 @@ class VastProvider(ApiProvider):
 
     # ------------------------------------------------------------------ destroy
 
-    def destroy(self, provider_instance_id: str) -> None:
-        inst = self._get_instance(provider_instance_id)
-        if inst is None:
-            return
-        if not self.owns(inst.get("label")):
+    def _owned_instance(self, instance_id: str) -> dict[str, Any] | None:
+        """The instance, None when gone; `NotOwnedError` when it is not ours."""
+        inst = self._get_instance(instance_id)
+        if inst is not None and not self.owns(inst.get("label")):
             raise NotOwnedError(
-                f"{self.name}: instance {provider_instance_id} was not created by this "
-                "installation; it is left alone",
+                f"{self.name}: instance {instance_id} was not created by this installation; "
+                "it is left alone",
                 provider=self.name,
             )
+        return inst
+
+    def destroy(self, provider_instance_id: str) -> None:
+        if self._owned_instance(provider_instance_id) is None:
+            return
         self._delete(provider_instance_id)
 
     def _delete(self, instance_id: str) -> None:
@@ -355,6 +397,74 @@ class VastProvider(ApiProvider):
                 provider=self.name,
             )
         log.info("%s: destroyed instance %s", self.name, instance_id)
+
+    # ------------------------------------------------------------------ stop / start
+
+    def stop(self, provider_instance_id: str) -> None:
+        inst = self._owned_instance(provider_instance_id)
+        if inst is None or inst.get("intended_status") == "stopped":
+            return  # gone, or already stopped (or stopping)
+        ok, text = self._set_state(provider_instance_id, "stopped")
+        if ok:
+            log.info("%s: stopping instance %s", self.name, provider_instance_id)
+            return
+        after = self._get_instance(provider_instance_id)
+        if after is None or after.get("intended_status") == "stopped":
+            return
+        raise ProviderError(
+            f"{self.name}: stop of instance {provider_instance_id} failed: {text}",
+            provider=self.name,
+        )
+
+    def start(self, provider_instance_id: str) -> None:
+        inst = self._owned_instance(provider_instance_id)
+        if inst is None:
+            raise self._refused(provider_instance_id, "it is gone")
+        status = machine_status(inst)
+        if status is MachineStatus.DEAD:
+            raise self._refused(
+                provider_instance_id,
+                f"it is dead ({inst.get('actual_status')}: {inst.get('status_msg') or '-'})",
+            )
+        if inst.get("intended_status") == "running" and status is not MachineStatus.STOPPED:
+            return  # running, or already starting
+        ok, text = self._set_state(provider_instance_id, "running")
+        if ok:
+            log.info("%s: starting instance %s", self.name, provider_instance_id)
+            return
+        if _UNAVAILABLE_RE.search(text):
+            raise self._refused(provider_instance_id, text)
+        raise ProviderError(
+            f"{self.name}: start of instance {provider_instance_id} failed: {text}",
+            provider=self.name,
+        )
+
+    def _set_state(self, instance_id: str, state: str) -> tuple[bool, str]:
+        """PUT the instance's state: (True, '') on success, else (False, what Vast said). A
+        404 answers (False, 'not found')."""
+        resp = self._http.request("PUT", f"/api/v0/instances/{instance_id}/", json={"state": state})
+        body = json_body(resp)
+        if 200 <= resp.status_code < 300 and isinstance(body, dict):
+            if body.get("success") is not False:
+                return True, ""
+            return False, self._http.redact(_error_text(body)) or "success=false"
+        text = self._http.redact(_error_text(body)) or self._http.excerpt(resp)
+        if resp.status_code == 404:
+            return False, f"not found (HTTP 404): {text}"
+        if resp.status_code in (400, 422) and not _UNAVAILABLE_RE.search(text):
+            raise ProviderRequestError(
+                f"{self.name}: setting instance {instance_id} {state} was refused (HTTP "
+                f"{resp.status_code}): {text}",
+                provider=self.name,
+            )
+        return False, f"HTTP {resp.status_code}: {text}"
+
+    def _refused(self, instance_id: str, why: str) -> ResumeRefusedError:
+        return ResumeRefusedError(
+            f"{self.name}: instance {instance_id} cannot be resumed: {why}; destroy it and rent "
+            "afresh",
+            provider=self.name,
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -387,6 +497,7 @@ class VastProvider(ApiProvider):
             price_per_hour=float(price) if isinstance(price, int | float) else None,
             host_id=str(inst["machine_id"]) if inst.get("machine_id") is not None else None,
             gpu=inst.get("gpu_name"),
+            storage_price_per_hour=storage_price(inst),
         )
 
 

@@ -1,7 +1,9 @@
 """The mock provider's machines, in the database so every process sees the same ones.
 
-`status` holds what was decided at create or since ("created", "dead", "destroyed"); whether a
-created machine is still booting is read from `boots_at` against the caller's clock.
+`status` holds what was decided at create or since ("created", "stopped", "dead",
+"destroyed"); `boots_at` is when the last change asked of the machine completes, read against
+the caller's clock: a "created" machine is booting (or starting again) until then, a "stopped"
+one stopping until then. (No column of its own: the table stays as it is.)
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from autoscaler.store.models import MockMachine
 
 CREATED = "created"
+STOPPED = "stopped"
 DEAD = "dead"
 DESTROYED = "destroyed"
 
@@ -105,7 +108,22 @@ def mark_destroyed(session: Session, provider: str, machine_id: int, now: dateti
 
 
 def mark_dead(session: Session, provider: str, machine_id: int) -> bool:
-    """Simulate a machine dying (for tests and demos of the reconciler)."""
+    """Simulate a machine dying, stopped ones too (for tests and demos of the reconciler)."""
+    result = session.execute(
+        update(MockMachine)
+        .where(
+            MockMachine.id == machine_id,
+            MockMachine.provider == provider,
+            MockMachine.status.in_((CREATED, STOPPED)),
+        )
+        .values(status=DEAD)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def mark_stopped(session: Session, provider: str, machine_id: int, until: datetime) -> bool:
+    """Stop a created (booting or running) machine: stopping until `until`, then stopped.
+    Conditional, so a second stop keeps the first one's time. False if it was not created."""
     result = session.execute(
         update(MockMachine)
         .where(
@@ -113,7 +131,23 @@ def mark_dead(session: Session, provider: str, machine_id: int) -> bool:
             MockMachine.provider == provider,
             MockMachine.status == CREATED,
         )
-        .values(status=DEAD)
+        .values(status=STOPPED, boots_at=until)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def mark_started(session: Session, provider: str, machine_id: int, until: datetime) -> bool:
+    """Start a stopped machine again: starting until `until`, then running (a boot failure
+    it was to have is forgotten: a resume's failures are the provider's `resume_failure_rate`).
+    False if it was not stopped (already started, dead or destroyed)."""
+    result = session.execute(
+        update(MockMachine)
+        .where(
+            MockMachine.id == machine_id,
+            MockMachine.provider == provider,
+            MockMachine.status == STOPPED,
+        )
+        .values(status=CREATED, boots_at=until, will_fail=False)
     )
     return bool(getattr(result, "rowcount", 0))
 
@@ -138,6 +172,11 @@ class MockRecord:
     @property
     def dead(self) -> bool:
         return self.status == DEAD
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped or stopping (`boots_at` says which)."""
+        return self.status == STOPPED
 
 
 def _record(row: MockMachine) -> MockRecord:
@@ -206,3 +245,11 @@ class StoredMockMachines:
     def kill(self, provider: str, machine_id: int) -> bool:
         with self._factory() as session, session.begin():
             return mark_dead(session, provider, machine_id)
+
+    def stop(self, provider: str, machine_id: int, until: datetime) -> bool:
+        with self._factory() as session, session.begin():
+            return mark_stopped(session, provider, machine_id, until)
+
+    def start(self, provider: str, machine_id: int, until: datetime) -> bool:
+        with self._factory() as session, session.begin():
+            return mark_started(session, provider, machine_id, until)

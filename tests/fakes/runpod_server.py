@@ -14,8 +14,17 @@ Switches (attributes, set them from a test):
   answer until the event is set (a create in flight, for as long as the test needs; 60 s at most).
 - `rate_limit_next`, `fail_next` (base class): 429 (no Retry-After) / 503 for the next N calls;
   `rate_limit_header`: the 429's IETF `RateLimit` header (RunPod's own; `t=` or `reset=`).
-- `boot_seconds`: PROVISIONING → RUNNING after this long (slow boots).
+- `boot_seconds`: PROVISIONING (after a create) or STARTING (after a start) → RUNNING after
+  this long (slow boots).
 - `kill(pod_id, status)`: a machine dies (EXITED or ERROR).
+- Stop and start (`POST /v2/pods/{id}/action`) as the spec says: `actions` follows the status,
+  an action not allowed in the pod's status is a 409 problem, stop releases the GPU to `stock`
+  and start takes it again — when `stock` has none left, the pod starts without a GPU (its
+  `gpu` block omitted: the spec's `count` cannot be 0), as RunPod does when the host's GPU was
+  rented meanwhile. `resume_without_gpu`: every start comes back without a GPU, whatever the
+  stock. `start_stuck_scheduling`: a started pod stays STARTING. `stop_times_out_but_happens`:
+  a stop stops the pod, then its answer is lost: held `lost_answer_delay` seconds (past the
+  client's read timeout) when `lost_answer` is "timeout", answered 500 when it is "500".
 `add_pod(name)` makes a pod as a human would (hand-made, not ours).
 """
 
@@ -71,6 +80,14 @@ DEFAULT_GPUS: list[dict[str, Any]] = [
     },
 ]
 DATA_CENTERS = [("US-TX-3", "US Texas 3"), ("EU-RO-1", "EU Romania 1")]
+ACTIONS = {
+    "PROVISIONING": ["stop", "terminate"],
+    "STARTING": ["stop", "terminate"],
+    "RUNNING": ["stop", "restart", "terminate"],
+    "EXITED": ["start", "terminate"],
+    "ERROR": ["start", "terminate"],
+}
+"""What the spec's podAction allows in each status (published in the pod's `actions`)."""
 
 
 def _now() -> str:
@@ -103,6 +120,14 @@ class FakeRunPod(FakeServer):
         self.echo_request_in_errors = False
         self.create_held = threading.Event()
         self.boot_seconds = 0.0
+        self.resume_without_gpu = False
+        self.start_stuck_scheduling = False
+        self.stop_times_out_but_happens = False
+        self.lost_answer = "timeout"
+        self.lost_answer_delay = 1.0
+        self._holding: dict[str, tuple[str, int]] = {}  # pod id -> the GPUs it holds
+        self._stuck: set[str] = set()
+        self._gpu_of: dict[str, dict[str, Any]] = {}  # pod id -> the GPUs it was made with
         self.rate_limit_header = '"minute";r=0;t=12'
         super().__init__(
             SpecChecker(runpod_api(), RUNPOD_SERVER, strip_trailing_slash=False), api_key
@@ -142,12 +167,12 @@ class FakeRunPod(FakeServer):
     def _status(self, pod_id: str) -> str:
         pod = self.pods[pod_id]
         if (
-            pod["status"] == "PROVISIONING"
+            pod["status"] in ("PROVISIONING", "STARTING")
+            and pod_id not in self._stuck
             and time.monotonic() - self._born[pod_id] >= self.boot_seconds
         ):
-            pod["status"] = "RUNNING"
+            self._set_status(pod, "RUNNING")
             pod["startedAt"] = _now()
-            pod["actions"] = ["stop", "restart", "terminate"]
             pod["runtime"] = {"uptime": 0}
             pod["ssh"]["proxy"] = {
                 "host": "ssh.runpod.io",
@@ -156,6 +181,11 @@ class FakeRunPod(FakeServer):
                 "command": f"ssh {pod_id}-x@ssh.runpod.io",
             }
         return str(pod["status"])
+
+    @staticmethod
+    def _set_status(pod: dict[str, Any], status: str) -> None:
+        pod["status"] = status
+        pod["actions"] = list(ACTIONS.get(status, ["terminate"]))
 
     def _view(self, pod_id: str) -> dict[str, Any]:
         self._status(pod_id)
@@ -172,11 +202,11 @@ class FakeRunPod(FakeServer):
             "id": pod_id,
             "name": body["name"],
             "status": "PROVISIONING",
-            "actions": ["terminate"],
+            "actions": list(ACTIONS["PROVISIONING"]),
             "image": body.get("image", ""),
             "args": body.get("args", ""),
             "disk": body.get("disk", 20),
-            "mounts": {},
+            "mounts": dict(body.get("mounts") or {}),
             "ports": body.get("ports", []),
             "env": dict(body.get("env") or {}),
             "registry": None,
@@ -196,7 +226,9 @@ class FakeRunPod(FakeServer):
         with self.lock:
             self.pods[pod_id] = pod
             self._born[pod_id] = time.monotonic()
-            self.stock[entry["id"]] = self.stock.get(entry["id"], 0) - 1
+            self.stock[entry["id"]] = self.stock.get(entry["id"], 0) - count
+            self._holding[pod_id] = (entry["id"], count)
+            self._gpu_of[pod_id] = dict(pod["gpu"])
         return pod
 
     def add_pod(self, name: str, **overrides: Any) -> str:
@@ -212,10 +244,9 @@ class FakeRunPod(FakeServer):
         with self.lock:
             self._status(pod_id)
             pod = self.pods[pod_id]
-            pod["status"] = status
+            self._set_status(pod, status)
             pod["cost"] = 0.0
             pod["runtime"] = None
-            pod["actions"] = ["start", "terminate"]
 
     def live_pods(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -239,13 +270,78 @@ class FakeRunPod(FakeServer):
                     return self.problem(404, "Not Found", "pod not found")
                 return self.json(self._view(m.group(1)))
         if m and method == "DELETE":
-            with self.lock:
-                pod = self.pods.pop(m.group(1), None)
-                if pod is None:
-                    return self.problem(404, "Not Found", "pod not found")
-                self.stock[pod["gpu"]["id"]] = self.stock.get(pod["gpu"]["id"], 0) + 1
-            return Response(status=204)
+            return self._terminate(m.group(1))
+        m = re.fullmatch(r"/v2/pods/([^/]+)/action", path)
+        if m and method == "POST":
+            return self._action(m.group(1), str(request.get_json()["action"]))
         return self.problem(404, "Not Found", "route not implemented by the fake")
+
+    def _terminate(self, pod_id: str) -> Response:
+        with self.lock:
+            pod = self.pods.pop(pod_id, None)
+            if pod is None:
+                return self.problem(404, "Not Found", "pod not found")
+            self._release(pod_id)
+        return Response(status=204)
+
+    def _release(self, pod_id: str) -> None:
+        held = self._holding.pop(pod_id, None)
+        if held is not None:
+            self.stock[held[0]] = self.stock.get(held[0], 0) + held[1]
+
+    def _action(self, pod_id: str, action: str) -> Response:
+        if action == "terminate":
+            return self._terminate(pod_id)
+        with self.lock:
+            if pod_id not in self.pods:
+                return self.problem(404, "Not Found", "pod not found")
+            pod = self.pods[pod_id]
+            status = self._status(pod_id)
+            if action not in ACTIONS.get(status, []):
+                return self.problem(
+                    409, "Conflict", f"action {action!r} is not valid for a pod in {status}"
+                )
+            lost = False
+            if action == "stop":
+                self._set_status(pod, "EXITED")
+                pod["cost"] = 0.0
+                pod["runtime"] = None
+                self._release(pod_id)
+                self._stuck.discard(pod_id)
+                lost = self.stop_times_out_but_happens
+            elif action == "start":
+                self._start(pod)
+            else:  # restart: the container again, in place
+                self._set_status(pod, "STARTING")
+                self._born[pod_id] = time.monotonic()
+            view = self._view(pod_id)
+            mode, delay = self.lost_answer, self.lost_answer_delay
+        if lost and mode == "500":
+            return self.problem(500, "Internal Server Error", "upstream error")
+        if lost:
+            sleep_quietly(delay)
+        return self.json(view)
+
+    def _start(self, pod: dict[str, Any]) -> None:
+        """Back onto its host: with its GPU if the host still has one free, else without."""
+        pod_id = pod["id"]
+        self._release(pod_id)  # a pod at rest holds nothing (one `kill`ed may still say it does)
+        gpu = self._gpu_of[pod_id]
+        count = int(gpu["count"])
+        if self.stock.get(gpu["id"], 0) >= count and not self.resume_without_gpu:
+            pod["gpu"] = dict(gpu)
+            self.stock[gpu["id"]] = self.stock.get(gpu["id"], 0) - count
+            self._holding[pod_id] = (gpu["id"], count)
+            entry = next((g for g in self.gpus if g["id"] == gpu["id"]), self.gpus[0])
+            unit = entry["secure" if pod["cloud"] == "SECURE" else "community"]
+            pod["cost"] = round(unit * count, 4)
+        else:
+            pod.pop("gpu", None)  # the spec's count cannot say 0: the block is omitted
+            pod["cost"] = 0.05
+        self._set_status(pod, "STARTING")
+        self._born[pod_id] = time.monotonic()
+        if self.start_stuck_scheduling:
+            self._stuck.add(pod_id)
 
     def _catalog(self, request: Request) -> Response:
         with_availability = request.args.get("include") == "AVAILABILITY"

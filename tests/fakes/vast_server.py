@@ -13,6 +13,17 @@ Switches (attributes, set them from a test):
   real API does) or "empty" (the trap a client reading it would fall into). Either way our
   client must never call it; it is outside the spec, so it skips validation.
 - `boot_seconds`: loading → running after this long; `kill(id, status, msg)`: a machine dies.
+- Stop and start: `PUT /api/v0/instances/{id}/` with `{"state": "stopped"|"running"}` (and/or
+  a `label`), idempotent. A stop sets `intended_status`/`cur_state` stopped and `actual_status`
+  to `stopped_actual_status` ("stopped"; Vast shows "exited" too); a start loads again (then
+  runs after `boot_seconds`). `resume_without_gpu`: a start is refused, the machine's GPU being
+  rented by someone else (`{"success": false, "error": "resources_unavailable", ...}`).
+  `start_stuck_scheduling`: a start is accepted but the instance waits for its GPU, at rest
+  with `intended_status` running, for ever. `stop_times_out_but_happens`: a stop happens, then
+  its answer is lost — held `lost_answer_delay` seconds (past the client's read timeout) when
+  `lost_answer` is "timeout", answered 500 when it is "500" (a retry finds it stopped already
+  and is answered at once). `refuse_state_change = (error, msg)`: every state change
+  is answered 200 `success: false` with them, nothing changed.
 `add_instance(label)` makes an instance as a human would (hand-made, not ours).
 """
 
@@ -82,6 +93,7 @@ def default_offers() -> list[dict[str, Any]]:
             "num_gpus": 1,
             "gpu_ram": 24564,
             "disk_space": disk,
+            "storage_cost": 0.15,
         }
         for oid, mid, hid, price, geo, down, cuda, rel, ver, disk in rows
     ]
@@ -158,6 +170,14 @@ class FakeVast(FakeServer):
         self.truncate_after_create = 0  # rent, then send a body shorter than its Content-Length
         self.delay_after_create = 0.0
         self.boot_seconds = 0.0
+        self.resume_without_gpu = False
+        self.start_stuck_scheduling = False
+        self.stop_times_out_but_happens = False
+        self.lost_answer = "timeout"
+        self.lost_answer_delay = 1.0
+        self.stopped_actual_status = "stopped"
+        self.refuse_state_change: tuple[str, str] | None = None
+        self._stuck: set[int] = set()
         self.v0_list_mode = "deprecated"
         self.rate_limit_plain_text = False
         self.searches: list[dict[str, Any]] = []
@@ -205,6 +225,7 @@ class FakeVast(FakeServer):
         inst = self.instances[iid]
         if (
             inst["actual_status"] == "loading"
+            and iid not in self._stuck
             and time.monotonic() - self._born[iid] >= self.boot_seconds
         ):
             inst.update(actual_status="running", cur_state="running", status_msg="success, running")
@@ -232,6 +253,11 @@ class FakeVast(FakeServer):
             "extra_env": [[k, v] for k, v in env.items()],
             "disk_space": body.get("disk", 8),
             "start_date": time.time(),
+            "storage_cost": offer.get("storage_cost", 0.15),
+            # Vast's own $/h for the disk: storage_cost ($/GB-month) over a 720-hour month
+            "storage_total_cost": round(
+                offer.get("storage_cost", 0.15) * float(body.get("disk", 8)) / 720, 6
+            ),
         }
         self._born[iid] = time.monotonic()
         return iid
@@ -287,7 +313,56 @@ class FakeVast(FakeServer):
                 if self.instances.pop(int(m.group(1)), None) is None:
                     return self.error(404, "not_found", "Instance not found")
             return self.json({"success": True})
+        if m and method == "PUT":
+            return self._manage(int(m.group(1)), request.get_json())
         return self.error(404, "not_found", "route not implemented by the fake")
+
+    def _manage(self, iid: int, body: dict[str, Any]) -> Response:
+        state = body.get("state")
+        lost = False
+        with self.lock:
+            if iid not in self.instances:
+                return self.error(404, "no_such_instance", f"Instance {iid} not found")
+            if self.refuse_state_change is not None and state is not None:
+                error, msg = self.refuse_state_change
+                return self.json({"success": False, "error": error, "msg": msg})
+            inst = self.instances[iid]
+            self._view(iid)
+            if "label" in body:
+                inst["label"] = body["label"]
+            if state == "stopped" and inst["intended_status"] != "stopped":
+                inst.update(
+                    intended_status="stopped",
+                    cur_state="stopped",
+                    next_state="stopped",
+                    actual_status=self.stopped_actual_status,
+                    status_msg="stopped by the user",
+                )
+                self._stuck.discard(iid)
+                lost = self.stop_times_out_but_happens
+            elif state == "running" and inst["intended_status"] != "running":
+                if self.resume_without_gpu:
+                    return self.json(
+                        {
+                            "success": False,
+                            "error": "resources_unavailable",
+                            "msg": f"Required resources are unavailable on machine "
+                            f"{inst['machine_id']}: its GPU is rented by another client",
+                        }
+                    )
+                inst.update(intended_status="running", next_state="running")
+                if self.start_stuck_scheduling:
+                    self._stuck.add(iid)
+                    inst["status_msg"] = "scheduling: waiting for the machine's GPU"
+                else:
+                    inst.update(actual_status="loading", cur_state="running", status_msg="loading")
+                    self._born[iid] = time.monotonic()
+            mode, delay = self.lost_answer, self.lost_answer_delay
+        if lost and mode == "500":
+            return Response("Internal Server Error", status=500, content_type="text/html")
+        if lost:
+            sleep_quietly(delay)
+        return self.json({"success": True})
 
     def _search(self, body: dict[str, Any]) -> Response:
         with self.lock:

@@ -19,7 +19,6 @@ import pytest
 from autoscaler.access.credentials import validate_provider
 from autoscaler.config import ConfigError
 from autoscaler.config.models import ContainerProvider as ContainerConfig
-from autoscaler.config.models import LocalProvider as LocalConfig
 from autoscaler.providers import (
     AuthError,
     CapacityError,
@@ -28,11 +27,11 @@ from autoscaler.providers import (
     NotOwnedError,
     Offer,
     ProviderRequestError,
+    ResumeRefusedError,
     TransientError,
     create_on_first_offer,
 )
 from autoscaler.providers.container import GPU_IDS_KEY, LABEL_KEY, ContainerProvider
-from autoscaler.providers.local import LocalProvider
 from tests.containers import engine as kit
 from tests.containers.engine import Engine
 from tests.providers.conftest import assert_no_secret, make_container, spec
@@ -188,36 +187,39 @@ def test_stop_and_start_keep_the_containers_files(
     kit.podman("exec", m.provider_instance_id, "sh", "-c", "echo kept > /tmp/warm")
     p.stop(m.provider_instance_id)
     stopped = p.get(m.provider_instance_id)
-    assert stopped is not None and stopped.status is MachineStatus.DEAD
+    assert stopped is not None and stopped.status is MachineStatus.STOPPED
+    assert stopped.storage_price_per_hour == 0.0
     p.start(m.provider_instance_id)
     started = p.get(m.provider_instance_id)
     assert started is not None and started.status is MachineStatus.RUNNING
     assert kit.podman("exec", m.provider_instance_id, "cat", "/tmp/warm").stdout == "kept\n"
     p.destroy(m.provider_instance_id)
     p.stop(m.provider_instance_id)  # gone: not running, as asked
-    with pytest.raises(ProviderRequestError, match="does not exist"):
+    with pytest.raises(ResumeRefusedError, match="does not exist"):
         p.start(m.provider_instance_id)
 
 
-def test_paused_reads_dead_and_is_still_destroyed(
+def test_paused_reads_stopped_is_resumed_by_start_and_stopped_by_stop(
     podman_engine: Engine, installations: Fresh
 ) -> None:
+    """A paused container keeps everything and `start` thaws it: STOPPED (a pause we did not
+    make is the caller's to judge). A stop thaws it first, or its SIGTERM would wait."""
     inst = installations()
-    p = make_container(podman_engine, inst)
+    p = make_container(podman_engine, inst, grace=20.0)
     m = p.create(p.find_offers(spec(image=podman_engine.image))[0], launch(inst))
     kit.podman("pause", m.provider_instance_id)
     got = p.get(m.provider_instance_id)
-    assert got is not None and got.status is MachineStatus.DEAD and got.raw_status == "paused"
+    assert got is not None and got.status is MachineStatus.STOPPED and got.raw_status == "paused"
+    p.start(m.provider_instance_id)
+    assert p.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    kit.podman("pause", m.provider_instance_id)
+    t0 = time.monotonic()
+    p.stop(m.provider_instance_id)
+    assert time.monotonic() - t0 < 15  # thawed, so SIGTERM ended it before the 20 s grace
+    got = p.get(m.provider_instance_id)
+    assert got is not None and got.status is MachineStatus.STOPPED and got.raw_status != "paused"
     p.destroy(m.provider_instance_id)
     assert p.get(m.provider_instance_id) is None
-
-
-def test_kinds_that_cannot_stop_say_so(tmp_path: Path) -> None:
-    local = LocalProvider("desk", LocalConfig(kind="local"), "inst", tmp_path)
-    assert not local.can_stop
-    for call in (local.stop, local.start):
-        with pytest.raises(ProviderRequestError, match="local machines cannot be stopped"):
-            call("asg-inst-x")
 
 
 def test_a_gpu_request_the_engine_drops_is_refused_and_leaves_nothing(
@@ -287,6 +289,30 @@ def test_capacity_machines_gpus_model_and_price(
     assert q.find_offers(spec(image=podman_engine.image, gpu="A100 80GB")) == []
     assert q.find_offers(spec(image=podman_engine.image, gpu="rtx  4090", gpu_count=1))
     assert q.find_offers(spec(image=podman_engine.image, gpu_count=3)) == []
+
+
+def test_a_start_whose_gpu_another_container_of_ours_took_is_refused(
+    podman_engine: Engine, installations: Fresh
+) -> None:
+    """Stopped, a container holds no GPU; if another of ours got its GPU meanwhile, starting it
+    would share the GPU: refused as a resume (the caller destroys it), nothing started."""
+    inst = installations()
+    p = make_container(podman_engine, inst, gpus=1, gpu="RTX 4090", grace=0.0)
+    stopped = kit.run_by_hand(
+        podman_engine.image,
+        f"warm-{uuid.uuid4().hex[:8]}",
+        labels={LABEL_KEY: f"asg-{inst}-{uuid.uuid4().hex}", GPU_IDS_KEY: "0"},
+    )
+    p.stop(stopped)
+    assert p.get(stopped).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+    kit.run_by_hand(  # the GPU's new holder
+        podman_engine.image,
+        f"holder-{uuid.uuid4().hex[:8]}",
+        labels={LABEL_KEY: f"asg-{inst}-{uuid.uuid4().hex}", GPU_IDS_KEY: "0"},
+    )
+    with pytest.raises(ResumeRefusedError, match="GPU 0 is held"):
+        p.start(stopped)
+    assert p.get(stopped).status is MachineStatus.STOPPED  # type: ignore[union-attr]
 
 
 def test_the_later_of_two_racing_creates_backs_off(

@@ -1,5 +1,7 @@
 """One contract for every provider kind (`providers.base`), run against each: the mock on both
 databases, local processes, RunPod and Vast.ai against their fakes, containers on a real Podman.
+Stop and start (warm pools) are in it too: every kind can stop, and a stopped machine is the
+same machine, still ours, started again by `start`.
 
 A kind registered in `PROVIDER_KINDS` without a case here fails this suite: add its case to
 `CASES` (a builder of a `Case`: the provider, the same backend seen by another installation,
@@ -9,6 +11,7 @@ an instance spec it can serve, and where it can, a machine made by hand and a fa
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ from autoscaler.providers import (
     Provider,
     ProviderError,
     ProviderMachine,
+    ResumeRefusedError,
     create_on_first_offer,
 )
 from autoscaler.providers.local import LocalProvider
@@ -77,6 +81,20 @@ class Case:
         return create_on_first_offer(self.other, self.other.find_offers(self.spec), launch)
 
 
+def settle(
+    p: Provider, machine_id: str, want: MachineStatus, timeout: float = 15.0
+) -> ProviderMachine:
+    """`get` polled until it reports `want`: stop and start are asynchronous at most providers
+    (every case here settles at once or within its own stop grace)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = p.get(machine_id)
+        if got is not None and got.status is want:
+            return got
+        assert time.monotonic() < deadline, f"{machine_id} never read {want}: {got}"
+        time.sleep(0.02)
+
+
 def _destroy_all(*providers: Provider) -> Callable[[], None]:
     def clean() -> None:
         for p in providers:
@@ -94,7 +112,9 @@ def _mock(request: pytest.FixtureRequest, db: str) -> Case:
     Base.metadata.create_all(engine)
     request.addfinalizer(engine.dispose)
     sessions: sessionmaker[Session] = session_factory(engine)
-    config = MockConfig(kind="mock", boot_delay=0, price_per_hour=0.25)
+    config = MockConfig(
+        kind="mock", boot_delay=0, stop_delay=0, start_delay=0, price_per_hour=0.25
+    )
     p = MockProvider("demo", config, INSTALLATION, StoredMockMachines(sessions))
     other = MockProvider("demo", config, OTHER_INSTALLATION, StoredMockMachines(sessions))
 
@@ -291,3 +311,79 @@ def test_no_worker_token_in_any_error_text(case: Case, all_logs: pytest.LogCaptu
         leftover = p.find_by_label(launch.label)
         assert leftover is None or leftover.status in GONE
     assert_no_secret(all_logs, p, *errors, secret=TOKEN)
+
+
+# ---------------------------------------------------------------- stop and start (warm pools)
+
+
+def test_every_kind_can_stop_and_says_what_a_stopped_machine_bills(case: Case) -> None:
+    assert case.provider.can_stop
+    m = case.create()
+    assert m.storage_price_per_hour is None or m.storage_price_per_hour >= 0
+    got = case.provider.get(m.provider_instance_id)
+    assert got is not None and got.storage_price_per_hour is not None
+    assert got.storage_price_per_hour >= 0
+
+
+def test_stop_keeps_the_machine_and_start_resumes_the_same_one(case: Case) -> None:
+    p = case.provider
+    m = case.create()
+    mid = m.provider_instance_id
+    settle(p, mid, MachineStatus.RUNNING)
+    p.stop(mid)
+    stopped = settle(p, mid, MachineStatus.STOPPED)
+    assert stopped.label == m.label and stopped.provider_instance_id == mid
+    listed = {x.provider_instance_id: x.status for x in p.list_owned()}
+    assert listed == {mid: MachineStatus.STOPPED}  # still ours, still listed: not gone
+    assert p.find_by_label(m.label) is not None
+    p.stop(mid)  # stopping a stopped machine: success, nothing changes
+    assert settle(p, mid, MachineStatus.STOPPED).provider_instance_id == mid
+    p.start(mid)
+    again = settle(p, mid, MachineStatus.RUNNING)
+    assert again.label == m.label
+    p.start(mid)  # starting a running machine: success, it runs on
+    assert settle(p, mid, MachineStatus.RUNNING).provider_instance_id == mid
+    assert [x.provider_instance_id for x in p.list_owned()] == [mid]  # no second machine
+
+
+def test_stop_twice_in_a_row_is_success(case: Case) -> None:
+    p = case.provider
+    mid = case.create().provider_instance_id
+    settle(p, mid, MachineStatus.RUNNING)
+    p.stop(mid)
+    p.stop(mid)  # whether the first is done yet or not
+    settle(p, mid, MachineStatus.STOPPED)
+
+
+def test_stop_and_start_of_a_machine_not_ours_are_refused_and_change_nothing(
+    case: Case,
+) -> None:
+    p, other = case.provider, case.other
+    theirs = case.create_foreign().provider_instance_id
+    settle(other, theirs, MachineStatus.RUNNING)
+    with pytest.raises(NotOwnedError):
+        p.stop(theirs)
+    with pytest.raises(NotOwnedError):
+        p.start(theirs)
+    assert other.get(theirs).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    other.stop(theirs)  # stopped by its owner: we still may not start it
+    settle(other, theirs, MachineStatus.STOPPED)
+    with pytest.raises(NotOwnedError):
+        p.start(theirs)
+    assert other.get(theirs).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+    if case.hand_made is not None:
+        hand = case.hand_made()
+        for call in (p.stop, p.start):
+            with pytest.raises(NotOwnedError):
+                call(hand)
+
+
+def test_stop_of_a_gone_machine_is_success_and_start_is_refused(case: Case) -> None:
+    p = case.provider
+    mid = case.create().provider_instance_id
+    p.destroy(mid)
+    p.stop(mid)  # nothing runs, as asked
+    with pytest.raises(ResumeRefusedError):
+        p.start(mid)
+    after = p.get(mid)
+    assert after is None or after.status in GONE

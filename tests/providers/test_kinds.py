@@ -16,7 +16,7 @@ from autoscaler.config.models import (
     InstanceSpec,
     Strict,
 )
-from autoscaler.providers.base import AuthError, Provider
+from autoscaler.providers.base import AuthError, Provider, ProviderRequestError
 from autoscaler.providers.registry import FACTORIES, build_provider
 
 MINIMAL = {
@@ -55,6 +55,51 @@ def test_every_kind_says_its_terms_price_and_key_need(kind, sessions, tmp_path):
                 f"p-{kind}", config, credential=None, installation_id="inst", sessions=sessions,
                 state_dir=tmp_path,
             )
+
+
+@pytest.mark.parametrize("kind", PROVIDER_KINDS)
+def test_a_kinds_can_stop_is_its_options_models_and_it_implements_stop_and_start(
+    kind, sessions, tmp_path, monkeypatch
+):
+    """`validate` (the options model) and the provider read one `can_stop`: a kind that says it
+    can stop implements both stop and start, and switching the model's flag switches the
+    provider's."""
+    (model,) = [m for m in PROVIDER_MODELS if m.model_fields["kind"].annotation.__args__ == (kind,)]
+    built = build_provider(
+        f"p-{kind}", model.model_validate(MINIMAL[kind]), credential="k", installation_id="inst",
+        sessions=sessions, state_dir=tmp_path,
+    )
+    assert built.can_stop is model.can_stop
+    if model.can_stop:
+        assert type(built).stop is not Provider.stop and type(built).start is not Provider.start
+    monkeypatch.setattr(model, "can_stop", not model.can_stop)
+    assert built.can_stop is model.can_stop
+
+
+def test_a_kind_that_cannot_stop_refuses_stop_and_start():
+    class Fixed(Provider):  # no options model of its own: cannot stop
+        kind = "fixed"
+
+        def find_offers(self, spec):
+            return []
+
+        def create(self, offer, launch):
+            raise NotImplementedError
+
+        def get(self, provider_instance_id):
+            return None
+
+        def list_owned(self):
+            return []
+
+        def destroy(self, provider_instance_id):
+            return None
+
+    fixed = Fixed("rack", "inst")
+    assert not fixed.can_stop
+    for call in (fixed.stop, fixed.start):
+        with pytest.raises(ProviderRequestError, match="fixed machines cannot be stopped"):
+            call("asg-inst-x")
 
 
 def test_the_cli_offers_every_kind():

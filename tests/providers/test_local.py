@@ -1,4 +1,5 @@
-"""The local provider: a real process group per machine, found and stopped from anywhere."""
+"""The local provider: a real process group per machine, found, stopped, started again and
+destroyed from anywhere; a stopped machine keeps its folder."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.config.models import LocalProvider as LocalConfig
-from autoscaler.providers import LaunchSpec, MachineStatus, NotOwnedError
+from autoscaler.providers import LaunchSpec, MachineStatus, NotOwnedError, ResumeRefusedError
 from autoscaler.providers.local import DEFAULT_COMMAND, LocalProvider
 from tests.providers.conftest import INSTALLATION, OTHER_INSTALLATION, spec
 
@@ -190,3 +191,140 @@ def test_a_process_that_left_the_machines_group_goes_with_the_machine(tmp_path: 
     finally:
         other.kill()
         other.wait()
+
+
+# ---------------------------------------------------------------- stop / start (warm pools)
+
+
+def test_stop_ends_every_process_keeps_the_folder_and_start_runs_it_again_there(
+    tmp_path: Path,
+) -> None:
+    """Stopped: the group and a process that left it are gone, the folder (the agent's work
+    folder) stays with what was written there. Started — by another process — the same command
+    runs again in the same folder with the same environment, and finds what it left."""
+    escaped_pid = tmp_path / "escaped"
+    cmd = (
+        f'echo "$PWD $AUTOSCALER_AGENT_WORKDIR $QUEUE $AUTOSCALER_WORKER_TOKEN" >> runs; '
+        f"{PY} -c \"import subprocess; "
+        f"p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
+        f"open('{escaped_pid}', 'w').write(str(p.pid))\"; exec sleep 300"
+    )
+    a = local(tmp_path / "state", cmd)
+    env = {"QUEUE": "q", "AUTOSCALER_WORKER_TOKEN": "tok"}
+    lx = LaunchSpec.new(INSTALLATION, uuid.uuid4().hex, env)
+    m = a.create(a.find_offers(spec())[0], lx)
+    folder = tmp_path / "state" / "here" / lx.label
+    first = int(wait_for(escaped_pid))
+    escaped_pid.unlink()
+    assert (folder / "runs").read_text() == f"{folder} {folder} q tok\n"
+    pid = a.get(m.provider_instance_id).raw_status.split()[1]  # type: ignore[union-attr]
+    a.stop(m.provider_instance_id)
+    assert not alive(int(pid)) and not alive(first)
+    got = a.get(m.provider_instance_id)
+    assert got is not None and got.status is MachineStatus.STOPPED
+    assert got.storage_price_per_hour == 0.0
+    assert [x.status for x in a.list_owned()] == [MachineStatus.STOPPED]
+    a.stop(m.provider_instance_id)  # stopped already: success
+    b = local(tmp_path / "state", "exit 1")  # another process; the machine's own command wins
+    b.start(m.provider_instance_id)
+    second = int(wait_for(escaped_pid))
+    assert alive(second) and second != first
+    assert b.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    assert (folder / "runs").read_text() == f"{folder} {folder} q tok\n" * 2
+    b.start(m.provider_instance_id)  # running already: no second copy
+    assert (folder / "runs").read_text().count("\n") == 2
+    a.destroy(m.provider_instance_id)
+    assert not folder.exists() and not alive(second)
+    assert a.get(m.provider_instance_id) is None
+
+
+def test_a_machine_that_exits_by_itself_reads_dead_and_is_not_started_again(
+    tmp_path: Path,
+) -> None:
+    p = local(tmp_path / "state", "exit 3")
+    m = p.create(p.find_offers(spec())[0], launch())
+    deadline = time.monotonic() + 5
+    while p.get(m.provider_instance_id).status is not MachineStatus.DEAD:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    with pytest.raises(ResumeRefusedError, match="exited by itself"):
+        p.start(m.provider_instance_id)
+    p.stop(m.provider_instance_id)  # a stop now: nothing runs, and it reads STOPPED
+    assert p.get(m.provider_instance_id).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+    p.destroy(m.provider_instance_id)
+
+
+def test_a_stop_cut_short_still_reads_stopped(tmp_path: Path) -> None:
+    """The record says "stopped" before any signal: a stopper killed mid-way leaves a machine
+    that reads STOPPED once its processes are gone, not DEAD."""
+    p = local(tmp_path / "state", "exec sleep 300")
+    m = p.create(p.find_offers(spec())[0], launch())
+    record = p._read(m.provider_instance_id)
+    assert record is not None
+    record["stopped_at"] = 1.0
+    p._write(m.provider_instance_id, record)  # as the stop writes it first
+    assert p.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    os.killpg(int(record["pgid"]), signal.SIGKILL)  # ... and then the stopper died
+    deadline = time.monotonic() + 5
+    while p.get(m.provider_instance_id).status is not MachineStatus.STOPPED:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    p.start(m.provider_instance_id)
+    assert p.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    p.destroy(m.provider_instance_id)
+
+
+def test_a_stop_that_sigterm_does_not_end_kills_after_the_grace(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    cmd = (
+        f'exec {PY} -c "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
+        f"open('{ready}', 'w').write('x'); time.sleep(300)\""
+    )
+    p = local(tmp_path / "state", cmd, grace=0.3)
+    m = p.create(p.find_offers(spec())[0], launch())
+    wait_for(ready)
+    t0 = time.monotonic()
+    p.stop(m.provider_instance_id)
+    assert 0.3 <= time.monotonic() - t0 < 5
+    assert p.get(m.provider_instance_id).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+    p.destroy(m.provider_instance_id)
+
+
+def test_a_start_whose_folder_is_gone_is_refused(tmp_path: Path) -> None:
+    p = local(tmp_path / "state", "exec sleep 300")
+    m = p.create(p.find_offers(spec())[0], launch())
+    p.stop(m.provider_instance_id)
+    (tmp_path / "state" / "here" / m.label).rmdir()
+    with pytest.raises(ResumeRefusedError, match="folder"):
+        p.start(m.provider_instance_id)
+    p.destroy(m.provider_instance_id)
+
+
+def test_a_launch_that_names_its_own_work_folder_keeps_it(tmp_path: Path) -> None:
+    out = tmp_path / "seen"
+    p = local(tmp_path / "state", f'echo "$AUTOSCALER_AGENT_WORKDIR" > {out}; exec sleep 300')
+    mine = tmp_path / "elsewhere"
+    lx = LaunchSpec.new(INSTALLATION, uuid.uuid4().hex, {"AUTOSCALER_AGENT_WORKDIR": str(mine)})
+    m = p.create(p.find_offers(spec())[0], lx)
+    assert wait_for(out) == f"{mine}\n"
+    mine.mkdir()
+    p.destroy(m.provider_instance_id)
+    assert mine.is_dir()  # not a folder the provider made: never removed
+
+
+def test_stop_and_start_of_a_machine_not_ours(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    theirs = local(state, "exec sleep 300", installation=OTHER_INSTALLATION)
+    tm = theirs.create(theirs.find_offers(spec())[0], launch(OTHER_INSTALLATION))
+    mine = local(state, "exec sleep 300")
+    try:
+        for call in (mine.stop, mine.start):
+            with pytest.raises(NotOwnedError):
+                call(tm.provider_instance_id)
+        got = theirs.get(tm.provider_instance_id)
+        assert got is not None and got.status is MachineStatus.RUNNING
+        mine.stop("not-a-label")  # never a machine of this provider: nothing to do
+        with pytest.raises(ResumeRefusedError):
+            mine.start("not-a-label")
+    finally:
+        theirs.destroy(tm.provider_instance_id)

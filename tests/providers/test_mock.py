@@ -1,4 +1,5 @@
-"""The mock provider on both databases: boot delay, failures, capacity, prices, shared state."""
+"""The mock provider on both databases: boot delay, failures, capacity, prices, shared state,
+and stop/start (their delays, resume failures, storage price)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from autoscaler.providers import (
     LaunchSpec,
     MachineStatus,
     NotOwnedError,
+    ResumeRefusedError,
     create_on_first_offer,
 )
 from autoscaler.providers.mock import MockProvider
@@ -165,3 +167,143 @@ def test_a_worker_token_never_sits_in_clear_in_the_mock_machines_table(
         assert row is not None
         assert row.env["QUEUE"] == "q" and row.env["AUTOSCALER_WORKER_TOKEN"] == "***"
         assert secret not in str(row.env)
+
+
+# ---------------------------------------------------------------- stop / start (warm pools)
+
+
+def running(
+    sessions: sessionmaker[Session], now: list[datetime], **cfg: object
+) -> tuple[MockProvider, str]:
+    p = mock(sessions, now, boot_delay=0, **cfg)
+    m = p.create(p.find_offers(spec())[0], launch())
+    assert p.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    return p, m.provider_instance_id
+
+
+def status(p: MockProvider, machine_id: str) -> MachineStatus:
+    got = p.get(machine_id)
+    assert got is not None
+    return got.status
+
+
+def test_stop_and_start_take_their_delays(sessions: sessionmaker[Session]) -> None:
+    now = [T0]
+    p, mid = running(sessions, now, stop_delay=10, start_delay=20, storage_price_per_hour=0.03)
+    p.stop(mid)
+    assert status(p, mid) is MachineStatus.RUNNING  # stopping: its worker may still run
+    assert p.get(mid).raw_status == "stopping"  # type: ignore[union-attr]
+    now[0] += timedelta(seconds=5)
+    p.stop(mid)  # a second stop keeps the first one's time
+    now[0] += timedelta(seconds=5)
+    assert status(p, mid) is MachineStatus.STOPPED
+    assert p.get(mid).storage_price_per_hour == 0.03  # type: ignore[union-attr]
+    p.start(mid)
+    now[0] += timedelta(seconds=19)
+    assert status(p, mid) is MachineStatus.STARTING
+    p.start(mid)  # starting already: the start's time stands
+    now[0] += timedelta(seconds=1)
+    assert status(p, mid) is MachineStatus.RUNNING
+    assert [m.provider_instance_id for m in p.list_owned()] == [mid]
+
+
+def test_stop_and_start_are_seen_by_every_process(db_url: str, engine: Engine) -> None:
+    now = [T0]
+    a = mock(session_factory(engine), now, boot_delay=0, stop_delay=0, start_delay=0)
+    other_engine = make_engine(db_url)
+    try:
+        b = mock(session_factory(other_engine), now, boot_delay=0, stop_delay=0, start_delay=0)
+        mid = a.create(a.find_offers(spec())[0], launch()).provider_instance_id
+        a.stop(mid)
+        assert status(b, mid) is MachineStatus.STOPPED
+        b.start(mid)
+        assert status(a, mid) is MachineStatus.RUNNING
+    finally:
+        other_engine.dispose()
+
+
+def test_resume_failures_are_refused_and_leave_it_stopped(
+    sessions: sessionmaker[Session],
+) -> None:
+    now = [T0]
+    p, mid = running(sessions, now, stop_delay=0, resume_failure_rate=1.0)
+    p.stop(mid)
+    with pytest.raises(ResumeRefusedError, match="GPU was rented"):
+        p.start(mid)
+    assert status(p, mid) is MachineStatus.STOPPED
+
+
+def test_resume_failure_rate_is_a_rate_and_follows_the_seed(
+    sessions: sessionmaker[Session],
+) -> None:
+    def outcomes(seed: int) -> list[bool]:
+        now = [T0]
+        p = mock(
+            sessions,
+            now,
+            seed=seed,
+            boot_delay=0,
+            stop_delay=0,
+            start_delay=0,
+            resume_failure_rate=0.5,
+        )
+        out = []
+        for _ in range(40):
+            mid = p.create(p.find_offers(spec())[0], launch()).provider_instance_id
+            p.stop(mid)
+            try:
+                p.start(mid)
+                out.append(True)
+            except ResumeRefusedError:
+                out.append(False)
+        return out
+
+    first = outcomes(11)
+    assert 8 <= first.count(False) <= 32
+    assert outcomes(11) == first  # the same seed, the same failures
+
+
+def test_dead_and_gone_machines(sessions: sessionmaker[Session]) -> None:
+    now = [T0]
+    p, mid = running(sessions, now, stop_delay=0)
+    assert p.kill(mid)
+    p.stop(mid)  # nothing runs: success
+    assert status(p, mid) is MachineStatus.DEAD
+    with pytest.raises(ResumeRefusedError, match="dead"):
+        p.start(mid)
+    stopped_then_killed = running(sessions, now, stop_delay=0)[1]
+    p.stop(stopped_then_killed)
+    assert p.kill(stopped_then_killed)  # a stopped machine's host can die too
+    with pytest.raises(ResumeRefusedError):
+        p.start(stopped_then_killed)
+    p.destroy(mid)
+    p.stop(mid)
+    with pytest.raises(ResumeRefusedError, match="gone"):
+        p.start(mid)
+    with pytest.raises(ResumeRefusedError):
+        p.start("mock-999999")
+
+
+def test_a_booting_machine_that_was_to_fail_boots_on_a_resume(
+    sessions: sessionmaker[Session],
+) -> None:
+    """A boot failure belongs to its boot: stopped before it failed, a resume starts clean."""
+    now = [T0]
+    p = mock(sessions, now, boot_delay=10, boot_failure_rate=1.0, stop_delay=0, start_delay=0)
+    mid = p.create(p.find_offers(spec())[0], launch()).provider_instance_id
+    p.stop(mid)
+    now[0] += timedelta(seconds=20)
+    assert status(p, mid) is MachineStatus.STOPPED
+    p.start(mid)
+    assert status(p, mid) is MachineStatus.RUNNING
+
+
+def test_stop_and_start_of_machines_not_ours(sessions: sessionmaker[Session]) -> None:
+    now = [T0]
+    p = mock(sessions, now, stop_delay=0)
+    other = mock(sessions, now, installation=OTHER_INSTALLATION, boot_delay=0, stop_delay=0)
+    theirs = other.create(other.find_offers(spec())[0], launch(OTHER_INSTALLATION))
+    for call in (p.stop, p.start):
+        with pytest.raises(NotOwnedError):
+            call(theirs.provider_instance_id)
+    assert status(other, theirs.provider_instance_id) is MachineStatus.RUNNING

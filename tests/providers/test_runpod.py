@@ -1,4 +1,5 @@
-"""RunPod REST v2 against the fake: offers, creates, ambiguity, errors, ownership, secrets."""
+"""RunPod REST v2 against the fake: offers, creates, ambiguity, errors, ownership, secrets, and
+stop/start (409s, a start without a GPU, a start stuck, a stop whose answer is lost)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,15 @@ from autoscaler.providers import (
     LaunchSpec,
     MachineStatus,
     NotOwnedError,
+    ProviderRequestError,
     RateLimitedError,
+    ResumeRefusedError,
     TransientError,
     create_on_first_offer,
 )
+from autoscaler.providers.base import WORKDIR_ENV
 from autoscaler.providers.labels import ENV_INSTALLATION, ENV_LABEL
+from autoscaler.providers.runpod import RunPodProvider
 from tests.fakes.runpod_server import FakeRunPod
 from tests.providers.conftest import (
     INSTALLATION,
@@ -325,3 +330,205 @@ def test_a_rate_limited_create_carries_runpods_reset_hint(fake_runpod: FakeRunPo
     with pytest.raises(RateLimitedError) as info:
         rp.create(offer, launch())
     assert info.value.retry_after == 12.0
+
+
+# ---------------------------------------------------------------- stop / start (warm pools)
+
+
+def running_pod(fake: FakeRunPod, **cfg: object) -> tuple[RunPodProvider, str]:
+    rp = make_runpod(fake, gpu_types=PREFS, **cfg)
+    m = rp.create(rp.find_offers(spec())[0], launch())
+    assert rp.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    return rp, m.provider_instance_id
+
+
+def actions(fake: FakeRunPod, pod_id: str) -> list[object]:
+    return [r.body for r in fake.calls("POST", f"/v2/pods/{pod_id}/action")]
+
+
+def test_stop_and_start_are_pod_actions_and_exited_reads_stopped(fake_runpod: FakeRunPod) -> None:
+    rp, pod = running_pod(fake_runpod)
+    gpu = fake_runpod.pods[pod]["gpu"]["id"]
+    stock = fake_runpod.stock[gpu]
+    rp.stop(pod)
+    assert actions(fake_runpod, pod) == [{"action": "stop"}]
+    got = rp.get(pod)
+    assert got is not None and got.status is MachineStatus.STOPPED and got.raw_status == "EXITED"
+    assert fake_runpod.pods[pod]["actions"] == ["start", "terminate"]
+    assert fake_runpod.stock[gpu] == stock + 1  # a stopped pod holds no GPU
+    rp.stop(pod)  # stopped already: nothing is sent
+    assert len(actions(fake_runpod, pod)) == 1
+    fake_runpod.boot_seconds = 60.0
+    rp.start(pod)
+    assert actions(fake_runpod, pod)[-1] == {"action": "start"}
+    assert rp.get(pod).status is MachineStatus.STARTING  # type: ignore[union-attr]
+    assert fake_runpod.stock[gpu] == stock
+    rp.start(pod)  # starting already: success, nothing is sent
+    assert len(actions(fake_runpod, pod)) == 2
+    fake_runpod.boot_seconds = 0.0
+    assert rp.get(pod).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_error_reads_dead_and_is_never_resumed(fake_runpod: FakeRunPod) -> None:
+    rp, pod = running_pod(fake_runpod)
+    fake_runpod.kill(pod, "ERROR")
+    assert rp.get(pod).status is MachineStatus.DEAD  # type: ignore[union-attr]
+    rp.stop(pod)  # nothing runs: success, nothing sent
+    with pytest.raises(ResumeRefusedError, match="ERROR"):
+        rp.start(pod)
+    assert actions(fake_runpod, pod) == []
+
+
+def test_a_409_is_settled_by_reading_the_pod(fake_runpod: FakeRunPod) -> None:
+    """The pod changed between our read and our action (another process stopped or started
+    it): the 409 is not an error when the pod is where we wanted it."""
+    rp, pod = running_pod(fake_runpod)
+    stale = dict(fake_runpod.pods[pod])  # what we read: RUNNING
+    real = rp._get_pod
+    reads = iter([stale])
+    rp._get_pod = lambda pod_id: next(reads, None) or real(pod_id)  # type: ignore[method-assign]
+    fake_runpod.kill(pod, "EXITED")  # stopped meanwhile
+    rp.stop(pod)
+    assert actions(fake_runpod, pod) == [{"action": "stop"}]  # answered 409
+    assert rp.get(pod).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+    stale = dict(fake_runpod.pods[pod])  # EXITED
+    reads = iter([stale])
+    with fake_runpod.lock:  # started meanwhile
+        fake_runpod._start(fake_runpod.pods[pod])
+    rp.start(pod)
+    assert actions(fake_runpod, pod)[-1] == {"action": "start"}  # answered 409
+    assert rp.get(pod).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_the_fake_answers_409_for_an_action_not_allowed(fake_runpod: FakeRunPod) -> None:
+    _, pod = running_pod(fake_runpod)
+    url = f"{fake_runpod.url}/v2/pods/{pod}/action"
+    auth = {"Authorization": f"Bearer {SECRET}"}
+    r = requests.post(url, json={"action": "start"}, headers=auth, timeout=5)
+    assert r.status_code == 409
+    assert r.headers["Content-Type"].startswith("application/problem+json")
+    r = requests.post(url, json={"action": "stop"}, headers=auth, timeout=5)
+    assert r.status_code == 200 and r.json()["status"] == "EXITED"
+    r = requests.post(url, json={"action": "stop"}, headers=auth, timeout=5)
+    assert r.status_code == 409
+    r = requests.post(url, json={"action": "hibernate"}, headers=auth, timeout=5)
+    assert r.status_code == 400 and fake_runpod.expect_violations()  # not in the spec's enum
+
+
+@pytest.mark.parametrize("how", ["switch", "stock"])
+def test_a_start_without_a_gpu_is_stopped_again_and_refused(
+    fake_runpod: FakeRunPod, how: str
+) -> None:
+    """RunPod starts a pod whose GPU was rented meanwhile with none: our worker must not run
+    there. The pod is stopped again (no GPU-less worker takes jobs) and the resume refused."""
+    rp, pod = running_pod(fake_runpod)
+    rp.stop(pod)
+    if how == "switch":
+        fake_runpod.resume_without_gpu = True
+    else:  # someone else rented the host's GPU
+        fake_runpod.stock[fake_runpod.pods[pod]["gpu"]["id"]] = 0
+    with pytest.raises(ResumeRefusedError, match="without a GPU"):
+        rp.start(pod)
+    assert [a["action"] for a in actions(fake_runpod, pod)] == ["stop", "start", "stop"]  # type: ignore[index]
+    got = rp.get(pod)
+    assert got is not None and got.status is MachineStatus.STOPPED
+    assert "gpu" not in fake_runpod.pods[pod]
+
+
+def test_a_running_pod_without_a_gpu_reads_dead(fake_runpod: FakeRunPod) -> None:
+    """Had the stop-again failed (or a start come from elsewhere), a GPU-less pod is not
+    capacity: DEAD, for the caller to destroy."""
+    rp, pod = running_pod(fake_runpod)
+    rp.stop(pod)
+    fake_runpod.resume_without_gpu = True
+    with fake_runpod.lock:
+        fake_runpod._start(fake_runpod.pods[pod])
+    assert rp.get(pod).status is MachineStatus.DEAD  # type: ignore[union-attr]
+
+
+def test_a_start_stuck_scheduling_is_accepted_and_stays_starting(fake_runpod: FakeRunPod) -> None:
+    rp, pod = running_pod(fake_runpod)  # boot_seconds 0: an unstuck start runs at once
+    rp.stop(pod)
+    fake_runpod.start_stuck_scheduling = True
+    rp.start(pod)  # not an error now: the caller's resume_timeout ends the wait
+    for _ in range(3):
+        assert rp.get(pod).status is MachineStatus.STARTING  # type: ignore[union-attr]
+    rp.stop(pod)  # and a stuck one can still be stopped (or destroyed)
+    assert rp.get(pod).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("lost", ["timeout", "500"])
+def test_a_stop_whose_answer_is_lost_but_happened_is_success(
+    fake_runpod: FakeRunPod, lost: str
+) -> None:
+    rp, pod = running_pod(fake_runpod)
+    fake_runpod.stop_times_out_but_happens = True
+    fake_runpod.lost_answer = lost
+    fake_runpod.lost_answer_delay = 5.0  # far past the client's 0.3 s read timeout
+    t0 = time.monotonic()
+    rp.stop(pod)
+    assert time.monotonic() - t0 < fake_runpod.lost_answer_delay  # the read timeout, not more
+    assert len(actions(fake_runpod, pod)) == 1  # read back, never sent blind again
+    assert rp.get(pod).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+
+
+def test_a_stop_that_did_not_happen_is_transient_and_leaves_it_running(
+    fake_runpod: FakeRunPod,
+) -> None:
+    rp, pod = running_pod(fake_runpod)
+    real = rp._http.request
+
+    def refuse_actions(method: str, path: str, **kw: object):  # type: ignore[no-untyped-def]
+        if path.endswith("/action"):
+            fake_runpod.fail_next = 1  # a 503 before anything happens
+        return real(method, path, **kw)  # type: ignore[arg-type]
+
+    rp._http.request = refuse_actions  # type: ignore[method-assign]
+    with pytest.raises(TransientError, match="not confirmed"):
+        rp.stop(pod)
+    assert rp.get(pod).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_stop_and_start_of_pods_not_ours_send_nothing(fake_runpod: FakeRunPod) -> None:
+    rp = make_runpod(fake_runpod)
+    hand = fake_runpod.add_pod("my-notebook")
+    fake_runpod.kill(hand, "EXITED")
+    sneaky = fake_runpod.add_pod(f"asg-{OTHER_INSTALLATION}-abc123")
+    for pod in (hand, sneaky):
+        for call in (rp.stop, rp.start):
+            with pytest.raises(NotOwnedError):
+                call(pod)
+    assert not fake_runpod.calls("POST", f"/v2/pods/{hand}/action")
+    assert not fake_runpod.calls("POST", f"/v2/pods/{sneaky}/action")
+    fake_runpod.live_pods()  # booted by now
+    assert fake_runpod.pods[hand]["status"] == "EXITED"
+    assert fake_runpod.pods[sneaky]["status"] == "RUNNING"
+
+
+def test_a_volume_disk_keeps_the_agents_work_folder_and_prices_the_stopped_pod(
+    fake_runpod: FakeRunPod,
+) -> None:
+    rp, pod = running_pod(fake_runpod, volume_gb=40, volume_mount_path="/data")
+    body = fake_runpod.calls("POST", "/v2/pods")[-1].body
+    assert body["mounts"] == {"persistent": {"size": 40, "path": "/data"}}
+    assert body["env"][WORKDIR_ENV] == "/data/autoscaler"
+    rp.stop(pod)
+    got = rp.get(pod)
+    assert got is not None and got.price_per_hour == 0.0  # RunPod's cost of an EXITED pod
+    assert got.storage_price_per_hour == pytest.approx(40 * 0.20 / 730, abs=1e-6)
+    known = rp.config.known_storage_price(spec())  # what `validate` says the pool costs
+    assert known is not None and got.storage_price_per_hour == known[0]
+    bare, other = running_pod(fake_runpod)  # no volume: nothing kept, nothing billed
+    body = fake_runpod.calls("POST", "/v2/pods")[-1].body
+    assert "mounts" not in body and WORKDIR_ENV not in body["env"]
+    assert bare.get(other).storage_price_per_hour == 0.0  # type: ignore[union-attr]
+
+
+def test_a_volume_below_runpods_floor_is_refused_as_a_bad_request(
+    fake_runpod: FakeRunPod,
+) -> None:
+    """The spec's persistent mount is 10 GB at least: a smaller one is a config to fix."""
+    rp = make_runpod(fake_runpod, gpu_types=PREFS, volume_gb=5)
+    with pytest.raises(ProviderRequestError, match="HTTP 400"):
+        rp.create(rp.find_offers(spec())[0], launch())
+    assert fake_runpod.expect_violations() and fake_runpod.pods == {}

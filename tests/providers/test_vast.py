@@ -1,4 +1,5 @@
-"""Vast.ai against the fake: live search, avoided hosts, creates, v1 paging, failure modes."""
+"""Vast.ai against the fake: live search, avoided hosts, creates, v1 paging, failure modes, and
+stop/start (statuses, a start refused or stuck scheduling, a stop whose answer is lost)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from autoscaler.providers import (
     MachineStatus,
     NotOwnedError,
     OfferGoneError,
+    ProviderError,
     RateLimitedError,
+    ResumeRefusedError,
     create_on_first_offer,
 )
 from autoscaler.providers.labels import ENV_LAUNCH
+from autoscaler.providers.vast import VastProvider, machine_status, storage_price
 from autoscaler.store import avoided_hosts
 from autoscaler.store.db import transaction
 from tests.fakes.vast_server import FakeVast
@@ -359,3 +363,172 @@ def test_no_secret_in_logs_errors_or_reprs(fake_vast: FakeVast, sqlite_sessions,
     assert len(errors) == 2
     assert_no_secret(all_logs, vast, vast._http, *errors, secret=VAST_SECRET)
     assert all(r.authorization == f"Bearer {VAST_SECRET}" for r in fake_vast.requests)
+
+
+# ---------------------------------------------------------------- stop / start (warm pools)
+
+
+def running_instance(
+    fake: FakeVast, sessions: sessionmaker[Session]
+) -> tuple[VastProvider, str]:
+    vast = make_vast(fake, sessions, **FILTERS)
+    m = vast.create(vast.find_offers(spec())[0], launch())
+    assert vast.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    return vast, m.provider_instance_id
+
+
+def states(fake: FakeVast, iid: str) -> list[object]:
+    return [r.body for r in fake.calls("PUT", f"/api/v0/instances/{iid}/")]
+
+
+def test_stop_and_start_set_the_instances_state(
+    fake_vast: FakeVast, sqlite_sessions: sessionmaker[Session]
+) -> None:
+    vast, iid = running_instance(fake_vast, sqlite_sessions)
+    vast.stop(iid)
+    assert states(fake_vast, iid) == [{"state": "stopped"}]
+    got = vast.get(iid)
+    assert got is not None and got.status is MachineStatus.STOPPED
+    # Vast's own $/h for the 50 GB disk (storage_total_cost), not a guess of ours
+    assert got.storage_price_per_hour == pytest.approx(0.15 * 50 / 720, abs=1e-6)
+    vast.stop(iid)  # stopped already: nothing sent
+    assert len(states(fake_vast, iid)) == 1
+    fake_vast.boot_seconds = 60.0
+    vast.start(iid)
+    assert states(fake_vast, iid)[-1] == {"state": "running"}
+    assert vast.get(iid).status is MachineStatus.STARTING  # type: ignore[union-attr]
+    vast.start(iid)  # starting already: nothing sent
+    assert len(states(fake_vast, iid)) == 2
+    fake_vast.boot_seconds = 0.0
+    assert vast.get(iid).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("fields", "want"),
+    [
+        ({"actual_status": "stopped", "intended_status": "stopped"}, MachineStatus.STOPPED),
+        ({"actual_status": "exited", "intended_status": "stopped"}, MachineStatus.STOPPED),
+        ({"actual_status": "running", "intended_status": "stopped"}, MachineStatus.RUNNING),
+        ({"actual_status": "exited", "intended_status": "running"}, MachineStatus.DEAD),
+        ({"actual_status": "stopped", "intended_status": "running"}, MachineStatus.STARTING),
+        ({"actual_status": "scheduling", "intended_status": "running"}, MachineStatus.STARTING),
+        ({"actual_status": "offline", "intended_status": "stopped"}, MachineStatus.DEAD),
+        ({"actual_status": "unknown", "intended_status": "running"}, MachineStatus.DEAD),
+        ({"actual_status": "loading", "intended_status": "running"}, MachineStatus.STARTING),
+        ({"actual_status": "frozen", "intended_status": "frozen"}, MachineStatus.DEAD),
+        (
+            {"actual_status": "created", "intended_status": "stopped", "status_msg": "OCI runtime"},
+            MachineStatus.DEAD,
+        ),
+    ],
+)
+def test_status_mapping(fields: dict[str, str], want: MachineStatus) -> None:
+    """What we asked (`intended_status`) decides between a stop of ours and a crash: Vast shows
+    a stopped container as `exited` too, and `exited` while running is intended never runs."""
+    assert machine_status(fields) is want
+
+
+def test_storage_price_from_the_per_gb_month_price_when_vast_gives_no_total() -> None:
+    assert storage_price({"storage_cost": 0.2, "disk_space": 73.0}) == pytest.approx(0.02)
+    assert storage_price({"storage_total_cost": 0.0031, "storage_cost": 9.9}) == 0.0031
+    assert storage_price({"dph_total": 0.4}) is None
+
+
+def test_a_stop_shown_as_exited_reads_stopped_and_resumes(
+    fake_vast: FakeVast, sqlite_sessions: sessionmaker[Session]
+) -> None:
+    fake_vast.stopped_actual_status = "exited"
+    vast, iid = running_instance(fake_vast, sqlite_sessions)
+    vast.stop(iid)
+    assert vast.get(iid).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+    vast.start(iid)
+    assert vast.get(iid).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_a_start_the_machine_cannot_serve_is_refused_and_it_stays_stopped(
+    fake_vast: FakeVast, sqlite_sessions: sessionmaker[Session]
+) -> None:
+    vast, iid = running_instance(fake_vast, sqlite_sessions)
+    vast.stop(iid)
+    fake_vast.resume_without_gpu = True
+    with pytest.raises(ResumeRefusedError, match="unavailable"):
+        vast.start(iid)
+    assert vast.get(iid).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+
+
+def test_a_start_stuck_scheduling_is_accepted_and_reads_starting(
+    fake_vast: FakeVast, sqlite_sessions: sessionmaker[Session]
+) -> None:
+    vast, iid = running_instance(fake_vast, sqlite_sessions)  # boot_seconds 0: runs at once
+    vast.stop(iid)
+    fake_vast.start_stuck_scheduling = True
+    vast.start(iid)  # not an error: the caller's resume_timeout ends the wait
+    for _ in range(3):
+        assert vast.get(iid).status is MachineStatus.STARTING  # type: ignore[union-attr]
+    assert fake_vast.instances[int(iid)]["actual_status"] == "stopped"
+    vast.start(iid)  # waiting already: nothing sent
+    assert len(states(fake_vast, iid)) == 2
+    vast.stop(iid)
+    assert vast.get(iid).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("lost", ["timeout", "500"])
+def test_a_stop_whose_answer_is_lost_but_happened_is_success(
+    fake_vast: FakeVast, sqlite_sessions: sessionmaker[Session], lost: str
+) -> None:
+    vast, iid = running_instance(fake_vast, sqlite_sessions)
+    fake_vast.stop_times_out_but_happens = True
+    fake_vast.lost_answer = lost
+    fake_vast.lost_answer_delay = 5.0  # far past the client's 0.3 s read timeout
+    t0 = time.monotonic()
+    vast.stop(iid)  # retried (a state PUT is idempotent): the retry is answered at once
+    assert time.monotonic() - t0 < fake_vast.lost_answer_delay
+    assert states(fake_vast, iid) == [{"state": "stopped"}] * 2
+    assert vast.get(iid).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+
+
+def test_a_refused_state_change_is_an_error_and_changes_nothing(
+    fake_vast: FakeVast, sqlite_sessions: sessionmaker[Session]
+) -> None:
+    """`success: false` is never read as done."""
+    vast, iid = running_instance(fake_vast, sqlite_sessions)
+    fake_vast.refuse_state_change = ("maintenance", "the machine is in maintenance mode")
+    with pytest.raises(ProviderError, match="maintenance mode"):
+        vast.stop(iid)
+    assert vast.get(iid).status is MachineStatus.RUNNING  # type: ignore[union-attr]
+    fake_vast.refuse_state_change = None
+    vast.stop(iid)
+    fake_vast.refuse_state_change = ("maintenance", "the machine is in maintenance mode")
+    with pytest.raises(ProviderError, match="maintenance mode") as info:
+        vast.start(iid)
+    assert not isinstance(info.value, ResumeRefusedError)  # a reason to retry, not to destroy
+    assert vast.get(iid).status is MachineStatus.STOPPED  # type: ignore[union-attr]
+
+
+def test_a_dead_or_gone_instance_is_not_resumed(
+    fake_vast: FakeVast, sqlite_sessions: sessionmaker[Session]
+) -> None:
+    vast, iid = running_instance(fake_vast, sqlite_sessions)
+    vast.stop(iid)
+    fake_vast.kill(int(iid), "offline")
+    with pytest.raises(ResumeRefusedError, match="dead"):
+        vast.start(iid)
+    assert states(fake_vast, iid) == [{"state": "stopped"}]
+    fake_vast.instances.pop(int(iid))  # gone behind our back
+    vast.stop(iid)
+    with pytest.raises(ResumeRefusedError, match="gone"):
+        vast.start(iid)
+
+
+def test_stop_and_start_of_instances_not_ours_send_nothing(
+    fake_vast: FakeVast, sqlite_sessions: sessionmaker[Session]
+) -> None:
+    vast = make_vast(fake_vast, sqlite_sessions)
+    hand = fake_vast.add_instance("my-notebook")
+    sneaky = fake_vast.add_instance(f"asg-{OTHER_INSTALLATION}-abc123")
+    for iid in (hand, sneaky):
+        for call in (vast.stop, vast.start):
+            with pytest.raises(NotOwnedError):
+                call(str(iid))
+        assert not fake_vast.calls("PUT", f"/api/v0/instances/{iid}/")
+        assert fake_vast.instances[iid]["intended_status"] == "running"
