@@ -14,7 +14,11 @@ from autoscaler.boundary import Refused
 @click.option("--api-url", help="The server API (default $AUTOSCALER_API_URL).")
 @click.option("--queue", help="Hand-made machines: the queue to serve ($AUTOSCALER_QUEUE).")
 @click.option("--name", help="Hand-made machines: this machine's name (default: host name).")
-@click.option("--workdir", help="Where the repository is cloned (default: a new temp dir).")
+@click.option(
+    "--workdir",
+    help="The work folder: checkout and installed requirements, reused by the next start "
+    "(default $AUTOSCALER_AGENT_WORKDIR, else a new temp dir).",
+)
 def agent(api_url: str | None, queue: str | None, name: str | None, workdir: str | None) -> None:
     """Run the worker agent: register, deploy from Git, run the worker, heartbeat, drain.
 

@@ -5,10 +5,11 @@ On a rented machine it reads from its environment only what the launch put there
 hand-made machine it is given an enrolment key, a name and the queue instead; it then counts
 as capacity and is never drained or destroyed by the control plane.
 
-    register -> GET deployment -> git clone (at its ref) -> pip install -r requirements.txt
-    (when the repository has one) -> a heartbeat saying the worker starts (the machine is
-    ready from it; an answer "drain" or a refused token starts nothing) -> start the startup
-    command in its own process group ->
+    register -> GET deployment -> the checkout at its ref and its requirements.txt installed
+    in the work folder (deploy.py: a fetch and no install when a stopped machine resumes with
+    the folder it had) -> a heartbeat saying the worker starts, with how the deploy went (the
+    machine is ready from it; an answer "drain" or a refused token starts nothing) -> start the
+    startup command in its own process group ->
     heartbeat every few seconds (running tasks and last task time from the status file the
     Celery hook or any worker writes, or that a worker POSTs to `$AUTOSCALER_STATUS_URL`; GPU
     utilisation from nvidia-smi where there is one).
@@ -18,22 +19,20 @@ as capacity and is never drained or destroyed by the control plane.
 
 The worker's environment: the agent's own minus the worker token, plus `AUTOSCALER_BROKER_URL`
 (and `CELERY_BROKER_URL`) with the machine's own broker user, `AUTOSCALER_STATUS_FILE`,
-`AUTOSCALER_STATUS_URL` and `AUTOSCALER_WORKER_NAME`.
+`AUTOSCALER_STATUS_URL` and `AUTOSCALER_WORKER_NAME`; PYTHONPATH and PATH lead to the checkout
+and the requirements installed in the work folder (`<workdir>/site-packages`, its `bin/`).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import glob
 import json
 import logging
 import os
 import shlex
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -45,6 +44,8 @@ from typing import Any
 import requests
 
 from autoscaler.agent import gpu
+from autoscaler.agent.deploy import Deployed, DeployError, prepare, usable_workdir
+from autoscaler.agent.deploy import git_auth_env as git_auth_env  # where tests look for it
 from autoscaler.agent.guard import SECRET_ENV, worker_user
 from autoscaler.digits import ascii_whole
 
@@ -98,7 +99,7 @@ class AgentConfig:
         )
         workdir = over.pop("workdir", None) or e.get("AUTOSCALER_AGENT_WORKDIR")
         if workdir:
-            cfg.workdir = Path(workdir)
+            cfg.workdir = Path(workdir).absolute()  # the worker runs in the checkout
         if cfg.launch_id is None and not cfg.queue:
             raise AgentError("a hand-made machine's agent needs --queue (or AUTOSCALER_QUEUE)")
         return cfg
@@ -252,53 +253,18 @@ def gpu_utilisation() -> float | None:
     return gpu.mean_utilisation(gpu.read())
 
 
-def git_auth_env(token: object) -> dict[str, str]:
-    """Git's config through the environment (git ≥ 2.31): the token goes in an HTTP header for
-    the clone, never into the command line (`ps`), the URL or the clone's .git/config."""
-    if not isinstance(token, str) or not token:
-        return {}
-    basic = base64.b64encode(f"x-access-token:{token}".encode()).decode()
-    return {
-        "GIT_CONFIG_COUNT": "1",
-        "GIT_CONFIG_KEY_0": "http.extraHeader",
-        "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
-    }
-
-
 def deploy(dep: Mapping[str, Any], workdir: Path) -> Path:
-    """Clone the deployment's repository at its ref; install its requirements if it has any."""
-    url = dep.get("git_url")
-    if not url:
-        raise AgentError("the deployment has no git_url")
-    ref = dep.get("git_ref")
-    for name, value in (("git_url", url), ("git_ref", ref)):
-        # git would read a value starting with '-' as an option (`--orphan=…`, `--upload-pack=…`)
-        if value is not None and str(value).startswith("-"):
-            raise AgentError(f"the deployment's {name} starts with '-': refused (not an option)")
-    repo = workdir / "repo"
-    if repo.exists():
-        shutil.rmtree(repo)
-    workdir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", **git_auth_env(dep.get("git_token"))}
-    # `--` ends the options: what follows is the URL and the folder, or (checkout) the ref
-    run: list[tuple[str, ...]] = [("git", "clone", "--quiet", "--", str(url), str(repo))]
-    if ref:
-        run.append(("git", "-C", str(repo), "checkout", "--quiet", str(ref), "--"))
-    for cmd in run:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise AgentError(f"{' '.join(cmd[:2])} failed: {done.stderr.strip()[:300]}")
-    req = repo / "requirements.txt"
-    if req.is_file():
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "-r", str(req)],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
-        if done.returncode != 0:
-            raise AgentError(f"pip install -r requirements.txt failed: {done.stderr[-300:]}")
-    return repo
+    """The checkout of the deployment's ref in `workdir`, its requirements installed (warm
+    when the work folder holds them: see deploy.py)."""
+    return prepare_deploy(dep, workdir).repo
+
+
+def prepare_deploy(dep: Mapping[str, Any], workdir: Path) -> Deployed:
+    """`deploy.prepare`, its refusals as the agent's (said once, the agent exits 2)."""
+    try:
+        return prepare(dep, workdir)
+    except DeployError as exc:
+        raise AgentError(str(exc)) from None
 
 
 def _give(folder: Path, uid: int, gid: int) -> None:
@@ -317,6 +283,7 @@ class StatusServer:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         target = path + ".http"
+        folder, name = os.path.split(target)
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
@@ -330,8 +297,9 @@ class StatusServer:
                     self.send_response(400)
                     self.end_headers()
                     return
-                tmp = f"{target}.tmp"
-                with open(tmp, "w", encoding="utf-8") as fh:
+                # a name of its own (O_EXCL): never through a link the worker left in the folder
+                fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{name}.", suffix=".tmp")
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     json.dump({"running": running, "last_task_at": last}, fh)
                 os.replace(tmp, target)
                 self.send_response(204)
@@ -363,7 +331,9 @@ class Agent:
             self._status_server = StatusServer(self.status_file)
         return self._status_server.url
 
-    def start_worker(self, dep: Mapping[str, Any], repo: Path) -> None:
+    def start_worker(
+        self, dep: Mapping[str, Any], repo: Path, site_packages: Path | None = None
+    ) -> None:
         cmd = dep.get("startup_cmd")
         if not cmd:
             raise AgentError("the deployment has no startup_cmd")
@@ -388,9 +358,16 @@ class Agent:
             env.setdefault("CELERY_BROKER_URL", os.environ["AUTOSCALER_BROKER_URL"])
         elif dep.get("broker_note"):
             log.warning("no broker connection from the API: %s", dep["broker_note"])
+        # the checkout, then its requirements (installed in the work folder, which a stop
+        # keeps), then the agent's own packages as before (the hook); their scripts first
+        site = [str(site_packages)] if site_packages is not None else []
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]
+            [str(repo), *site, *filter(None, [os.environ.get("PYTHONPATH")])]
         )
+        if site_packages is not None and (site_packages / "bin").is_dir():
+            env["PATH"] = os.pathsep.join(
+                [str(site_packages / "bin"), *filter(None, [env.get("PATH")])]
+            )
         # a plain command runs as the group's leader itself, so the drain's SIGTERM reaches
         # the worker's main process only (Celery's warm shutdown; its pool children are not
         # signalled and finish their task); a shell command line runs under /bin/sh: give it
@@ -487,20 +464,33 @@ class Agent:
 
     def run(self) -> int:
         cfg = self.cfg
+        t0 = time.monotonic()
+        cfg.workdir = usable_workdir(cfg.workdir)
+        self.status_file = str(cfg.workdir / "status.json")
+        log.info("work folder %s", cfg.workdir)
+        seconds: dict[str, float] = {}
         if cfg.launch_id is not None:
             reg = self.api.call_retrying(
                 "POST", "register", json={"worker_name": f"agent@{cfg.launch_id}"}
             )
+            seconds["register"] = time.monotonic() - t0
             dep = self.api.call_retrying("GET", "deployment")
             interval = cfg.heartbeat_interval or float(reg.get("heartbeat_interval") or 10.0)
         else:
             self.beat("starting")
+            seconds["register"] = time.monotonic() - t0
             dep = self.api.call_retrying("GET", f"deployment?queue={cfg.queue}")
             interval = cfg.heartbeat_interval or 10.0
-        repo = deploy(dep, cfg.workdir)
-        if cfg.launch_id is not None and not self.may_start():
+        seconds["deployment"] = time.monotonic() - t0 - seconds["register"]
+        done = prepare_deploy(dep, cfg.workdir)
+        done.seconds = seconds | done.seconds
+        # one line the e2e and the benchmark read: warm or not, and each phase's seconds
+        log.info("deploy report %s", json.dumps(done.report(), sort_keys=True))
+        log.info("deploy: %s", done.summary())
+        if cfg.launch_id is not None and not self.may_start(done.summary()):
             return 0
-        self.start_worker(dep, repo)
+        self.start_worker(dep, done.repo, done.site_packages)
+        log.info("worker started %.2f s after the agent", time.monotonic() - t0)
         assert self.proc is not None
         while True:
             if self.stopping.wait(interval):
@@ -522,16 +512,18 @@ class Agent:
             if answer.get("drain") and cfg.launch_id is not None:
                 return self.drain(interval)
 
-    def may_start(self) -> bool:
+    def may_start(self, detail: str | None = None) -> bool:
         """The heartbeat that says the worker starts now, sent *before* it starts: the control
         plane marks the machine ready on it (and from then on drains it like any ready one),
         so a machine cancelled while it booted never starts a worker that a destroy could
         catch mid-job. A token refused (4xx: the machine is being destroyed) or an answer
-        "drain" (drained before its worker ran) means: start nothing."""
+        "drain" (drained before its worker ran) means: start nothing. `detail`: how the deploy
+        went (warm or cold start, each phase's time)."""
+        body: dict[str, Any] = {"state": "idle", "running_tasks": 0}
+        if detail:
+            body["detail"] = detail[:500]
         try:
-            answer = self.api.call_retrying(
-                "POST", "heartbeat", json={"state": "idle", "running_tasks": 0}
-            )
+            answer = self.api.call_retrying("POST", "heartbeat", json=body)
         except ApiAnswered as exc:
             if not 400 <= exc.status < 500:
                 raise

@@ -67,19 +67,21 @@ def serve(world: World) -> Iterator[str]:
         thread.join(timeout=10)
 
 
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+}
+
+
 def git_repo(path: Path, files: Mapping[str, str]) -> str:
     """A Git repository at `path` holding `files` (one commit on `main`); its file:// URL."""
     path.mkdir(parents=True)
     for name, text in files.items():
         (path / name).parent.mkdir(parents=True, exist_ok=True)
         (path / name).write_text(text)
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.invalid",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.invalid",
-    }
+    env = {**os.environ, **GIT_ENV}
     for cmd in (
         ["git", "init", "-q", "-b", "main"],
         ["git", "add", "."],
@@ -87,6 +89,54 @@ def git_repo(path: Path, files: Mapping[str, str]) -> str:
     ):
         subprocess.run(cmd, cwd=path, env=env, check=True, capture_output=True)
     return f"file://{path}"
+
+
+def git_commit(path: Path, files: Mapping[str, str | None], message: str = "change") -> str:
+    """A new commit on the repository's current branch (None: the file is removed); its id."""
+    for name, text in files.items():
+        if text is None:
+            (path / name).unlink()
+        else:
+            (path / name).parent.mkdir(parents=True, exist_ok=True)
+            (path / name).write_text(text)
+    env = {**os.environ, **GIT_ENV}
+    subprocess.run(["git", "add", "-A"], cwd=path, env=env, check=True, capture_output=True)
+    subprocess.run(
+        ["git", "commit", "-q", "-m", message], cwd=path, env=env, check=True, capture_output=True
+    )
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=path, check=True, capture_output=True, text=True
+    )
+    return head.stdout.strip()
+
+
+def make_wheel(folder: Path, name: str, version: str) -> Path:
+    """A pure-Python wheel `name` (a module whose VERSION is `version`, and a console script
+    `name` printing it) in `folder`: a requirement pip installs with no package index."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"VERSION = {version!r}\n\ndef main():\n    print(VERSION)\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+        f"{info}/entry_points.txt": f"[console_scripts]\n{name} = {name}:main\n",
+    }
+
+    def digest(data: bytes) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+    record = [f"{n},sha256={digest(t.encode())},{len(t.encode())}" for n, t in files.items()]
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for n, t in files.items():
+            z.writestr(n, t)
+        z.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    return wheel
 
 
 class AgentProc:
