@@ -3,8 +3,9 @@ each scrape (a fresh registry per scrape, so every API process answers the same)
 
 Per queue: pending jobs and the oldest one's age (the last good reading), machines by state,
 desired machines (the latest evaluation), launches and launch failures (from the audit trail),
-and the spend rate (Σ price of every machine that may still bill). Nothing secret: queue names,
-states and numbers only.
+the spend rate (Σ price of every machine that may still bill; a stopped one at its storage
+price), and its warm pool: the size the config allows, stopped machines, what they bill, warm
+hits and misses (from the audit trail). Nothing secret: queue names, states and numbers only.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from autoscaler.lifecycle import InstanceState
 from autoscaler.store import fleet, metric_readings, views
 from autoscaler.store.db import Session
 
@@ -58,6 +60,36 @@ def render(session: Session, rt: Any = None) -> str:
         ["queue"],
         registry=reg,
     )
+    pool_size = Gauge(
+        "autoscaler_warm_pool_size",
+        "Stopped machines the queue's warm pool may keep (newest config)",
+        ["queue"],
+        registry=reg,
+    )
+    pool_stopped = Gauge(
+        "autoscaler_warm_pool_stopped",
+        "Stopped machines kept in the queue's warm pool",
+        ["queue"],
+        registry=reg,
+    )
+    pool_storage = Gauge(
+        "autoscaler_warm_pool_storage_dollars_per_hour",
+        "Σ storage price per hour of the queue's stopped machines",
+        ["queue"],
+        registry=reg,
+    )
+    hits = Gauge(
+        "autoscaler_warm_hits_total",
+        "Resumed machines whose worker became ready (audit trail)",
+        ["queue"],
+        registry=reg,
+    )
+    misses = Gauge(
+        "autoscaler_warm_misses_total",
+        "Resumes that failed: destroyed, a fresh machine rented (audit trail)",
+        ["queue"],
+        registry=reg,
+    )
     for queue, reading in metric_readings.every(session):
         data = reading if isinstance(reading, dict) else {}
         pending.labels(queue).set(float(data.get("pending") or 0))
@@ -71,14 +103,29 @@ def render(session: Session, rt: Any = None) -> str:
             desired.labels(queue).set(float(value))
     counts: dict[tuple[str, str], int] = {}
     rates: dict[str, float] = {}
+    storage: dict[str, float] = {}
     for row in fleet.live_rows(session):
         key = (row.queue, row.state.value)
         counts[key] = counts.get(key, 0) + 1
-        rates[row.queue] = rates.get(row.queue, 0.0) + (row.price_per_hour or 0.0)
+        if row.state == InstanceState.STOPPED:  # bills its kept disk only (0 when unknown)
+            price = row.storage_price_per_hour or 0.0
+            storage[row.queue] = storage.get(row.queue, 0.0) + price
+        else:
+            price = row.price_per_hour or 0.0
+        rates[row.queue] = rates.get(row.queue, 0.0) + price
     for (queue, state), n in counts.items():
         workers.labels(queue, state).set(n)
     for queue, rate in rates.items():
         spend.labels(queue).set(rate)
     for (queue, action), n in views.launch_counts(session).items():
         (launches if action == "created" else failures).labels(queue).set(n)
+    pools = views.warm_pools(session)
+    for queue, pool in pools.items():
+        pool_size.labels(queue).set(pool.size)
+    for queue in set(pools) | {q for q, state in counts if state == InstanceState.STOPPED}:
+        pool_stopped.labels(queue).set(counts.get((queue, InstanceState.STOPPED.value), 0))
+        pool_storage.labels(queue).set(storage.get(queue, 0.0))
+    for (queue, action), n in views.warm_counts(session).items():
+        if action in ("hit", "miss"):
+            (hits if action == "hit" else misses).labels(queue).set(n)
     return generate_latest(reg).decode()

@@ -48,6 +48,31 @@ def _desired_text(q: views.QueueView) -> str:
     return "—" if q.desired is None else str(q.desired)
 
 
+def _stopped_text(q: views.QueueView) -> str:
+    """Stopped machines of the queue's warm pool, out of its size: 1/2."""
+    w = q.warm_pool
+    if w.size:
+        return f"{w.stopped}/{w.size}"
+    return str(w.stopped) if w.stopped else "—"
+
+
+def _warm_line(q: views.QueueView) -> str | None:
+    w = q.warm_pool
+    if not w.shown:
+        return None
+    moving = [
+        f"{n} {what}" for n, what in ((w.stopping, "stopping"), (w.resuming, "resuming")) if n
+    ]
+    kept = f", each destroyed {age(w.keep_for)} after its stop" if w.keep_for else ""
+    size = f" of {w.size}" if w.size else " (no pool in the config: destroyed at reconcile)"
+    return (
+        f"warm pool: {w.stopped} stopped{size}"
+        + (f" ({', '.join(moving)})" if moving else "")
+        + f", storage {money(w.storage_per_hour, 3)}/h{kept}; today {w.hits_today} hit(s), "
+        f"{w.misses_today} miss(es)"
+    )
+
+
 def status_document(
     session: Session, settings: Settings, now: datetime, queue: str | None = None
 ) -> dict[str, Any]:
@@ -88,8 +113,11 @@ def render_status(
             else "no queue yet: apply a config with `autoscaler apply FILE`"
         )
     else:
+        # the warm pool's columns only where a queue has one (the seed's table otherwise)
+        warm = any(q.warm_pool.shown for q in queues)
         rows = []
         for q in queues:
+            w = q.warm_pool
             rows.append(
                 [
                     q.queue,
@@ -99,31 +127,18 @@ def render_status(
                     q.busy,
                     q.booting,
                     q.draining,
+                    *([_stopped_text(q), f"{w.hits_today}/{w.misses_today}"] if warm else []),
                     _desired_text(q),
                     _manual_text(q, now),
                     _backoff_text(q, now),
                     money(q.spend_per_hour) + "/h",
                 ]
             )
-        out.append(
-            table(
-                [
-                    "QUEUE",
-                    "PENDING",
-                    "OLDEST",
-                    "LIVE",
-                    "BUSY",
-                    "BOOTING",
-                    "DRAINING",
-                    "DESIRED",
-                    "MANUAL",
-                    "BACKOFF",
-                    "SPEND",
-                ],
-                rows,
-                right=(1, 2, 3, 4, 5, 6, 7, 10),
-            )
-        )
+        headers = ["QUEUE", "PENDING", "OLDEST", "LIVE", "BUSY", "BOOTING", "DRAINING"]
+        headers += ["STOPPED", "HIT/MISS"] if warm else []
+        headers += ["DESIRED", "MANUAL", "BACKOFF", "SPEND"]
+        right = [*range(1, headers.index("DESIRED") + 1), len(headers) - 1]
+        out.append(table(headers, rows, right=right))
         details = []
         for q in queues:
             lines = []
@@ -157,6 +172,9 @@ def render_status(
                     f"backoff: {b.provider} after {b.failures} failure(s), no launch until "
                     f"{clock(b.until, now)}" + (f": {b.last_error}" if b.last_error else "")
                 )
+            warm_line = _warm_line(q)
+            if warm_line:
+                lines.append(warm_line)
             if q.manual_target is not None:
                 t = q.manual_target
                 lines.append(
@@ -166,6 +184,7 @@ def render_status(
             details.append(f"{q.queue}:\n" + "\n".join(f"  {line}" for line in lines))
         out += ["", *details]
     out += ["", render_instances(machines, now, empty="no machine that may bill")]
+    stopped = any(m.state == "stopped" for m in machines)
     unknown = (
         f" ({spent.unknown_price} machine(s) of unknown price not counted)"
         if spent.unknown_price
@@ -174,12 +193,16 @@ def render_status(
     out += [
         "",
         f"spend: {money(spent.rate_per_hour)}/h now; today {money(spent.today)} "
-        f"(since 00:00 UTC, at the machines' real prices){unknown}",
+        "(since 00:00 UTC, at the machines' real prices"
+        + ("; stopped ones at their storage price" if stopped else "")
+        + f"){unknown}",
     ]
     return "\n".join(out)
 
 
 def _busy_text(m: views.InstanceView) -> str:
+    if m.state in ("stopping", "stopped", "resuming"):
+        return "warm pool" + (f", resumed ×{m.resumes}" if m.resumes else "")
     if m.busy:
         return f"busy ({m.running_tasks})"
     if m.idle_seconds is not None:
@@ -187,11 +210,21 @@ def _busy_text(m: views.InstanceView) -> str:
     return "—"
 
 
+def _storage_text(m: views.InstanceView) -> str:
+    if m.storage_price_per_hour is not None:
+        return money(m.storage_price_per_hour, 3)
+    return "?" if m.state in ("stopping", "stopped", "resuming") else "—"
+
+
 def render_instances(
     machines: Sequence[views.InstanceView], now: datetime, empty: str = "no machine"
 ) -> str:
     if not machines:
         return empty
+    # a warm pool's columns only when a machine shown is in one (the seed's table otherwise)
+    warm = any(
+        m.stopped_at is not None or m.state in ("stopping", "stopped", "resuming") for m in machines
+    )
     rows = [
         [
             m.launch_id,
@@ -203,14 +236,21 @@ def render_instances(
             age(m.age_seconds),
             money(m.price_per_hour, 3),
             money(m.cost_so_far, 2),
+            *(
+                [
+                    _storage_text(m),
+                    clock(m.stopped_at, now),
+                    clock(m.destroy_at, now),
+                ]
+                if warm
+                else []
+            ),
         ]
         for m in machines
     ]
-    return table(
-        ["INSTANCE", "QUEUE", "PROVIDER", "GPU", "STATE", "WORK", "AGE", "$/H", "COST"],
-        rows,
-        right=(6, 7, 8),
-    )
+    headers = ["INSTANCE", "QUEUE", "PROVIDER", "GPU", "STATE", "WORK", "AGE", "$/H", "COST"]
+    headers += ["STORAGE/H", "STOPPED", "DESTROY"] if warm else []
+    return table(headers, rows, right=(6, 7, 8, 9) if warm else (6, 7, 8))
 
 
 def render_events(events: Sequence[views.EventView], now: datetime) -> str:

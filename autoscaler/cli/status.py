@@ -26,9 +26,11 @@ from autoscaler.store import views
 def status(
     queue: str | None, as_json: bool, watch: bool, interval: float, iterations: int | None
 ) -> None:
-    """Per queue: pending, oldest job, machines (live, busy, booting, draining), what the last
-    evaluation wants and why, backoffs, manual target; per machine: queue, provider, GPU,
-    state, busy/idle, age, $/h and cost so far at its real price; spend now and today."""
+    """Per queue: pending, oldest job, machines (live, busy, booting, draining), its warm pool
+    (stopped of size, today's warm hits and misses, storage $/h), what the last evaluation
+    wants and why, backoffs, manual target; per machine: queue, provider, GPU, state, busy/idle,
+    age, $/h and cost so far at its real price (stopped ones: storage $/h, since, destroy
+    time); spend now and today (a stopped machine at its storage price)."""
     settings, sessions = open_store()
 
     def produce(session: Session, now: datetime) -> str:
@@ -63,7 +65,8 @@ def instances(
     iterations: int | None,
 ) -> None:
     """Machines that may bill (or --all / --state): id, queue, provider, GPU, state, busy or
-    idle, age, $/h and cost so far at the real price."""
+    idle, age, $/h and cost so far at the real price; a warm pool's machines also their
+    storage $/h, since when they are stopped and when they will be destroyed."""
     _, sessions = open_store()
 
     def produce(session: Session, now: datetime) -> str:
@@ -92,7 +95,7 @@ def instances(
     "kinds",
     multiple=True,
     help="Only events of this kind or action (repeatable): scale_up, scale_down, wait, launch, "
-    "drain, terminate, manual, agent, reconcile…",
+    "drain, terminate, manual, agent, reconcile, warm_pool (hit, miss)…",
 )
 @click.option("--since", help="From this long ago (30m, 2h, 1d) or this time (ISO, UTC).")
 @click.option("--until", help="Up to this long ago or this time.")

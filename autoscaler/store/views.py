@@ -9,20 +9,30 @@ Money: a machine bills from the moment the provider created it (`booting_at`; a 
 it may still bill), at its **real** price (`instances.price_per_hour`: the price the provider
 reported for the machine, else the offer's), never the queue's cap. A machine of unknown price
 adds nothing to a sum and is counted in `unknown_price` instead. "Today" is the UTC day.
+
+A warm pool's machine bills its running price until it is `stopped` (`stopping` and `resuming`
+bill the full price), and while `stopped` only its storage price
+(`instances.storage_price_per_hour`, 0 when unknown): from `stopped_at` until it left that state
+(resumed, destroyed, lost) or now. The row keeps the times of its latest stop only, so the stops
+before a later resume count at the full price (the most they can have cost). Warm hits and misses
+(the `warm_pool` events) are counted over the same UTC day.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from autoscaler.lifecycle import LIVE_STATES, InstanceState
+from autoscaler.config.durations import parse_duration
+from autoscaler.lifecycle import BOOTING_STATES, LEAVING_STATES, LIVE_STATES, InstanceState
 from autoscaler.store import config_versions
+from autoscaler.store.fleet import WARM_EVENT
 from autoscaler.store.models import (
     Instance,
     ManualTarget,
@@ -33,8 +43,6 @@ from autoscaler.store.models import (
 )
 
 S = InstanceState
-BOOTING_STATES = (S.PENDING, S.CREATING, S.BOOTING)
-LEAVING_STATES = (S.DRAINING, S.DRAINED, S.TERMINATING)
 
 
 # ------------------------------------------------------------------------------ records
@@ -60,10 +68,22 @@ class InstanceView:
     cost_so_far: float | None
     last_heartbeat_at: datetime | None
     created_at: datetime
+    rate_per_hour: float | None
+    """What it bills per hour now: its storage price while stopped (0 when unknown), else its
+    price (None when unknown)."""
+    storage_price_per_hour: float | None
+    """What it bills per hour while stopped (its kept disk), when known."""
+    stopped_at: datetime | None
+    """Stopped since (None unless it is stopped, or was when it was destroyed or lost)."""
+    destroy_at: datetime | None
+    """A stopped machine of a queue with a warm pool: when `keep_for` runs out and it is
+    destroyed (its stop + the newest config's `keep_for`); else None."""
+    resumes: int
+    """How many times it was resumed from its queue's warm pool."""
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("last_heartbeat_at", "created_at"):
+        for key in ("last_heartbeat_at", "created_at", "stopped_at", "destroy_at"):
             value = data[key]
             data[key] = value.isoformat() if value else None
         data["cost_so_far"] = None if self.cost_so_far is None else round(self.cost_so_far, 6)
@@ -96,6 +116,55 @@ class TargetView:
         return {"workers": self.workers, "until": self.until.isoformat(), "set_by": self.set_by}
 
 
+@dataclass(frozen=True)
+class PoolConfig:
+    """A queue's `autoscale.warm_pool` as the newest config says (size 0: no pool)."""
+
+    size: int
+    keep_for: float
+    """Seconds a stopped machine is kept before it is destroyed."""
+
+
+@dataclass
+class WarmPoolView:
+    """A queue's warm pool: its size in the newest config, its machines by warm state, what the
+    stopped ones bill, and today's warm hits (resumed machines that became ready) and misses
+    (resumes that failed: destroyed, a fresh machine rented)."""
+
+    size: int = 0
+    keep_for: float | None = None
+    stopped: int = 0
+    stopping: int = 0
+    resuming: int = 0
+    storage_per_hour: float = 0.0
+    hits_today: int = 0
+    misses_today: int = 0
+
+    @property
+    def shown(self) -> bool:
+        """Worth a column: a pool is configured, or it has machines or warm events today."""
+        return bool(
+            self.size
+            or self.stopped
+            or self.stopping
+            or self.resuming
+            or self.hits_today
+            or self.misses_today
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            "keep_for_seconds": self.keep_for,
+            "stopped": self.stopped,
+            "stopping": self.stopping,
+            "resuming": self.resuming,
+            "storage_per_hour": round(self.storage_per_hour, 6),
+            "hits_today": self.hits_today,
+            "misses_today": self.misses_today,
+        }
+
+
 @dataclass
 class QueueView:
     queue: str
@@ -121,6 +190,7 @@ class QueueView:
     manual_target: TargetView | None = None
     spend_per_hour: float = 0.0
     autoscaled: bool = True
+    warm_pool: WarmPoolView = field(default_factory=WarmPoolView)
 
     def as_json(self) -> dict[str, Any]:
         def t(v: datetime | None) -> str | None:
@@ -152,15 +222,17 @@ class QueueView:
             "backoffs": [b.as_json() for b in self.backoffs],
             "manual_target": self.manual_target.as_json() if self.manual_target else None,
             "spend_per_hour": round(self.spend_per_hour, 6),
+            "warm_pool": self.warm_pool.as_json(),
         }
 
 
 @dataclass(frozen=True)
 class Spend:
     rate_per_hour: float
-    """Σ real price of every machine that may still bill."""
+    """Σ real price of every machine that may still bill (a stopped one: its storage price)."""
     today: float
-    """What every machine billed since 00:00 UTC today, up to now."""
+    """What every machine billed since 00:00 UTC today, up to now (stopped time at the storage
+    price)."""
     unknown_price: int
     """Machines that may bill and whose price is unknown (not in the sums)."""
     day_start: datetime
@@ -205,8 +277,56 @@ def billing_interval(row: Instance, now: datetime) -> tuple[datetime, datetime] 
     return (start, max(start, min(end, now)))
 
 
-def _cost(price: float | None, seconds: float) -> float | None:
-    return None if price is None else price * seconds / 3600.0
+def stopped_interval(row: Instance, now: datetime) -> tuple[datetime, datetime] | None:
+    """When the machine of `row` was last `stopped` (billing its storage price only): from
+    `stopped_at` until it left that state (resumed, destroyed, lost) or now. None when its row
+    holds no stop (never stopped, or no later move that ended it)."""
+    start = row.stopped_at
+    if start is None:
+        return None
+    if row.state == S.STOPPED:
+        return (start, max(start, now))
+    left = [
+        t
+        for t in (row.resuming_at, row.terminating_at, row.lost_at)
+        if t is not None and t >= start
+    ]
+    if not left:  # a stop from before its latest resume: the times were overwritten since
+        return None
+    return (start, max(start, min(min(left), now)))
+
+
+def current_rate(row: Instance) -> float | None:
+    """What the machine of `row` bills per hour now: its storage price while stopped (0 when
+    unknown), else its price (None when unknown)."""
+    if row.state == S.STOPPED:
+        return row.storage_price_per_hour or 0.0
+    return row.price_per_hour
+
+
+def _overlap(a: tuple[datetime, datetime], lo: datetime, hi: datetime) -> float:
+    return max(0.0, (min(a[1], hi) - max(a[0], lo)).total_seconds())
+
+
+def billed(
+    row: Instance, now: datetime, since: datetime | None = None
+) -> tuple[float, float | None]:
+    """(Seconds billed, dollars billed) by the machine of `row` from `since` (or its create)
+    to now: its running time at its price, its stopped time at its storage price (0 when
+    unknown). Dollars None when it ran for a price that is unknown."""
+    interval = billing_interval(row, now)
+    if interval is None:
+        return 0.0, 0.0
+    lo = interval[0] if since is None else max(interval[0], since)
+    hi = interval[1]
+    total = _overlap(interval, lo, hi)
+    stopped = stopped_interval(row, now)
+    storage = 0.0 if stopped is None else min(total, _overlap(stopped, lo, hi))
+    running = total - storage
+    if row.price_per_hour is None and (running > 0 or stopped is None):
+        return total, None
+    dollars = (row.storage_price_per_hour or 0.0) * storage / 3600.0
+    return total, dollars + (row.price_per_hour or 0.0) * running / 3600.0
 
 
 def day_start(now: datetime) -> datetime:
@@ -216,9 +336,48 @@ def day_start(now: datetime) -> datetime:
 # ------------------------------------------------------------------------------ views
 
 
-def _instance_view(row: Instance, now: datetime) -> InstanceView:
-    interval = billing_interval(row, now)
-    billed = (interval[1] - interval[0]).total_seconds() if interval else 0.0
+def _stopped_since(row: Instance) -> datetime | None:
+    """When a machine stopped, while it is stopped or if it was destroyed or lost from there
+    (not once resumed)."""
+    at = row.stopped_at
+    if at is None or row.state not in (S.STOPPED, S.TERMINATING, S.TERMINATED, S.LOST):
+        return None
+    resumed = row.resuming_at is not None and row.resuming_at >= at
+    return None if resumed else at
+
+
+def _pool_configs(document: dict[str, Any] | None) -> dict[str, PoolConfig]:
+    """Queue -> its warm pool, for the queues of a config document that have one (size > 0)."""
+    out: dict[str, PoolConfig] = {}
+    for name, cfg in ((document or {}).get("queues") or {}).items():
+        auto = cfg.get("autoscale") if isinstance(cfg, dict) else None
+        pool = auto.get("warm_pool") if isinstance(auto, dict) else None
+        size = _int(pool.get("size")) if isinstance(pool, dict) else None
+        if not size or size < 0 or not isinstance(pool, dict):
+            continue
+        try:
+            keep_for = parse_duration(pool.get("keep_for", 86400.0))
+        except ValueError:
+            continue
+        if math.isfinite(keep_for) and keep_for > 0:
+            out[str(name)] = PoolConfig(size, keep_for)
+    return out
+
+
+def warm_pools(session: Session) -> dict[str, PoolConfig]:
+    """Queue -> its warm pool in the newest config (queues without one left out). One query."""
+    latest = config_versions.latest(session)
+    return _pool_configs(latest.document if latest else None)
+
+
+def _instance_view(row: Instance, now: datetime, pools: Mapping[str, PoolConfig]) -> InstanceView:
+    seconds, dollars = billed(row, now)
+    pool = pools.get(row.queue)
+    destroy_at = (
+        row.stopped_at + timedelta(seconds=pool.keep_for)
+        if row.state == S.STOPPED and row.stopped_at is not None and pool is not None
+        else None
+    )
     busy = row.running_tasks > 0 and row.state in (S.READY, S.DRAINING)
     idle: float | None = None
     if row.state == S.READY and not busy:
@@ -238,10 +397,15 @@ def _instance_view(row: Instance, now: datetime) -> InstanceView:
         drain_requested=row.drain_requested,
         age_seconds=max(0.0, (now - row.created_at).total_seconds()),
         price_per_hour=row.price_per_hour,
-        billed_seconds=billed,
-        cost_so_far=_cost(row.price_per_hour, billed) if interval else 0.0,
+        billed_seconds=seconds,
+        cost_so_far=dollars,
         last_heartbeat_at=row.last_heartbeat_at,
         created_at=row.created_at,
+        rate_per_hour=current_rate(row),
+        storage_price_per_hour=row.storage_price_per_hour,
+        stopped_at=_stopped_since(row),
+        destroy_at=destroy_at,
+        resumes=row.resumes or 0,
     )
 
 
@@ -253,9 +417,13 @@ def instances(
     states: Collection[InstanceState] | None = None,
     include_closed: bool = False,
     limit: int = 500,
+    pools: Mapping[str, PoolConfig] | None = None,
 ) -> list[InstanceView]:
     """Machines, oldest first: those that may still bill, or (`include_closed`) the newest
-    `limit` of any state. One query."""
+    `limit` of any state. Two queries (one without `pools`: the stopped machines' destroy
+    times come from the newest config's warm pools, or these)."""
+    if pools is None:
+        pools = warm_pools(session)
     q = select(Instance)
     if states:
         q = q.where(Instance.state.in_(list(states)))
@@ -264,7 +432,7 @@ def instances(
     if queue is not None:
         q = q.where(Instance.queue == queue)
     rows = list(session.scalars(q.order_by(Instance.id.desc()).limit(limit)))
-    return [_instance_view(r, now) for r in reversed(rows)]
+    return [_instance_view(r, now, pools) for r in reversed(rows)]
 
 
 def spend(session: Session, now: datetime) -> Spend:
@@ -286,17 +454,14 @@ def spend(session: Session, now: datetime) -> Spend:
     unknown = 0
     for row in rows:
         live = row.state in LIVE_STATES and row.booting_at is not None
-        if row.price_per_hour is None:
+        now_rate = current_rate(row)
+        if now_rate is None:
             unknown += 1 if live else 0
             continue
         if live:
-            rate += row.price_per_hour
-        interval = billing_interval(row, now)
-        if interval is None:
-            continue
-        lo, hi = max(interval[0], start), interval[1]
-        if hi > lo:
-            today += row.price_per_hour * (hi - lo).total_seconds() / 3600.0
+            rate += now_rate
+        _, dollars = billed(row, now, since=start)
+        today += dollars or 0.0
     return Spend(rate, today, unknown, start)
 
 
@@ -320,15 +485,29 @@ def queues(
 ) -> list[QueueView]:
     """Every queue of the newest config, of the latest evaluations and of live machines: its
     last good reading, machines by kind, what the latest evaluation wants and why, backoffs
-    in force and the manual target. A fixed number of queries."""
+    in force, the manual target and its warm pool (today's hits and misses). A fixed number of
+    queries."""
     latest = config_versions.latest(session)
-    configured = _broker_queues(latest.document if latest else None)
+    document = latest.document if latest else None
+    configured = _broker_queues(document)
+    pools = _pool_configs(document)
     status = statuses(session)
-    rows = list(machines) if machines is not None else instances(session, now)
+    rows = list(machines) if machines is not None else instances(session, now, pools=pools)
     names = set(configured) | set(status) | {m.queue for m in rows}
     if only is not None:
         names &= {only}
     views = {n: QueueView(n, autoscaled=configured.get(n, (n, True))[1]) for n in names}
+    for name, pool in pools.items():
+        if name in views:
+            views[name].warm_pool.size = pool.size
+            views[name].warm_pool.keep_for = pool.keep_for
+    for (name, action), n in warm_counts(session, since=day_start(now)).items():
+        if name in views and action in ("hit", "miss"):
+            warm = views[name].warm_pool
+            if action == "hit":
+                warm.hits_today = n
+            else:
+                warm.misses_today = n
 
     readings: dict[str, tuple[datetime, dict[str, Any]]] = {}
     for q, reading, read_at in session.execute(
@@ -363,8 +542,16 @@ def queues(
             mview.booting += 1
         elif state in LEAVING_STATES:
             mview.draining += 1
-        if m.price_per_hour is not None and m.billed_seconds > 0 and state in LIVE_STATES:
-            mview.spend_per_hour += m.price_per_hour
+        warm = mview.warm_pool
+        if state == S.STOPPED:
+            warm.stopped += 1
+            warm.storage_per_hour += m.rate_per_hour or 0.0
+        elif state == S.STOPPING:
+            warm.stopping += 1
+        elif state == S.RESUMING:
+            warm.resuming += 1
+        if m.rate_per_hour is not None and m.billed_seconds > 0 and state in LIVE_STATES:
+            mview.spend_per_hour += m.rate_per_hour
 
     for name, st in status.items():
         sview = views.get(name)
@@ -481,6 +668,18 @@ def launch_counts(session: Session) -> dict[tuple[str, str], int]:
     return {(queue or "", action): n for queue, action, n in rows}
 
 
+def warm_counts(session: Session, since: datetime | None = None) -> dict[tuple[str, str], int]:
+    """(queue, action) -> warm pool events (`fleet.WARM_EVENT`: stop, stopped, resume, hit,
+    miss, destroy) since `since` (or ever), queue "" for none. One grouped query."""
+    q = select(ScaleEvent.queue, ScaleEvent.action, func.count()).where(
+        ScaleEvent.kind == WARM_EVENT
+    )
+    if since is not None:
+        q = q.where(ScaleEvent.at >= since)
+    rows = session.execute(q.group_by(ScaleEvent.queue, ScaleEvent.action))
+    return {(queue or "", action): n for queue, action, n in rows}
+
+
 def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -488,9 +687,13 @@ def _int(value: Any) -> int | None:
 __all__ = [
     "EventView",
     "InstanceView",
+    "PoolConfig",
     "QueueView",
     "Spend",
+    "WarmPoolView",
+    "billed",
     "billing_interval",
+    "current_rate",
     "events",
     "instance_rows",
     "instances",
@@ -499,4 +702,7 @@ __all__ = [
     "queues",
     "spend",
     "statuses",
+    "stopped_interval",
+    "warm_counts",
+    "warm_pools",
 ]

@@ -92,6 +92,47 @@ def add_machine(rt: Runtime, launch_id: str, state: InstanceState, queue: str = 
     return token
 
 
+def add_warm_pool(world: World, size: int = 2, keep_for: float = 3600.0) -> int:
+    """A new config version giving q1 a warm pool; its version number."""
+    import copy
+
+    document = copy.deepcopy(CONFIG)
+    document["queues"]["q1"]["autoscale"]["warm_pool"] = {"size": size, "keep_for": keep_for}
+    with world.rt.transaction() as session:
+        row = config_versions.record(session, document, "test", datetime.now(UTC), "warm pool")
+        assert row is not None
+        return row.version
+
+
+def stop_machine(world: World, launch_id: str, storage: float | None, stopped_at: datetime) -> None:
+    """A machine of q1 put in its warm pool: stopped since `stopped_at`, its storage $/h."""
+    from sqlalchemy import update
+
+    with world.rt.transaction() as session:
+        session.execute(
+            update(Instance)
+            .where(Instance.launch_id == launch_id)
+            .values(
+                state=S.STOPPED,
+                stopping_at=stopped_at,
+                stopped_at=stopped_at,
+                storage_price_per_hour=storage,
+                keep_warm=True,
+                running_tasks=0,
+            )
+        )
+
+
+def warm_events(world: World, *actions: str, queue: str = "q1") -> None:
+    """Warm pool events (hit, miss, …) of `queue`, now, as the lifecycle records them."""
+    with world.rt.transaction() as session:
+        fleet.record_events(
+            session,
+            [fleet.warm_event(a, f"test: {a}", queue, f"w-{i}") for i, a in enumerate(actions)],
+            datetime.now(UTC),
+        )
+
+
 def make_world(db_url: str, tmp_path: Any) -> World:
     migrate.upgrade(db_url)
     env = {

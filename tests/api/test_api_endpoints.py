@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from autoscaler.lifecycle import InstanceState as S
-from tests.api.apikit import World, make_world
+from tests.api.apikit import World, add_warm_pool, make_world, stop_machine, warm_events
 
 
 @pytest.fixture
@@ -184,6 +184,36 @@ def test_metrics_and_healthz(world):
     text = world.client.get("/metrics").text
     assert 'autoscaler_workers{queue="q1",state="ready"} 2.0' in text
     assert 'autoscaler_spend_rate_dollars_per_hour{queue="q1"} 0.2' in text
+
+
+def test_metrics_show_the_warm_pool(world):
+    """Stopped machines per queue, what they bill (their storage price, also in the spend
+    rate), the pool's size, warm hits and misses from the audit trail; the admin list shows a
+    stopped machine's warm columns."""
+    before = world.client.get("/metrics").text
+    assert "autoscaler_warm_pool_size{" not in before  # no pool configured: no series
+    assert "autoscaler_warm_pool_stopped{" not in before
+    add_warm_pool(world, size=2)
+    stopped_at = datetime.now(UTC) - timedelta(minutes=5)
+    stop_machine(world, "m2", 0.005, stopped_at)
+    warm_events(world, "hit", "hit", "miss", "stopped", "resume")
+    text = world.client.get("/metrics").text
+    assert 'autoscaler_workers{queue="q1",state="stopped"} 1.0' in text
+    assert 'autoscaler_workers{queue="q1",state="ready"} 1.0' in text
+    # m1 at its price (0.1), the stopped m2 at its storage price only
+    spend = text.split('autoscaler_spend_rate_dollars_per_hour{queue="q1"} ')[1].split()[0]
+    assert float(spend) == pytest.approx(0.105)
+    assert 'autoscaler_warm_pool_size{queue="q1"} 2.0' in text
+    assert 'autoscaler_warm_pool_stopped{queue="q1"} 1.0' in text
+    assert 'autoscaler_warm_pool_storage_dollars_per_hour{queue="q1"} 0.005' in text
+    assert 'autoscaler_warm_hits_total{queue="q1"} 2.0' in text
+    assert 'autoscaler_warm_misses_total{queue="q1"} 1.0' in text
+    r = world.client.get("/v1/admin/instances?state=stopped", headers=world.h(world.admin))
+    assert r.status_code == 200, r.text
+    (m2,) = r.json()
+    assert m2["launch_id"] == "m2" and m2["storage_price_per_hour"] == 0.005
+    assert datetime.fromisoformat(m2["stopped_at"]) == stopped_at
+    assert m2["keep_warm"] is True and m2["resumes"] == 0
 
 
 def test_hand_made_heartbeat_counts_as_capacity(world):

@@ -6,14 +6,14 @@ who and why; a stale edit is refused."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
 from sqlalchemy import text as sql
 
 from autoscaler.store import config_versions, views
-from tests.api.apikit import CONFIG, World
+from tests.api.apikit import CONFIG, World, add_warm_pool, stop_machine, warm_events
 from tests.dashboard.dashkit import HISTORY, PENDING_NOW, dashboard_world
 
 ENDPOINTS = [
@@ -93,6 +93,34 @@ def test_dashboard_overview_shows_what_status_reads(world):
     assert [m["launch_id"] for m in got["instances"]] == [m["launch_id"] for m in machines]
     assert got["events"][0]["action"] in ("drained", "launch")
     assert got["config"]["version"] == 1
+
+
+def test_dashboard_overview_shows_the_warm_pool(world):
+    """Per queue the pool (stopped of its size, storage $/h, today's hits and misses); the
+    machines list has the stopped one with its storage price, since when, and when it goes."""
+    add_warm_pool(world, size=2, keep_for=3600)
+    stopped_at = datetime.now(UTC) - timedelta(minutes=10)
+    stop_machine(world, "m2", 0.004, stopped_at)
+    warm_events(world, "hit", "miss", "miss")
+    got = world.client.get("/v1/admin/overview", headers=world.h(world.admin)).json()
+    q1 = next(q for q in got["queues"] if q["queue"] == "q1")
+    assert q1["warm_pool"] == {
+        "size": 2,
+        "keep_for_seconds": 3600.0,
+        "stopped": 1,
+        "stopping": 0,
+        "resuming": 0,
+        "storage_per_hour": 0.004,
+        "hits_today": 1,
+        "misses_today": 2,
+    }
+    assert q1["workers"]["live"] == 1  # a stopped machine is not capacity
+    m2 = next(m for m in got["instances"] if m["launch_id"] == "m2")
+    assert m2["state"] == "stopped" and m2["storage_price_per_hour"] == 0.004
+    assert datetime.fromisoformat(m2["stopped_at"]) == stopped_at
+    assert datetime.fromisoformat(m2["destroy_at"]) == stopped_at + timedelta(hours=1)
+    m1 = next(m for m in got["instances"] if m["launch_id"] == "m1")
+    assert m1["stopped_at"] is None and m1["destroy_at"] is None
 
 
 def test_dashboard_history_has_one_point_per_reading(world):

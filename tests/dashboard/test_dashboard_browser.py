@@ -5,7 +5,8 @@ installs it where missing, and this test fails, never skips, without it), agains
 An operator opens the page, gives the admin key (kept in sessionStorage, never in the page or
 its URL), reads the queue table and the chart, edits q1's autoscale block, is refused with the
 line `autoscaler validate` prints, previews a good edit (its dry run and what changes), applies
-it (version 2 with who and why) and rolls back to version 1 (version 3). Screenshots of each
+it (version 2 with who and why), rolls back to version 1 (version 3) and reads q1's warm pool
+and its stopped machine once a newer version gives q1 one. Screenshots of each
 step are saved (DASHBOARD_SHOTS, default the test's tmp dir) and checked: the elements that
 matter are on them, in their colours.
 """
@@ -13,6 +14,7 @@ matter are on them, in their colours.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import struct
@@ -22,6 +24,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +35,14 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from autoscaler.api.app import create_app
 from autoscaler.store import config_versions
-from tests.api.apikit import World
+from tests.api.apikit import World, add_warm_pool, stop_machine, warm_events
 from tests.dashboard.dashkit import HISTORY, PENDING_NOW, dashboard_world
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 PENDING_RGB = (0xD9, 0x48, 0x0F)  # style.css --pending
 WORKERS_RGB = (0x1C, 0x7E, 0xD6)  # style.css --workers
 ERROR_RGB = (0xC9, 0x2A, 0x2A)  # style.css --err
+WARM_RGB = (0x5F, 0x3D, 0xC4)  # style.css --warm
 
 SLOW_POLL = "max_workers: 3\npoll_interval: 10m"
 """An edit `validate` refuses: a poll longer than heartbeat_timeout (5 min)."""
@@ -298,9 +302,25 @@ def test_dashboard_in_headless_chromium(world, page, shots, tmp_path):
         assert latest.document["queues"]["q1"]["autoscale"]["max_workers"] == 3
     pg.screenshot(path=str(shots / "06-after-rollback.png"), full_page=True)
 
-    # 6. a revoked key: back to the key form, the key forgotten
-    from datetime import UTC, datetime
+    # 6. a warm pool (a newer version gives q1 one): the queue's pool, the stopped machine
+    # with its storage price, since when and when it will be destroyed, in the pool's colour
+    add_warm_pool(world, size=2, keep_for=3600)
+    stop_machine(world, "m2", 0.004, datetime.now(UTC) - timedelta(minutes=10))
+    warm_events(world, "hit", "miss", "miss")
+    pg.select_option("#hours", "1")  # any refresh
+    expect(row.locator("td.warm")).to_have_text("1/2 stopped, $0.004/h · 1 hit, 2 misses today")
+    expect(row.locator("td.workers")).to_have_text("1 (0 busy)")  # stopped: not capacity
+    m2 = pg.locator('#instances tr[data-launch="m2"]')
+    expect(m2.locator("td.state")).to_have_text("stopped")
+    expect(m2.locator("td.storage")).to_have_text("$0.004")
+    expect(m2.locator("td.stopped-since")).to_have_text(re.compile(r"UTC \(10m \d+s ago\)$"))
+    expect(m2.locator("td.destroy-at")).to_have_text(re.compile(r"UTC \(in (49m \d+s|50m 0s)\)$"))
+    m1 = pg.locator('#instances tr[data-launch="m1"]')
+    expect(m1.locator("td.destroy-at")).to_have_text("–")
+    _, _, px = shot(pg, "#instances", shots / "07-warm-pool.png")
+    assert count_near(px, WARM_RGB, 30) > 20, "the stopped state is not in the pool's colour"
 
+    # 7. a revoked key: back to the key form, the key forgotten
     from autoscaler.access import keys
 
     with world.rt.transaction() as session:

@@ -187,6 +187,11 @@ def _instance(r: Instance) -> dict[str, Any]:
         "last_task_at": t(r.last_task_at),
         "created_at": t(r.created_at),
         "has_broker_user": r.broker_user is not None,
+        "keep_warm": r.keep_warm,
+        "storage_price_per_hour": r.storage_price_per_hour,
+        "stopped_at": t(r.stopped_at),
+        "resuming_at": t(r.resuming_at),
+        "resumes": r.resumes,
     }
 
 

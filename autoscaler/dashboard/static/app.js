@@ -42,8 +42,34 @@
     return duration((new Date(now) - new Date(iso)) / 1000) + " ago";
   }
 
-  function money(x) {
-    return x === null || x === undefined ? "–" : `$${Number(x).toFixed(2)}`;
+  function money(x, digits) {
+    return x === null || x === undefined ? "–" : `$${Number(x).toFixed(digits || 2)}`;
+  }
+
+  function clock(iso, now) {
+    // a time of today (UTC) as 13:05:00 UTC, another day's as 2026-12-01 13:05 UTC
+    if (!iso) return "–";
+    const t = new Date(iso).toISOString();
+    const today = t.slice(0, 10) === new Date(now).toISOString().slice(0, 10);
+    return (today ? t.slice(11, 19) : t.slice(0, 16).replace("T", " ")) + " UTC";
+  }
+
+  const WARM = ["stopping", "stopped", "resuming"];
+
+  function warmText(w) {
+    // a queue's warm pool: "1/2 stopped, $0.014/h · 3 hits, 1 miss today"
+    if (!w) return "–";
+    const shown = w.size || w.stopped || w.stopping || w.resuming || w.hits_today || w.misses_today;
+    if (!shown) return "–";
+    const moving = [];
+    if (w.stopping) moving.push(`${w.stopping} stopping`);
+    if (w.resuming) moving.push(`${w.resuming} resuming`);
+    return (
+      `${w.stopped}/${w.size} stopped` +
+      (moving.length ? ` (${moving.join(", ")})` : "") +
+      `, ${money(w.storage_per_hour, 3)}/h · ${w.hits_today} hit${w.hits_today === 1 ? "" : "s"}, ` +
+      `${w.misses_today} miss${w.misses_today === 1 ? "" : "es"} today`
+    );
   }
 
   function refusalText(r) {
@@ -116,6 +142,7 @@
       cell(tr, `${q.workers.live} (${q.workers.busy} busy)`, "num workers");
       cell(tr, q.workers.booting, "num");
       cell(tr, q.workers.draining, "num");
+      cell(tr, warmText(q.warm_pool), "warm");
       cell(tr, q.desired, "num desired");
       const a = q.autoscale;
       const pin = q.manual_target ? `, pinned at ${q.manual_target.workers}` : "";
@@ -137,7 +164,7 @@
     }
     if (!ov.queues.length) {
       const tr = document.createElement("tr");
-      cell(tr, "no queue yet: apply a config with 'autoscaler apply FILE'").colSpan = 13;
+      cell(tr, "no queue yet: apply a config with 'autoscaler apply FILE'").colSpan = 14;
       body.appendChild(tr);
     }
   }
@@ -153,18 +180,24 @@
       cell(tr, m.provider);
       cell(tr, m.gpu);
       cell(tr, m.state + (m.drain_requested ? " (drain asked)" : ""), `state ${m.state}`);
-      cell(tr, m.busy ? "busy" : "idle");
+      const warm = WARM.includes(m.state);
+      cell(tr, warm ? "warm pool" : m.busy ? "busy" : "idle");
       cell(tr, m.running_tasks, "num");
       cell(tr, duration(m.idle_seconds), "num");
       cell(tr, duration(m.age_seconds), "num");
       cell(tr, money(m.price_per_hour), "num");
       cell(tr, money(m.cost_so_far), "num");
+      cell(tr, warm || m.stopped_at ? money(m.storage_price_per_hour, 3) : "–", "num storage");
+      cell(tr, m.stopped_at ? `${clock(m.stopped_at, ov.now)} (${ago(m.stopped_at, ov.now)})` : "–", "stopped-since");
+      const left = m.destroy_at ? (new Date(m.destroy_at) - new Date(ov.now)) / 1000 : 0;
+      const due = left > 0 ? `in ${duration(left)}` : "due: at the next reconcile";
+      cell(tr, m.destroy_at ? `${clock(m.destroy_at, ov.now)} (${due})` : "–", "destroy-at");
       cell(tr, m.last_heartbeat_at ? ago(m.last_heartbeat_at, ov.now) : "never");
       body.appendChild(tr);
     }
     if (!ov.instances.length) {
       const tr = document.createElement("tr");
-      cell(tr, "no machine may bill now").colSpan = 12;
+      cell(tr, "no machine may bill now").colSpan = 15;
       body.appendChild(tr);
     }
   }
