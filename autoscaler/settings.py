@@ -21,15 +21,18 @@ AUTOSCALER_CONTROL_QUEUE changes it (two control planes sharing one broker datab
 LIFECYCLE_SUFFIX = ".lifecycle"
 """The lifecycle steps' queue is the control queue's name plus this: `autoscaler.lifecycle`.
 
-Launch, drain, terminate and reconcile talk to providers and to machines (remote control), which
-a hostile machine or a slow provider can stretch; tick, fast path and scale talk to neither. On
-queues of their own they run on workers of their own (`-Q autoscaler` / `-Q autoscaler.lifecycle`),
-so nothing a machine does can hold the evaluation up. A worker given no `-Q` takes both."""
+Launch, drain, terminate, stop, resume and reconcile talk to providers and to machines (remote
+control), which a hostile machine or a slow provider can stretch; tick, fast path and scale talk
+to neither. On queues of their own they run on workers of their own (`-Q autoscaler` /
+`-Q autoscaler.lifecycle`), so nothing a machine does can hold the evaluation up. A worker
+given no `-Q` takes both."""
 
 LIFECYCLE_TASKS = (
     "autoscaler.launch",
     "autoscaler.drain",
     "autoscaler.terminate",
+    "autoscaler.stop",
+    "autoscaler.resume",
     "autoscaler.reconcile",
 )
 

@@ -29,9 +29,12 @@ TOKEN_STATES = (
     InstanceState.READY,
     InstanceState.DRAINING,
     InstanceState.DRAINED,
+    InstanceState.RESUMING,
 )
 """A worker token opens the worker endpoints only while its machine is in one of these states:
-from the create to the drained report. Terminating, terminated, failed or lost: revoked."""
+from the create to the drained report, and again from a warm pool's resume. Stopping or
+stopped (a machine in a warm pool holds no live credential), terminating, terminated, failed or
+lost: refused."""
 
 
 def new_secret() -> str:

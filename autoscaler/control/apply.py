@@ -25,9 +25,7 @@ def runnable(config: Config, source: str, settings: Settings, env: Mapping[str, 
     """`config` (loaded with `runnable=True`) if the control plane may run it: ConfigError when a
     watched queue lives on the control plane's own Redis database and prefix, or a URL cannot
     be read."""
-    refusals = check_broker_isolation(
-        config, settings.broker_url, settings.control_keyprefix, env
-    )
+    refusals = check_broker_isolation(config, settings.broker_url, settings.control_keyprefix, env)
     if refusals:
         raise ConfigError(refusals, source)
     return config

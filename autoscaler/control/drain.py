@@ -3,10 +3,11 @@ destroyed. A busy worker is never destroyed here: a job it took between the drai
 now keeps running, and the step is simply tried again later.
 
 A machine asked to drain before it is ready is cancelled instead: a pending one is never rented;
-a creating one is destroyed as soon as its create returns (or its label is found); a booting
-one whose worker has not shown itself (a heartbeat, a remote-control sighting, looked for once
-more right now) is destroyed at once — its agent asks before starting the worker, so nothing
-can be running — and one whose worker is up is ready, and drained like any other.
+a creating one is destroyed as soon as its create returns (or its label is found); a booting (or
+resuming) one whose worker has not shown itself (a heartbeat, a remote-control sighting, looked
+for once more right now) is destroyed at once — its agent asks before starting the worker, so
+nothing can be running — and one whose worker is up is ready, and drained like any other. A
+stopped machine of a warm pool is destroyed (nothing runs on it).
 
 For a Celery worker (seen through the watched broker's remote control):
     cancel_consumer for its queue -> confirm it no longer consumes it -> nothing running or
@@ -44,10 +45,13 @@ def run_drain(
     outcome = _step(rt, launch_id, reason)
     if enqueue is not None and (outcome == "drained" or outcome.startswith(DESTROYING)):
         enqueue("terminate", launch_id)
+    if enqueue is not None and outcome == STOPPING:
+        enqueue("stop", launch_id)
     return outcome
 
 
 DESTROYING = "cancelled: its machine is being destroyed"
+STOPPING = "drained: its machine is being stopped for the warm pool"
 _AGAIN = None  # the row moved under this step (its launch claimed it, its create returned)
 
 
@@ -85,12 +89,19 @@ def _once(rt: Runtime, launch_id: str, reason: str, probe: bool) -> tuple[str | 
         if row is None:
             return "no such machine", False
         loaded = rt.load_for(session, row.config_version)  # the config it was rented under
-        if row.state in (S.PENDING, S.CREATING, S.BOOTING):
+        if row.state in (S.PENDING, S.CREATING, S.BOOTING, S.RESUMING):
             queue_cfg = loaded.config.queues.get(row.queue) if loaded else None
             remote = queue_cfg is not None and rt.worker_probe(queue_cfg.metrics) is not None
-            if row.state == S.BOOTING and probe and remote and not _alive(row):
+            if row.state in (S.BOOTING, S.RESUMING) and probe and remote and not _alive(row):
                 return None, True
             return _cancel(session, row, reason, now), False
+        if row.state == S.STOPPED:  # an operator empties the warm pool: nothing runs on it
+            why = f"{reason}: destroyed from the warm pool"
+            if not fleet.move(session, launch_id, S.STOPPED, S.TERMINATING, now, why):
+                return _AGAIN, False
+            event = fleet.warm_event("destroy", why, row.queue, launch_id)
+            fleet.record_events(session, [event], now)
+            return DESTROYING, False
         if row.state == S.READY:  # an operator's drain: the tick's drains arrive as DRAINING
             fleet.move(session, launch_id, S.READY, S.DRAINING, now, reason, drain_requested=False)
             fleet.record_events(
@@ -98,7 +109,7 @@ def _once(rt: Runtime, launch_id: str, reason: str, probe: bool) -> tuple[str | 
                 [fleet.event("drain", "start", reason, queue=row.queue, launch_id=launch_id)],
                 now,
             )
-        elif row.state in (S.DRAINED, S.TERMINATING):
+        elif row.state in (S.DRAINED, S.TERMINATING, S.STOPPING, S.STOPPED):
             return f"already leaving: it is {row.state.value}", False
         elif row.state != S.DRAINING:
             return f"not draining ({row.state.value})", False
@@ -112,11 +123,11 @@ def _once(rt: Runtime, launch_id: str, reason: str, probe: bool) -> tuple[str | 
 
 
 def _alive(row: Instance) -> bool:
-    """Its worker has shown itself since the machine booted (a heartbeat, a sighting)."""
+    """Its worker has shown itself since the machine booted or resumed (a heartbeat, a
+    sighting)."""
     seen = row.last_heartbeat_at
-    return row.running_tasks > 0 or (
-        seen is not None and row.booting_at is not None and seen >= row.booting_at
-    )
+    since = row.resuming_at if row.state == S.RESUMING else row.booting_at
+    return row.running_tasks > 0 or (seen is not None and since is not None and seen >= since)
 
 
 def _cancel(session: Session, row: Instance, reason: str, now: datetime) -> str | None:
@@ -145,7 +156,7 @@ def _cancel(session: Session, row: Instance, reason: str, now: datetime) -> str 
         return _AGAIN
     else:
         why = f"{fleet.CANCELLED} ({reason}): no worker was up on it yet; destroyed now"
-        if not fleet.move(session, launch_id, S.BOOTING, S.TERMINATING, now, why):
+        if not fleet.move(session, launch_id, row.state, S.TERMINATING, now, why):
             return _AGAIN
         outcome = DESTROYING
     fleet.record_events(
@@ -195,19 +206,43 @@ def _drain_worker(
 def _drained(rt: Runtime, launch_id: str, queue: str, why: str) -> str:
     now = utc_now()
     with rt.transaction() as session:
-        moved = finish_drain(session, launch_id, queue, why, now)
-    return "drained" if moved else "already drained"
+        step = finish_drain(session, launch_id, queue, why, now)
+    if step is None:
+        return "already drained"
+    return STOPPING if step == "stop" else "drained"
 
 
-def finish_drain(session: Session, launch_id: str, queue: str, why: str, now: datetime) -> bool:
+def finish_drain(
+    session: Session, launch_id: str, queue: str, why: str, now: datetime
+) -> str | None:
     """A worker found stopped (by this step, or by its agent through the API): draining ->
-    drained -> terminating, with its event, in `session`. True when this call handed the machine
-    over to be destroyed (the caller sends the terminate step); False when it was not draining
-    or drained any more (someone else finished it)."""
+    drained -> stopping when `decide()` gave it a place in its queue's warm pool, else ->
+    terminating, with its event, in `session`. Returns the step the caller sends next ("stop"
+    or "terminate"); None when it was not draining or drained any more (someone else finished
+    it)."""
     fleet.move(session, launch_id, S.DRAINING, S.DRAINED, now, why)
+    warm = fleet.move(
+        session,
+        launch_id,
+        S.DRAINED,
+        S.STOPPING,
+        now,
+        f"drained: {why}; stopped for the warm pool",
+        only_if=fleet.KEPT_WARM,
+    )
+    if warm:
+        event = fleet.warm_event(
+            "stop", f"drained ({why}): stopped for the warm pool", queue, launch_id
+        )
+        fleet.record_events(
+            session,
+            [fleet.event("drain", "drained", why, queue=queue, launch_id=launch_id), event],
+            now,
+        )
+        return "stop"
     if not fleet.move(session, launch_id, S.DRAINED, S.TERMINATING, now, f"drained: {why}"):
-        return False
+        return None
     fleet.record_events(
         session, [fleet.event("drain", "drained", why, queue=queue, launch_id=launch_id)], now
     )
-    return True
+    return "terminate"

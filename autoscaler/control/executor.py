@@ -1,6 +1,7 @@
 """The one place a `Plan` becomes actions (KEDA's executor, apart from its scalers).
 
-`execute` walks a plan in a fixed order — reclaims, drains, launches, then the queue's status —
+`execute` walks a plan in a fixed order — reclaims, drains, resumes, launches, then the queue's
+status —
 and hands each action to a `PlanActions` port. Production's port (`control.loop.StoreActions`)
 writes launch intents, drain marks and events in the tick's transaction; the simulator's port
 changes its virtual world. Both therefore carry out exactly what `decide()` said, in the same
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Protocol
 
-from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim
+from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Resume
 
 
 class PlanActions(Protocol):
@@ -24,6 +25,9 @@ class PlanActions(Protocol):
 
     def drain_when_idle(self, action: Drain) -> None:
         """The machine is busy: mark it; it takes no new job and is drained once idle."""
+
+    def resume(self, action: Resume) -> None:
+        """Start a stopped machine of the queue's warm pool again (no new machine)."""
 
     def launch(self, action: Launch, launch_id: str) -> None:
         """Record the intent to rent one machine (the row comes before any provider call)."""
@@ -51,6 +55,8 @@ def execute(
                 actions.drain_when_idle(d)
             else:
                 actions.drain_now(d)
+        for resume in qp.resumes:
+            actions.resume(resume)
         for launch in qp.launches:
             launch_id = new_launch_id()
             actions.launch(launch, launch_id)

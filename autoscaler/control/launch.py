@@ -103,7 +103,7 @@ def run_launch(
     if _cancel_requested(rt, launch_id):
         why = f"{fleet.CANCELLED}: an operator drained it before its create; nothing was rented"
         return _fail(rt, launch_id, queue, provider_name, why, None, action="cancelled")
-    unreachable = _broker_user(rt, install, launch_id, queue, queue_cfg, token)
+    unreachable = make_broker_user(rt, install, launch_id, queue, queue_cfg, token)
     if unreachable is not None:  # never a machine without the credentials it needs
         why = f"{unreachable}; nothing was rented (the machine could never have reached its queue)"
         return _fail(rt, launch_id, queue, provider_name, why, loaded.config.backoff)
@@ -145,6 +145,7 @@ def run_launch(
             offer={"offer_id": offer.offer_id, "price_per_hour": offer.price_per_hour}
             if offer
             else None,
+            storage_price_per_hour=machine.storage_price_per_hour,
         )
         fleet.record_events(
             session,
@@ -175,51 +176,68 @@ def _cancel_requested(rt: Runtime, launch_id: str) -> bool:
         return row is not None and row.cancel_requested_at is not None
 
 
-def _broker_user(
+def make_broker_user(
     rt: Runtime, install: str, launch_id: str, queue: str, queue_cfg: Any, token: str
 ) -> str | None:
-    """Make this launch's own broker user where the watched broker allows it (Redis ≥ 6), its
-    password derived from the worker token; recorded on the row so terminate deletes it.
+    """Make this launch's own broker user (`create_broker_user`) and record it on the row so
+    terminate deletes it. Returns why it could not be made where one is needed."""
+    user, unreachable = create_broker_user(rt, install, launch_id, queue, queue_cfg, token)
+    if user is not None:
+        with rt.transaction() as session:
+            fleet.set_broker_user(session, launch_id, user)
+    return unreachable
+
+
+def create_broker_user(
+    rt: Runtime, install: str, launch_id: str, queue: str, queue_cfg: Any, token: str
+) -> tuple[str | None, str | None]:
+    """Make a launch's own broker user where the watched broker allows it (Redis ≥ 6), its
+    password derived from the worker token: at the launch, and again when a machine resumed
+    from the warm pool asks for its deployment (its user was deleted while it was stopped).
     Only when AUTOSCALER_API_URL is set: the machine learns its user from the API alone.
-    Returns why the user could not be made where one is needed (the broker down): the launch
-    then fails into backoff rather than rent a machine that could never work."""
+    Returns (the user made, or None; why none could be made where one is needed — the broker
+    down: a launch then fails into backoff rather than rent a machine that could never work)."""
     if not rt.settings.api_url_set:
-        return None
+        return None, None
     try:
         plan = broker_users.plan_for(queue_cfg.metrics, queue, rt.env)
     except broker_users.BrokerUnreachable as exc:
-        return f"no broker user could be made: {exc}"
+        return None, f"no broker user could be made: {exc}"
     except broker_users.NoBrokerUser:
-        return None  # this broker has no per-machine users: the deployment says so
+        return None, None  # this broker has no per-machine users: the deployment says so
     user = plan.user(install, launch_id)
     try:
         broker_users.create_user(plan, user, keys.derive(token, "broker"))
     except Exception as exc:
-        log.warning("launch %s: no broker user (%s)", launch_id, type(exc).__name__)
-        return f"no broker user could be made: the watched broker refused ({type(exc).__name__})"
-    with rt.transaction() as session:
-        fleet.set_broker_user(session, launch_id, user)
-    return None
+        log.warning("%s: no broker user (%s)", launch_id, type(exc).__name__)
+        return None, (
+            f"no broker user could be made: the watched broker refused ({type(exc).__name__})"
+        )
+    return user, None
 
 
-def _drop_broker_user(rt: Runtime, launch_id: str, queue: str) -> None:
-    """A launch that failed for sure leaves no broker user behind (best effort: a failure to
-    delete it is logged; the user holds the keys of one queue and no machine knows it)."""
+def drop_broker_user(rt: Runtime, launch_id: str, queue: str) -> bool:
+    """Delete the machine's broker user, if it has one (a launch that failed for sure; a machine
+    going to the warm pool). True when none is left; False when it could not be deleted (logged:
+    the caller decides whether to go on)."""
     with rt.transaction() as session:
         row = fleet.get(session, launch_id)
         user = row.broker_user if row is not None else None
         loaded = rt.load_for(session, row.config_version if row is not None else None)
     queue_cfg = loaded.config.queues.get(queue) if loaded else None
-    if not user or queue_cfg is None:
-        return
+    if not user:
+        return True
     try:
-        if not broker_users.delete_machine_user(queue_cfg.metrics, user, rt.env):
+        if queue_cfg is None or not broker_users.delete_machine_user(
+            queue_cfg.metrics, user, rt.env
+        ):
             raise ValueError("its queue's broker is no longer one we make users on")
     except Exception as exc:
-        log.error("launch %s failed; its broker user %s is left: %s", launch_id, user, exc)
-        return
+        log.error("%s: its broker user %s is not deleted: %s", launch_id, user, exc)
+        return False
     with rt.transaction() as session:
         fleet.set_broker_user(session, launch_id, None)
+    return True
 
 
 def _text(exc: BaseException, *secrets: str) -> str:
@@ -245,7 +263,7 @@ def _fail(
     """Close the launch as failed (nothing rented); `backoff` given: a failed rental of
     (queue, provider), which backs off; None: no failure of the rental (a rate limit, a cancel,
     a queue no longer autoscaled)."""
-    _drop_broker_user(rt, launch_id, queue)
+    drop_broker_user(rt, launch_id, queue)
     now = utc_now()
     with rt.transaction() as session:
         fleet.move(session, launch_id, S.CREATING, S.FAILED, now, reason, worker_token_hash=None)

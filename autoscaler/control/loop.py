@@ -33,9 +33,10 @@ from autoscaler.metrics.prometheus import MetricReading as PromReading
 from autoscaler.metrics.prometheus import PrometheusReader, with_external
 from autoscaler.metrics.registry import MetricsConfigError, broker_domain, source_url
 from autoscaler.metrics.workers import QueueLoad, with_worker_loads
+from autoscaler.policy import warm
 from autoscaler.policy.decide import decide
 from autoscaler.policy.history import GAPS_KEPT, NO_HISTORY, QueueHistory, observe_load
-from autoscaler.policy.plan import Drain, Launch, QueuePlan, Reclaim
+from autoscaler.policy.plan import Drain, Launch, QueuePlan, Reclaim, Resume
 from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
 from autoscaler.store import fleet, job_records, leases, queue_samples, queue_status, rate_limits
 from autoscaler.store.db import Session
@@ -53,7 +54,8 @@ HAND_MADE_WINDOW_POLLS = 3
 """A hand-made worker counts as capacity until it has not answered for this many polls."""
 
 Enqueue = Callable[[str, str], None]
-"""enqueue(step, launch_id): send the lifecycle task `step` ("launch", "drain") for a machine."""
+"""enqueue(step, launch_id): send the lifecycle task `step` ("launch", "drain", "terminate",
+"stop", "resume") for a machine."""
 
 
 def holder_id() -> str:
@@ -67,6 +69,7 @@ class TickResult:
     evaluated: list[str] = field(default_factory=list)
     launched: list[str] = field(default_factory=list)
     drains: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)
     skipped: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -76,6 +79,7 @@ class TickResult:
             "evaluated": len(self.evaluated),
             "launched": self.launched,
             "drains": self.drains,
+            "resumed": self.resumed,
             "skipped": self.skipped,
         }
 
@@ -128,6 +132,7 @@ def evaluate(
         result.evaluated = list(due)
         result.launched = launched
         result.drains = actions.drained_now
+        result.resumed = actions.resumed
     finally:
         with rt.transaction() as session:
             leases.release(session, EVALUATION_LEASE, holder)
@@ -135,6 +140,8 @@ def evaluate(
         enqueue("launch", launch_id)
     for launch_id in result.drains:
         enqueue("drain", launch_id)
+    for launch_id in result.resumed:
+        enqueue("resume", launch_id)
     return result
 
 
@@ -362,9 +369,12 @@ class StoreActions:
         self.now = now
         self.snapshot = snapshot
         self.samples: list[dict[str, Any]] = []
-        self.intents: list[tuple[str, str, str, str]] = []
+        self.intents: list[fleet.Intent] = []
         self.events: list[dict[str, Any]] = []
         self.drained_now: list[str] = []
+        self.resumed: list[str] = []
+        self._resumes: dict[str, Resume] = {}
+        self._warm: dict[bool, list[str]] = {True: [], False: []}
         self.statuses: list[dict[str, Any]] = []
         self.histories: dict[str, dict[str, Any]] = {}
         self._marks: dict[bool, list[str]] = {True: [], False: []}
@@ -372,6 +382,7 @@ class StoreActions:
 
     def reclaim(self, action: Reclaim) -> None:
         self._marks[False].append(action.launch_id)
+        self._warm[False].append(action.launch_id)  # serving again: its pool place is freed
         self.events.append(
             fleet.event(
                 "scale_up", "reclaim", action.reason, queue=action.queue, launch_id=action.launch_id
@@ -380,6 +391,22 @@ class StoreActions:
 
     def drain_now(self, action: Drain) -> None:
         self._drains[action.launch_id] = action
+        if action.keep_warm:
+            self._warm[True].append(action.launch_id)
+
+    def resume(self, action: Resume) -> None:
+        self._resumes[action.launch_id] = action
+
+    def _resume_all(self) -> None:
+        """Every resume in one conditional statement: a stopped machine reconcile retired
+        meanwhile is left alone (and the next evaluation rents instead)."""
+        moved = fleet.start_resumes(
+            self.session, {launch_id: r.reason for launch_id, r in self._resumes.items()}, self.now
+        )
+        for launch_id in moved:
+            action = self._resumes[launch_id]
+            self.resumed.append(launch_id)
+            self.events.append(fleet.warm_event("resume", action.reason, action.queue, launch_id))
 
     def _drain_all(self) -> None:
         """Every drain in one conditional statement; a machine that left `ready` meanwhile is
@@ -408,6 +435,8 @@ class StoreActions:
 
     def drain_when_idle(self, action: Drain) -> None:
         self._marks[True].append(action.launch_id)
+        if action.keep_warm:
+            self._warm[True].append(action.launch_id)
         self.events.append(
             fleet.event(
                 "scale_down",
@@ -420,7 +449,11 @@ class StoreActions:
         )
 
     def launch(self, action: Launch, launch_id: str) -> None:
-        self.intents.append((launch_id, action.queue, action.provider, action.reason))
+        auto = self.loaded.config.queues[action.queue].autoscale
+        key = warm.spec_key(auto) if auto is not None else None
+        self.intents.append(
+            fleet.Intent(launch_id, action.queue, action.provider, action.reason, key)
+        )
         self.events.append(
             fleet.event(
                 "scale_up",
@@ -460,8 +493,11 @@ class StoreActions:
     def flush(self) -> None:
         """Write everything in a few statements (not one per queue or machine)."""
         self._drain_all()
+        self._resume_all()
         fleet.set_drain_requested(self.session, self._marks[True], True)
         fleet.set_drain_requested(self.session, self._marks[False], False)
+        fleet.set_keep_warm(self.session, self._warm[True], True)
+        fleet.set_keep_warm(self.session, self._warm[False], False)
         fleet.add_intents(self.session, self.intents, self.now, self.loaded.version)
         self._wait_events()
         fleet.record_events(self.session, self.events, self.now)

@@ -15,6 +15,7 @@ from typing import Any
 from autoscaler.access.credentials import CredentialError
 from autoscaler.control import rate_limits
 from autoscaler.control.observe import observe_celery_workers
+from autoscaler.control.resume import warm_miss
 from autoscaler.control.runtime import Loaded, Runtime, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile
@@ -42,14 +43,18 @@ def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) ->
         closed = fleet.rows_of(session, listed_ids - {r.launch_id for r in live})
         rows = tuple(fleet.as_row(r) for r in [*live, *closed])
         plan = reconcile(rows, views, orphan_sightings.seen(session), loaded.config, now)
-        cancelled = _apply(rt, session, loaded, plan, now)
+        cancelled, missed = _apply(rt, session, loaded, plan, now)
     for r in plan.retries:
         enqueue(r.step, r.launch_id)
     for t in plan.transitions:
         if t.dst == S.TERMINATING:
             enqueue("terminate", t.launch_id)
+        elif t.dst == S.STOPPING:
+            enqueue("stop", t.launch_id)
     for launch_id in cancelled:
         enqueue("terminate", launch_id)
+    for queue in sorted(missed):  # a warm miss rents a fresh machine now, not a poll later
+        enqueue("evaluate", queue)
     destroyed = _destroy_orphans(rt, plan, now)
     _sweep_broker_users(rt, loaded, {r.launch_id for r in live})
     return {
@@ -110,14 +115,21 @@ def list_providers(rt: Runtime, loaded: Loaded) -> dict[str, ProviderView]:
 
 def _apply(
     rt: Runtime, session: Session, loaded: Loaded, plan: ReconcilePlan, now: datetime
-) -> list[str]:
+) -> tuple[list[str], set[str]]:
     """Carry the plan's moves out; returns the launches to destroy beyond the plan's own (a
-    create adopted by label that an operator had cancelled meanwhile)."""
+    create adopted by label that an operator had cancelled meanwhile), and the queues whose
+    warm pool missed (evaluated at once)."""
     events = []
     cancelled: list[str] = []
+    missed: set[str] = set()
     for t in plan.transitions:
         if t.dst == S.READY:  # the one way a machine becomes ready, wherever it is seen
             fleet.mark_ready(session, t.launch_id, t.queue, t.provider, now, t.reason)
+            continue
+        if t.warm == "miss" and t.dst == S.TERMINATING:
+            host = t.host_id if t.avoid_host else None
+            if warm_miss(rt, session, t.launch_id, t.queue, t.provider, host, t.reason):
+                missed.add(t.queue)
             continue
         fields: dict[str, Any] = {}
         if t.provider_instance_id is not None:
@@ -137,6 +149,11 @@ def _apply(
                 launch_id=t.launch_id,
             )
         )
+        if t.dst == S.STOPPED:
+            events.append(fleet.warm_event("stopped", t.reason, t.queue, t.launch_id))
+        elif t.warm == "miss":  # lost while resuming
+            events.append(fleet.warm_event("miss", t.reason, t.queue, t.launch_id))
+            missed.add(t.queue)
         if t.rental == "failed":
             fleet.record_rental_failure(
                 session, t.queue, t.provider, now, loaded.config.backoff, t.reason
@@ -170,7 +187,7 @@ def _apply(
             )
     orphan_sightings.replace(session, plan.orphans)
     fleet.record_events(session, events, now)
-    return cancelled
+    return cancelled, missed
 
 
 def _destroy_orphans(rt: Runtime, plan: ReconcilePlan, now: datetime) -> int:

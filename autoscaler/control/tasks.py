@@ -6,6 +6,8 @@
     autoscaler.launch      rent the machine of one launch intent
     autoscaler.drain       drain one machine (also the operator's drain)
     autoscaler.terminate   destroy one machine, until the provider confirms
+    autoscaler.stop        stop one drained machine for its queue's warm pool
+    autoscaler.resume      start one stopped machine of a warm pool again
     autoscaler.reconcile   observe workers, compare with the providers, mend (beat)
     autoscaler.scale       an operator's target: ["queue", workers] or ["queue", workers, "2h"]
 """
@@ -17,6 +19,8 @@ from typing import Any
 from autoscaler.control import drain as drain_step
 from autoscaler.control import launch as launch_step
 from autoscaler.control import loop, manual, reconciler
+from autoscaler.control import resume as resume_step
+from autoscaler.control import stop as stop_step
 from autoscaler.control import terminate as terminate_step
 from autoscaler.control.app import app
 from autoscaler.control.runtime import log, runtime
@@ -28,9 +32,12 @@ STEP_EXPIRES = 600.0
 
 
 def enqueue(step: str, launch_id: str) -> None:
-    """Send the lifecycle task `step` for one machine (the loop's `Enqueue` port)."""
-    task = {"launch": launch, "drain": drain, "terminate": terminate}[step]
-    task.apply_async((launch_id,), expires=STEP_EXPIRES)
+    """Send the lifecycle task `step` for one machine (the loop's `Enqueue` port); `evaluate`
+    takes a queue's name instead, and evaluates that queue now (after a warm miss)."""
+    if step == "evaluate":
+        tick.apply_async(kwargs={"trigger": "warm_miss", "queue": launch_id}, expires=STEP_EXPIRES)
+        return
+    STEPS[step].apply_async((launch_id,), expires=STEP_EXPIRES)
 
 
 def send_step(step: str, launch_id: str) -> None:
@@ -68,6 +75,20 @@ def drain(launch_id: str) -> str:
 @app.task(name="autoscaler.terminate", acks_late=True)
 def terminate(launch_id: str) -> str:
     return terminate_step.run_terminate(runtime(), launch_id)
+
+
+@app.task(name="autoscaler.stop", acks_late=True)
+def stop(launch_id: str) -> str:
+    return stop_step.run_stop(runtime(), launch_id, enqueue=enqueue)
+
+
+@app.task(name="autoscaler.resume", acks_late=True)
+def resume(launch_id: str) -> str:
+    return resume_step.run_resume(runtime(), launch_id, enqueue=enqueue)
+
+
+STEPS = {"launch": launch, "drain": drain, "terminate": terminate, "stop": stop, "resume": resume}
+"""The lifecycle tasks by step name, each taking one launch id."""
 
 
 @app.task(name="autoscaler.reconcile")

@@ -5,7 +5,8 @@ When the queues together want more than the caps allow, launches are granted by
 (in name order), so one busy queue cannot starve an equal one. Every machine that may be
 billing counts (booting and draining too); a machine without a known price counts at its
 queue's `instance.max_price_per_hour`, the most it can cost (the dearest configured cap for a
-queue no longer in the config). Caps never drain anything: over a
+queue no longer in the config); a warm pool's stopped machine counts its storage price only,
+and no machine. Caps never drain anything: over a
 cap (e.g. after lowering it) the queues simply get no new machine.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoscaler.config.models import Config, Limits
+from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.snapshot import Snapshot
 
 _EPS = 1e-9
@@ -50,7 +52,9 @@ def usage(snapshot: Snapshot, config: Config) -> tuple[int, float]:
         auto = queue_cfg.autoscale if queue_cfg is not None else None
         fallback = auto.instance.max_price_per_hour if auto is not None else dearest
         for m in q.machines:
-            if m.billing:
+            if m.state == InstanceState.STOPPED:  # a warm pool's: no machine running, its disk
+                dollars += m.storage_price_per_hour or 0.0
+            elif m.billing:
                 machines += 1
                 dollars += m.price_per_hour if m.price_per_hour is not None else fallback
     return machines, dollars

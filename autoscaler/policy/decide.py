@@ -43,10 +43,20 @@ from autoscaler.config.models import (
 )
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy import triggers as t
+from autoscaler.policy import warm
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.caps import Grant, Request, allocate, usage
 from autoscaler.policy.history import burst_limit, learned_idle_timeout
-from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Wait, WaitKind
+from autoscaler.policy.plan import (
+    Drain,
+    Launch,
+    Plan,
+    QueuePlan,
+    Reclaim,
+    Resume,
+    Wait,
+    WaitKind,
+)
 from autoscaler.policy.snapshot import (
     BackoffState,
     Machine,
@@ -105,6 +115,8 @@ class _Up:
     manual: ManualTarget | None = None
     keep_one: bool = False
     rate_limit: RateLimit | None = None
+    resumable: tuple[Machine, ...] = ()
+    """Stopped machines of its warm pool a launch may resume, the most recently stopped first."""
 
 
 def decide(snapshot: Snapshot, config: Config, now: datetime) -> Plan:
@@ -214,6 +226,7 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
         waits=(*waits, *full),
         manual=floor.manual,
         keep_one=keep_one,
+        resumable=tuple(warm.resumable(qs.machines, auto, config)) if wanted > 0 else (),
     )
 
 
@@ -350,8 +363,8 @@ def _headroom_cap(
     name: str, trigger: str, wanted: int, machines: tuple[Machine, ...], ceiling: int
 ) -> tuple[int, list[Wait]]:
     """Launches within max_workers, counting every machine of the queue that may bill (leaving
-    ones too); the wait for the rest."""
-    billing = sum(1 for m in machines if m.billing)
+    ones too; a warm pool's stopped ones are not machines it runs); the wait for the rest."""
+    billing = sum(1 for m in machines if m.billing and not m.warm)
     headroom = max(0, ceiling - billing)
     if wanted <= headroom:
         return wanted, []
@@ -441,12 +454,22 @@ def _grants(ups: list[_Up], snapshot: Snapshot, config: Config) -> dict[str, Gra
     if limits.max_machines is None and limits.max_price_per_hour is None:
         return {}
     requests = [
-        Request(u.name, u.auto.priority, u.wanted, u.auto.instance.max_price_per_hour)
+        Request(u.name, u.auto.priority, asked, u.auto.instance.max_price_per_hour)
         for u in ups
-        if u.wanted > 0 and u.backoff is None and u.rate_limit is None
+        if (asked := _unheld(u)) > 0
     ]
     used_machines, used_dollars = usage(snapshot, config)
     return allocate(requests, limits, used_machines, used_dollars)
+
+
+def _unheld(u: _Up) -> int:
+    """Machines the queue may get now before the caps: none under its provider's rate limit;
+    under a rental backoff only its resumes (a resume rents nothing)."""
+    if u.rate_limit is not None:
+        return 0
+    if u.backoff is not None:
+        return min(u.wanted, len(u.resumable))
+    return u.wanted
 
 
 # --------------------------------------------------------------------------- finish
@@ -484,16 +507,18 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
     hold = _provider_hold(u, now)
     if count > 0 and hold is not None:
         kind, until, why = hold
-        waits.append(
-            Wait(
-                queue=u.name,
-                kind=kind,
-                machines=count,
-                until=until,
-                reason=f"{why}; {count} machine(s) wait",
+        held = count - _unheld(u)
+        if held > 0:
+            waits.append(
+                Wait(
+                    queue=u.name,
+                    kind=kind,
+                    machines=held,
+                    until=until,
+                    reason=f"{why}; {held} machine(s) wait",
+                )
             )
-        )
-        count = 0
+        count -= held
     if count > 0 and grant is not None:
         if grant.reason is not None:
             waits.append(
@@ -501,15 +526,26 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
             )
         count = grant.granted
 
+    resumes = tuple(
+        Resume(
+            queue=u.name,
+            launch_id=m.launch_id,
+            reason=f"{u.reason}: resume {m.launch_id} from the warm pool (stopped "
+            + (f"since {m.stopped_at.isoformat()}" if m.stopped_at else "")
+            + ") instead of renting a new machine",
+        )
+        for m in u.resumable[:count]
+    )
+    fresh = count - len(resumes)
     launches = tuple(
         Launch(
             queue=u.name,
             provider=u.auto.provider,
             trigger=u.trigger,
             index=i + 1,
-            reason=u.reason if count == 1 else f"{u.reason} (machine {i + 1} of {count})",
+            reason=u.reason if fresh == 1 else f"{u.reason} (machine {i + 1} of {fresh})",
         )
-        for i in range(count)
+        for i in range(fresh)
     )
 
     reclaims = tuple(
@@ -525,10 +561,10 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
     drains: list[Drain] = []
     desired = u.desired
     if u.manual is not None:
-        if not (launches or reclaims):
+        if not (launches or reclaims or resumes):
             drains = _manual_down(u)
             desired = u.capacity - len(drains)
-    elif launches or reclaims:
+    elif launches or reclaims or resumes:
         notes.append("scaled up: no scale-down in the same evaluation")
     elif u.up_fired:
         notes.append("a scale-up trigger fired: no scale-down in this evaluation")
@@ -544,8 +580,9 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
         notes.extend(_learned_notes(u, config))
         desired = u.capacity - len(drains)
     # While the queue asks for more, keep machines asked to leave: it may take them back.
-    if not (u.up_fired or launches or reclaims):
+    if not (u.up_fired or launches or reclaims or resumes):
         drains.extend(_complete_requested(u, {d.launch_id for d in drains}))
+    drains = warm.keep_warm(drains, u.qs.machines, u.auto, config)
 
     return QueuePlan(
         queue=u.name,
@@ -559,6 +596,7 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
         drains=tuple(drains),
         waits=tuple(waits),
         notes=tuple(notes),
+        resumes=resumes,
     )
 
 

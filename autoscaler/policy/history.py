@@ -29,8 +29,6 @@ GAPS_KEPT = 64
 distribution, short enough to follow a change of traffic within a day."""
 
 
-
-
 @dataclass(frozen=True)
 class QueueHistory:
     """A queue's traffic as the loop saw it: recent quiet gaps (seconds, oldest first), when

@@ -33,6 +33,18 @@ class Drain:
     trigger: DrainTrigger
     reason: str
     when_idle: bool = False
+    keep_warm: bool = False
+    """Once drained, stop it for the queue's warm pool instead of destroying it."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Start a stopped machine of the queue's warm pool again instead of renting a new one: the
+    provider's start plus the worker's start, not a cold boot."""
+
+    queue: str
+    launch_id: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,7 @@ class QueuePlan:
     drains: tuple[Drain, ...] = ()
     waits: tuple[Wait, ...] = ()
     notes: tuple[str, ...] = ()
+    resumes: tuple[Resume, ...] = ()
 
     @property
     def scale_down_drains(self) -> tuple[Drain, ...]:
@@ -98,6 +111,10 @@ class Plan:
     @property
     def reclaims(self) -> tuple[Reclaim, ...]:
         return tuple(a for q in self.queues for a in q.reclaims)
+
+    @property
+    def resumes(self) -> tuple[Resume, ...]:
+        return tuple(a for q in self.queues for a in q.resumes)
 
     @property
     def drains(self) -> tuple[Drain, ...]:
@@ -122,6 +139,7 @@ class Plan:
                 f"[{q.queue}] capacity {q.capacity}, floor {q.floor}, max {q.ceiling}, "
                 f"desired {q.desired}"
             )
+            lines.extend(f"  resume {r.launch_id}: {r.reason}" for r in q.resumes)
             lines.extend(f"  launch #{a.index}: {a.reason}" for a in q.launches)
             lines.extend(f"  reclaim {r.launch_id}: {r.reason}" for r in q.reclaims)
             lines.extend(

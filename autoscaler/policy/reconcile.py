@@ -13,7 +13,14 @@ workers, and proposes moves along `lifecycle.ALLOWED_TRANSITIONS`, each with its
   machine the provider still lists as running, gets drain_timeout: a busy solo-pool worker
   cannot answer, and may have taken its job just after it was last seen idle). These are the only
   ways a machine whose worker may be busy is destroyed;
-- drained -> terminating; terminating -> terminated once the provider no longer lists it;
+- drained -> terminating, or -> stopping when `decide()` gave it a place in its queue's warm
+  pool; terminating -> terminated once the provider no longer lists it;
+- warm pools: stopping -> stopped once the provider lists it stopped (the stop retried, and
+  destroyed if it never takes); stopped machines past `keep_for`, unfit for the spec rented now,
+  above the pool's size or of a queue without a pool -> terminating, and so is one the provider
+  runs though we stopped it; resuming -> ready at its worker's first sign of life (a warm hit),
+  -> terminating when dead or without a ready worker by `resume_timeout` (a warm miss: its host
+  avoided, no backoff: the next tick rents fresh at once);
 - an intent no launch picked up, a drain or a destroy not finished: retried;
 - a machine carrying our label that no live row owns (an orphan) is destroyed once it has been
   seen for `ORPHAN_GRACE`.
@@ -31,6 +38,7 @@ from typing import Literal
 
 from autoscaler.config.models import Config
 from autoscaler.lifecycle import FINAL_STATES, InstanceState, MachineStatus, can_move
+from autoscaler.policy import warm
 
 S = InstanceState
 
@@ -49,6 +57,10 @@ fails)."""
 STEP_RETRY = 30.0
 """Seconds after which an unfinished drain or destroy is enqueued again (or one poll interval,
 if shorter)."""
+
+STOP_TIMEOUT = 600.0
+"""Seconds a stop may take to show at the provider; a machine not stopped by then is destroyed
+(a pool's place is not worth a machine billing at full price unseen)."""
 
 SILENCE_CONFIRM = 0.5
 """Silence destroys a machine only when two reconcile rounds find it, the second at least this
@@ -75,6 +87,10 @@ class Row:
     then cannot tell a busy `--pool solo` worker from a dead one."""
     silence_noted_at: datetime | None = None
     """When a reconcile round last found it silent past its limit (the first of two rounds)."""
+    keep_warm: bool = False
+    """Drained, it goes to its queue's warm pool (stopped), not destroyed."""
+    spec_key: str | None = None
+    """What it was rented as (`policy.warm.spec_key`)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +130,9 @@ class Transition:
     host_id: str | None = None
     rental: Literal["failed", "ok"] | None = None
     avoid_host: bool = False
+    warm: Literal["hit", "miss"] | None = None
+    """A resume from the warm pool that came up (hit) or failed (miss: a fresh machine is rented
+    at once, and the queue does not back off)."""
 
     def __post_init__(self) -> None:
         if not can_move(self.src, self.dst):
@@ -126,7 +145,7 @@ class Retry:
 
     launch_id: str
     queue: str
-    step: Literal["launch", "drain", "terminate"]
+    step: Literal["launch", "drain", "terminate", "stop", "resume"]
     reason: str
 
 
@@ -184,11 +203,20 @@ def reconcile(
     transitions: list[Transition] = []
     retries: list[Retry] = []
     silences: list[NoteSilence] = []
+    retire = warm.retirements(
+        (
+            warm.Stopped(r.launch_id, r.queue, r.provider, r.spec_key, r.since)
+            for r in rows
+            if r.state == S.STOPPED
+        ),
+        config,
+        now,
+    )
     for row in rows:
         row_view = providers.get(row.provider)
         known = listed.get(row.provider)
         machine = _own_machine(row, known.get(row.launch_id, []) if known is not None else [])
-        step = _row(row, row_view, known is not None, machine, config, now)
+        step = _row(row, row_view, known is not None, machine, config, now, retire)
         if isinstance(step, Transition):
             transitions.append(step)
         elif isinstance(step, Retry):
@@ -242,6 +270,7 @@ def _row(
     machine: Listed | None,
     config: Config,
     now: datetime,
+    retire: Mapping[str, str],
 ) -> Transition | Retry | NoteSilence | None:
     """The one move, retry or silence note the row calls for, along its lifecycle stage."""
     facts = _facts(row, view, known, machine, now)
@@ -262,7 +291,15 @@ def _row(
     if state == S.DRAINING:
         return _draining(row, facts, config)
     if state == S.DRAINED:
+        if row.keep_warm:
+            return _move(row, S.STOPPING, "drained: stop it for the warm pool")
         return _move(row, S.TERMINATING, "drained: destroy the machine")
+    if state == S.STOPPING:
+        return _stopping(row, facts, config)
+    if state == S.STOPPED:
+        return _stopped(row, facts, retire.get(row.launch_id))
+    if state == S.RESUMING:
+        return _resuming(row, facts, config)
     if state == S.TERMINATING:
         return _terminating(row, facts, config)
     return None
@@ -277,6 +314,7 @@ def _move(
     host_id: str | None = None,
     rental: Literal["failed", "ok"] | None = None,
     avoid_host: bool = False,
+    warm: Literal["hit", "miss"] | None = None,
 ) -> Transition:
     """The row from its state to `dst`, with the reason."""
     return Transition(
@@ -290,13 +328,14 @@ def _move(
         host_id=host_id,
         rental=rental,
         avoid_host=avoid_host,
+        warm=warm,
     )
 
 
 def _facts(
     row: Row, view: ProviderView | None, known: bool, machine: Listed | None, now: datetime
 ) -> _Facts:
-    dead = machine is not None and machine.status == MachineStatus.DEAD
+    dead = machine is not None and machine.status in (MachineStatus.DEAD, MachineStatus.STOPPED)
     running = machine is not None and machine.status == MachineStatus.RUNNING
     mock = view is not None and view.ready_when_running
     seen = now if mock and running else row.last_seen_at  # running is a mock's sign of life
@@ -442,6 +481,78 @@ def _draining(row: Row, f: _Facts, config: Config) -> Retry | None:
             else ""
         ),
     )
+
+
+def _stopping(row: Row, f: _Facts, config: Config) -> Transition | Retry | None:
+    """Stopped once the provider lists it so; the stop retried, and the machine destroyed if
+    the stop never takes."""
+    status = f.machine.status if f.machine is not None else None
+    if f.known and f.machine is None:
+        return _move(row, S.LOST, "gone at the provider while stopping")
+    if status == MachineStatus.STOPPED:
+        return _move(row, S.STOPPED, "stopped at the provider, its disk kept for the warm pool")
+    if status == MachineStatus.DEAD:
+        return _move(row, S.TERMINATING, "dead at the provider while stopping")
+    if f.age >= STOP_TIMEOUT:
+        return _move(
+            row, S.TERMINATING, f"not stopped at the provider after {f.age:.0f}s: destroyed instead"
+        )
+    if f.age >= _step_retry(config):
+        return Retry(row.launch_id, row.queue, "stop", f"stopping for {f.age:.0f}s")
+    return None
+
+
+def _stopped(row: Row, f: _Facts, retire: str | None) -> Transition | None:
+    """A pool's machine stays while the provider keeps it stopped and the pool wants it."""
+    status = f.machine.status if f.machine is not None else None
+    if f.known and f.machine is None:
+        return _move(row, S.LOST, "gone at the provider while stopped")
+    if retire is not None:
+        return _move(row, S.TERMINATING, retire)
+    if status == MachineStatus.DEAD:
+        return _move(row, S.TERMINATING, "dead at the provider while stopped")
+    if status in (MachineStatus.RUNNING, MachineStatus.STARTING):
+        return _move(
+            row,
+            S.TERMINATING,
+            f"{status.value} at the provider though we stopped it and did not resume it: "
+            "billing unseen, destroyed",
+        )
+    return None
+
+
+def _resume_timeout(row: Row, config: Config) -> float:
+    queue_cfg = config.queues.get(row.queue)
+    auto = queue_cfg.autoscale if queue_cfg is not None else None
+    return auto.warm_pool.resume_timeout if auto is not None else _boot_timeout(row, config)
+
+
+def _resuming(row: Row, f: _Facts, config: Config) -> Transition | Retry | None:
+    """A warm hit at its worker's first sign of life since the resume; a warm miss when it dies,
+    vanishes or has no ready worker by `resume_timeout` (its host avoided, no backoff)."""
+    if f.known and f.machine is None:
+        return _move(row, S.LOST, "gone at the provider while resuming", warm="miss")
+    if f.seen is not None and f.seen >= row.since:
+        return _move(row, S.READY, "its worker is up again: resumed from the warm pool", warm="hit")
+    timeout = _resume_timeout(row, config)
+    why = None
+    if f.dead and f.machine is not None and f.machine.status == MachineStatus.DEAD:
+        why = "dead at the provider while resuming"
+    elif f.age >= timeout:
+        why = f"no ready worker {f.age:.0f}s after the resume (resume_timeout {timeout:.0f}s)"
+    if why is not None:
+        return _move(
+            row,
+            S.TERMINATING,
+            f"warm miss: {why}",
+            avoid_host=f.host is not None,
+            host_id=f.host,
+            warm="miss",
+        )
+    stopped = f.machine is not None and f.machine.status == MachineStatus.STOPPED
+    if stopped and f.age >= _step_retry(config):
+        return Retry(row.launch_id, row.queue, "resume", f"still stopped {f.age:.0f}s on")
+    return None
 
 
 def _terminating(row: Row, f: _Facts, config: Config) -> Transition | Retry | None:

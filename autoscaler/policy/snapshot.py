@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 
-from autoscaler.lifecycle import LIVE_STATES, InstanceState
+from autoscaler.lifecycle import BOOTING_STATES, LIVE_STATES, WARM_STATES, InstanceState
 from autoscaler.policy.history import NO_HISTORY, QueueHistory
 
 
@@ -74,12 +74,6 @@ class QueueMetrics:
 # the store and the metrics sources; the simulator builds them from its virtual world. They are
 # frozen and hold no behaviour beyond small derived readings, so decide() stays a pure function.
 
-BOOTING_STATES = (InstanceState.PENDING, InstanceState.CREATING, InstanceState.BOOTING)
-"""A launch that is on its way: counted as capacity (no stacking), never drained."""
-
-LEAVING_STATES = (InstanceState.DRAINING, InstanceState.DRAINED, InstanceState.TERMINATING)
-"""Going away: no longer capacity, still billing (counted by spend caps)."""
-
 
 @dataclass(frozen=True)
 class Machine:
@@ -100,10 +94,23 @@ class Machine:
     drain_requested: bool = False
     launched_for: str | None = None
     price_per_hour: float | None = None
+    spec_key: str | None = None
+    """What it was rented as (`policy.warm.spec_key`): a stopped machine is resumed only for
+    the spec a launch would rent now."""
+    keep_warm: bool = False
+    """Its drain ends in the warm pool (stopped, not destroyed): granted by `decide()`."""
+    stopped_at: datetime | None = None
+    storage_price_per_hour: float | None = None
+    """What it bills while stopped (its kept disks), where the provider says."""
 
     @property
     def booting(self) -> bool:
         return self.state in BOOTING_STATES
+
+    @property
+    def warm(self) -> bool:
+        """In the warm pool: stopping or stopped, disk kept; not capacity."""
+        return self.state in WARM_STATES
 
     @property
     def busy(self) -> bool:

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import case, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
@@ -32,6 +32,9 @@ STATE_SINCE = {
     InstanceState.READY: "ready_at",
     InstanceState.DRAINING: "draining_at",
     InstanceState.DRAINED: "drained_at",
+    InstanceState.STOPPING: "stopping_at",
+    InstanceState.STOPPED: "stopped_at",
+    InstanceState.RESUMING: "resuming_at",
     InstanceState.TERMINATING: "terminating_at",
     InstanceState.TERMINATED: "terminated_at",
     InstanceState.FAILED: "failed_at",
@@ -64,6 +67,10 @@ class InstanceRecord:
     price_per_hour: float | None
     agent_registered_at: datetime | None = None
     silence_noted_at: datetime | None = None
+    spec_key: str | None = None
+    keep_warm: bool = False
+    stopped_at: datetime | None = None
+    storage_price_per_hour: float | None = None
 
 
 _RECORD_COLUMNS = (
@@ -83,6 +90,9 @@ _RECORD_COLUMNS = (
     Instance.price_per_hour,
     Instance.agent_registered_at,
     Instance.silence_noted_at,
+    Instance.spec_key,
+    Instance.keep_warm,
+    Instance.storage_price_per_hour,
     *(getattr(Instance, column) for column in dict.fromkeys(STATE_SINCE.values())),
 )
 
@@ -110,6 +120,10 @@ def _records(session: Session, where: Any) -> list[InstanceRecord]:
                 price_per_hour=r.price_per_hour,
                 agent_registered_at=r.agent_registered_at,
                 silence_noted_at=r.silence_noted_at,
+                spec_key=r.spec_key,
+                keep_warm=r.keep_warm,
+                stopped_at=r.stopped_at,
+                storage_price_per_hour=r.storage_price_per_hour,
             )
         )
     return out
@@ -136,6 +150,10 @@ def as_machine(row: InstanceRecord) -> Machine:
         last_task_at=row.last_task_at,
         drain_requested=row.drain_requested,
         price_per_hour=row.price_per_hour,
+        spec_key=row.spec_key,
+        keep_warm=row.keep_warm,
+        stopped_at=row.stopped_at,
+        storage_price_per_hour=row.storage_price_per_hour,
     )
 
 
@@ -154,6 +172,8 @@ def as_row(row: InstanceRecord) -> Row:
         and bool(row.worker_name)
         and not (row.worker_name or "").startswith("agent@"),
         silence_noted_at=row.silence_noted_at,
+        keep_warm=row.keep_warm,
+        spec_key=row.spec_key,
     )
 
 
@@ -234,15 +254,25 @@ def boot_estimates(session: Session, queues: list[str], now: datetime) -> dict[s
 # --------------------------------------------------------------------------- writes
 
 
+class Intent(NamedTuple):
+    """One launch intent of an evaluation."""
+
+    launch_id: str
+    queue: str
+    provider: str
+    reason: str
+    spec_key: str | None = None
+    """What decide() rents it as (`policy.warm.spec_key`): a warm pool resumes only its like."""
+
+
 def add_intents(
     session: Session,
-    intents: Sequence[tuple[str, str, str, str]],
+    intents: Sequence[Intent | tuple[str, str, str, str]],
     now: datetime,
     config_version: int | None = None,
 ) -> None:
-    """Launch intents (launch_id, queue, provider, reason) of one evaluation of
-    `config_version`: rows written before any create (`link_decisions` then ties each to its
-    launch event)."""
+    """Launch intents of one evaluation of `config_version`: rows written before any create
+    (`link_decisions` then ties each to its launch event)."""
     if not intents:
         return
     session.execute(
@@ -261,8 +291,11 @@ def add_intents(
                 "drain_requested": False,
                 "running_tasks": 0,
                 "config_version": config_version,
+                "spec_key": key,
+                "keep_warm": False,
+                "resumes": 0,
             }
-            for launch_id, queue, provider, reason in intents
+            for launch_id, queue, provider, reason, key in (Intent(*i) for i in intents)
         ],
     )
 
@@ -315,10 +348,7 @@ def move(
     if only_if is not None:
         where.append(only_if)
     result = session.execute(
-        update(Instance)
-        .where(*where)
-        .values(**values)
-        .execution_options(synchronize_session=False)
+        update(Instance).where(*where).values(**values).execution_options(synchronize_session=False)
     )
     return bool(getattr(result, "rowcount", 0))
 
@@ -345,16 +375,61 @@ READY_EVENT = ("lifecycle", "booting->ready")
 def mark_ready(
     session: Session, launch_id: str, queue: str, provider: str, now: datetime, why: str
 ) -> bool:
-    """booting -> ready at the first proof of life of the machine's worker, wherever it is
-    seen (its agent's heartbeat, Celery remote control, reconcile): one conditional write, one
-    event, and the rental counts as good (the (queue, provider) backoff is cleared). True if
-    this call made the move (of two racing callers, one does)."""
-    if not move(session, launch_id, InstanceState.BOOTING, InstanceState.READY, now, why):
-        return False
-    kind, action = READY_EVENT
-    record_events(session, [event(kind, action, why, queue=queue, launch_id=launch_id)], now)
-    clear_backoff(session, queue, provider)
-    return True
+    """booting (or resuming from a warm pool) -> ready at the first proof of life of the
+    machine's worker, wherever it is seen (its agent's heartbeat, Celery remote control,
+    reconcile): one conditional write, one event, and the rental counts as good (the (queue,
+    provider) backoff is cleared). True if this call made the move (of two racing callers, one
+    does). A resumed machine's event is a warm hit."""
+    if move(session, launch_id, InstanceState.BOOTING, InstanceState.READY, now, why):
+        kind, action = READY_EVENT
+        record_events(session, [event(kind, action, why, queue=queue, launch_id=launch_id)], now)
+        clear_backoff(session, queue, provider)
+        return True
+    if move(session, launch_id, InstanceState.RESUMING, InstanceState.READY, now, why):
+        record_events(session, [warm_event("hit", why, queue, launch_id)], now)
+        return True
+    return False
+
+
+WARM_EVENT = "warm_pool"
+"""The events' kind for a warm pool's stops, resumes, hits and misses (`status` counts them)."""
+
+
+def warm_event(action: str, why: str, queue: str, launch_id: str, **details: Any) -> dict[str, Any]:
+    """A warm pool's event: `stop`, `stopped`, `resume`, `hit` or `miss`."""
+    return event(WARM_EVENT, action, why, queue=queue, launch_id=launch_id, details=details or None)
+
+
+KEPT_WARM = Instance.keep_warm.is_(True)
+"""`move(..., only_if=KEPT_WARM)`: only a machine with a place in its queue's warm pool."""
+
+
+def start_resumes(session: Session, reasons: Mapping[str, str], now: datetime) -> list[str]:
+    """stopped -> resuming for each launch id (with its reason), counted; its last signs of life
+    forgotten, so only a word from the resumed worker makes it ready. The moved ids."""
+    return move_many(
+        session,
+        reasons,
+        InstanceState.STOPPED,
+        InstanceState.RESUMING,
+        now,
+        resumes=Instance.resumes + 1,
+        keep_warm=False,
+        last_heartbeat_at=None,
+        running_tasks=0,
+        silence_noted_at=None,
+    )
+
+
+def set_keep_warm(session: Session, launch_ids: Sequence[str], value: bool) -> None:
+    """Give machines (or take back) a place in their queue's warm pool, as `decide()` said."""
+    if launch_ids:
+        session.execute(
+            update(Instance)
+            .where(Instance.launch_id.in_(launch_ids))
+            .values(keep_warm=value)
+            .execution_options(synchronize_session=False)
+        )
 
 
 CANCELLED = "cancelled before it was ready"

@@ -72,8 +72,6 @@ class StoredReadings:
         with self._factory() as session, session.begin():
             save(session, source, readings)
 
-    def load(
-        self, source: str, queues: Sequence[str], since: datetime
-    ) -> dict[str, QueueMetrics]:
+    def load(self, source: str, queues: Sequence[str], since: datetime) -> dict[str, QueueMetrics]:
         with self._factory() as session, session.begin():
             return load(session, source, queues, since)

@@ -167,11 +167,23 @@ class Instance(Base):
     broker_user: Mapped[str | None] = mapped_column(String(100), default=None)
     agent_registered_at: Mapped[datetime | None] = mapped_column(default=None)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    """An operator drained the machine before it was ready: it is destroyed as soon as it
+    exists (a launch in flight sees this when the provider answers)."""
     silence_noted_at: Mapped[datetime | None] = mapped_column(default=None)
     """When a reconcile round last found its worker silent past its limit (destroyed only if a
     second round finds it so)."""
-    """An operator drained the machine before it was ready: it is destroyed as soon as it
-    exists (a launch in flight sees this when the provider answers)."""
+    spec_key: Mapped[str | None] = mapped_column(String(64), default=None)
+    """What it was rented as (`policy.warm.spec_key` of its intent's config): a stopped machine
+    is resumed only for the same spec."""
+    keep_warm: Mapped[bool] = mapped_column(default=False)
+    """`decide()` gave it a place in its queue's warm pool: drained, it is stopped, not
+    destroyed."""
+    storage_price_per_hour: Mapped[float | None] = mapped_column(Float, default=None)
+    stopping_at: Mapped[datetime | None] = mapped_column(default=None)
+    stopped_at: Mapped[datetime | None] = mapped_column(default=None)
+    resuming_at: Mapped[datetime | None] = mapped_column(default=None)
+    resumes: Mapped[int] = mapped_column(Integer, default=0)
+    """How many times it was resumed from the warm pool."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

@@ -32,6 +32,7 @@ ALLOWED = {
     "AUTOSCALER_STARTUP_CMD",
     "AUTOSCALER_INSTALLATION_ID",
     "AUTOSCALER_LAUNCH_ID",
+    "AUTOSCALER_AGENT_WORKDIR",  # its own folder, kept while a warm pool holds it stopped
     "AUTOSCALER_LABEL",
 }
 

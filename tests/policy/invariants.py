@@ -10,8 +10,15 @@ from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.decide import decide, late_boot_s
 from autoscaler.policy.plan import Plan
 from autoscaler.policy.snapshot import QueueSnapshot, Snapshot
+from autoscaler.policy.warm import spec_key
 
-BOOTING = (InstanceState.PENDING, InstanceState.CREATING, InstanceState.BOOTING)
+BOOTING = (
+    InstanceState.PENDING,
+    InstanceState.CREATING,
+    InstanceState.BOOTING,
+    InstanceState.RESUMING,  # a warm pool's machine starting again: booting capacity
+)
+WARM = (InstanceState.STOPPING, InstanceState.STOPPED)  # not capacity, not under max_workers
 
 
 def capacity_of(qs: QueueSnapshot) -> int:
@@ -53,7 +60,8 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
         assert auto is not None and auto.enabled
         qs = snapshot.queue(qp.queue) or QueueSnapshot(qp.queue, None)
         cap = capacity_of(qs)
-        n = len(qp.launches)
+        fresh_n = len(qp.launches)
+        n = fresh_n + len(qp.resumes)  # a resume adds a machine as a launch does
         total_launches += n
         kinds = {w.kind for w in qp.waits}
         assert qp.capacity == cap
@@ -74,8 +82,9 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
             assert r == sum(
                 1 for m in qs.machines if m.state == InstanceState.READY and m.drain_requested
             )
-        # never above max: booting included, and every machine that may bill counts
-        billing = sum(1 for m in qs.machines if m.state in LIVE_STATES)
+        # never above max: booting included, and every machine that may bill counts, but not a
+        # warm pool's stopped machines
+        billing = sum(1 for m in qs.machines if m.state in LIVE_STATES and m.state not in WARM)
         if n:
             assert cap + r + n <= auto.max_workers, (cap, r, n, auto.max_workers)
             assert billing + n <= auto.max_workers, (billing, n, auto.max_workers)
@@ -83,9 +92,9 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
         # billing machines
         if not kinds & {"backoff", "rate_limit", "spend_cap", "max_workers"}:
             assert cap + r + n >= qp.floor
-        # backoff or a provider's rate limit: nothing launched
+        # backoff: nothing rented (a resume rents nothing); a provider's rate limit: no call
         if active_backoff(qs.backoff_for(auto.provider), now) is not None:
-            assert n == 0
+            assert fresh_n == 0
         if snapshot.rate_limit_for(auto.provider, now) is not None:
             assert n == 0
         # no stacking: while a machine boots, only the floor or a grown target load launches
@@ -158,6 +167,7 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
                 assert serving - len(idle_down) >= math.ceil(qs.metrics.pending / per), (
                     serving, len(idle_down), qs.metrics.pending, per
                 )
+        check_warm_pool(qs, config, qp)
         for a in qp.launches:
             assert a.reason and a.provider == auto.provider
         for d in qp.drains:
@@ -197,10 +207,53 @@ def billing_usage(snapshot: Snapshot, config: Config) -> tuple[int, float]:
             q_cfg.autoscale.instance.max_price_per_hour if (q_cfg and q_cfg.autoscale) else dearest
         )
         for m in qs.machines:
-            if m.state in LIVE_STATES:
+            if m.state == InstanceState.STOPPED:  # its disk only
+                dollars += m.storage_price_per_hour or 0.0
+            elif m.state in LIVE_STATES:
                 used += 1
                 dollars += m.price_per_hour if m.price_per_hour is not None else fallback
     return used, dollars
+
+
+def check_warm_pool(qs: QueueSnapshot, config: Config, qp) -> None:
+    """Resumes come from the queue's own fitting stopped machines, the newest first, before
+    anything new is rented; the pool never grows past its size; a busy worker is never sent
+    to it (it is drained first, like any)."""
+    auto = config.queues[qp.queue].autoscale
+    size = auto.warm_pool.size
+    key = spec_key(auto)
+    by_id = {m.launch_id: m for m in qs.machines}
+
+    def fits(m) -> bool:
+        return m.provider == auto.provider and m.spec_key == key
+
+    stopped = [m for m in qs.machines if m.state == InstanceState.STOPPED and fits(m)]
+    resumed = [by_id[r.launch_id] for r in qp.resumes]
+    assert len({m.launch_id for m in resumed}) == len(resumed)
+    for m in resumed:
+        assert size > 0 and m.state == InstanceState.STOPPED and fits(m), m
+    if qp.launches and size > 0:  # nothing new while a fitting stopped machine waits
+        assert len(resumed) == len(stopped), (len(resumed), len(stopped))
+    newest = sorted(stopped, key=lambda m: (m.stopped_at or m.created_at, m.launch_id))[::-1]
+    assert [m.launch_id for m in resumed] == [m.launch_id for m in newest[: len(resumed)]]
+
+    warm = [d for d in qp.drains if d.keep_warm]
+    for d in warm:
+        m = by_id[d.launch_id]
+        assert fits(m) and d.trigger != "drain_requested" and not m.keep_warm
+        assert d.when_idle or m.running_tasks == 0  # a busy worker is never stopped
+    held = sum(
+        1
+        for m in qs.machines
+        if fits(m)
+        and (
+            m.state in WARM
+            or (m.keep_warm and m.state in (InstanceState.READY, InstanceState.DRAINING,
+                                            InstanceState.DRAINED))
+        )
+    )
+    if warm:
+        assert held + len(warm) <= size, (held, len(warm), size)
 
 
 def checked_decide(snapshot: Snapshot, config: Config, now) -> Plan:

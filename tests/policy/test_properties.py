@@ -18,6 +18,7 @@ from autoscaler.policy.snapshot import (
     RateLimit,
     Snapshot,
 )
+from autoscaler.policy.warm import spec_key
 
 from .helpers import config
 from .invariants import checked_decide
@@ -92,6 +93,7 @@ def configs(draw):
             "scale_up": draw(up_triggers(mx)),
             "scale_down": draw(down_triggers()),
             "instance": {"gpu": "x", "max_price_per_hour": draw(st.sampled_from([0.3, 0.6, 1.1]))},
+            "warm_pool": {"size": draw(st.integers(0, mx)), "keep_for": "1h"},
         }
     limits = {}
     if draw(st.integers(0, 2)) == 0:
@@ -126,9 +128,22 @@ def machines(draw, now, name):
                 last_task_at=None if last is None else now - timedelta(seconds=last),
                 drain_requested=draw(st.booleans()),
                 price_per_hour=draw(st.sampled_from([None, 0.3, 0.6])),
+                # rented as the spec the queue rents now, as another, or before specs were kept
+                spec_key=draw(st.sampled_from([FIT, FIT, "another spec", None])),
+                keep_warm=draw(st.booleans()),
+                stopped_at=(
+                    now - timedelta(seconds=draw(st.integers(0, 7200)))
+                    if state in (InstanceState.STOPPING, InstanceState.STOPPED)
+                    else None
+                ),
+                storage_price_per_hour=draw(st.sampled_from([None, 0.01])),
             )
         )
     return tuple(out)
+
+
+_RENTS = {"q": {"instance": {"gpu": "x", "max_price_per_hour": 0.3}}}
+FIT = spec_key(config(queues=_RENTS).queues["q"].autoscale)  # what every generated queue rents
 
 
 @st.composite

@@ -22,6 +22,7 @@ from autoscaler.policy.reconcile import (
     Row,
     reconcile,
 )
+from autoscaler.policy.warm import spec_key
 
 from .helpers import PROVIDERS
 
@@ -31,12 +32,15 @@ NOW = datetime(2025, 6, 2, 12, 0, tzinfo=UTC)
 PROVIDER_NAMES = ("a", "b", "c")  # "c" never has a view: its list is unknown
 
 
-def _config(poll: float, heartbeat: float, boot: float, queue_boot: float | None) -> Config:
+def _config(
+    poll: float, heartbeat: float, boot: float, queue_boot: float | None, pool: int = 0
+) -> Config:
     def queue(boot_override: float | None) -> dict[str, Any]:
         auto: dict[str, Any] = {
             "provider": "gpu",
             "max_workers": 4,
             "instance": {"gpu": "x", "max_price_per_hour": 0.5},
+            "warm_pool": {"size": pool, "keep_for": "1h", "resume_timeout": "2m"},
         }
         if boot_override is not None:
             auto["boot_timeout"] = boot_override
@@ -53,10 +57,11 @@ def _config(poll: float, heartbeat: float, boot: float, queue_boot: float | None
 
 CONFIGS = [
     _config(30, 300, 900, None),
-    _config(10, 120, 600, 60),
-    _config(60, 60, 300, 1200),
+    _config(10, 120, 600, 60, pool=2),
+    _config(60, 60, 300, 1200, pool=1),
     _config(5, 600, 120, 30),
 ]
+FIT = spec_key(CONFIGS[0].queues["q"].autoscale)  # every queue rents this spec
 
 
 def label(lid: str) -> str:
@@ -92,6 +97,8 @@ def worlds(draw):
                 silence_noted_at=draw(
                     st.none() | st.floats(0, 600).map(lambda x: NOW - timedelta(seconds=x))
                 ),
+                keep_warm=draw(st.booleans()),
+                spec_key=draw(st.sampled_from([FIT, FIT, "another spec", None])),
             )
         )
     views: dict[str, ProviderView] = {}
@@ -169,7 +176,13 @@ def test_every_move_is_an_allowed_transition_from_the_rows_current_state(world):
         assert (t.queue, t.provider) == (r.queue, r.provider)
     for retry in plan.retries:
         r = by_id[retry.launch_id]
-        expected = {S.PENDING: "launch", S.DRAINING: "drain", S.TERMINATING: "terminate"}
+        expected = {
+            S.PENDING: "launch",
+            S.DRAINING: "drain",
+            S.TERMINATING: "terminate",
+            S.STOPPING: "stop",
+            S.RESUMING: "resume",
+        }
         assert expected.get(r.state) == retry.step, (r.state, retry.step)
         assert retry.queue == r.queue
 
@@ -349,7 +362,7 @@ def test_a_busy_worker_seen_recently_is_never_destroyed_unless_dead_or_missing(w
             continue  # drained: its worker finished
         if _list_read(views, r.provider):
             own = _own_machines(r, views)
-            if not own or any(m.status == M.DEAD for m in own):
+            if not own or any(m.status in (M.DEAD, M.STOPPED) for m in own):
                 continue  # missing or dead at the provider
         raise AssertionError(f"busy worker {r} sent to TERMINATING: {t.reason}")
 

@@ -13,11 +13,14 @@ from autoscaler.api import machines
 from autoscaler.api.deps import DB, Rt, Worker, bearer
 from autoscaler.api.inputs import Strict, UtcTime
 from autoscaler.api.machines import Deployment, HeartbeatAnswer, JobReport, Name, WorkerState
+from autoscaler.config.models import Queue
 from autoscaler.control.drain import finish_drain
-from autoscaler.control.runtime import log
+from autoscaler.control.launch import create_broker_user
+from autoscaler.control.runtime import Runtime, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.store import fleet, job_records
-from autoscaler.store.db import store_now
+from autoscaler.store.db import Session, store_now
+from autoscaler.store.models import Instance
 
 S = InstanceState
 HEARTBEAT_INTERVAL = 10.0
@@ -78,6 +81,8 @@ def deployment(request: Request, row: Worker, session: DB, rt: Rt) -> Deployment
     queue_cfg = loaded.config.queues.get(row.queue) if loaded else None
     dep = getattr(queue_cfg, "deployment", None)
     broker_url, note = None, None
+    if queue_cfg is not None and row.state == S.RESUMING and row.broker_user is None:
+        _broker_user_again(rt, session, row, queue_cfg, bearer(request))
     if queue_cfg is not None:
         # the machine's own user, made at its launch: its URL needs no question to the
         # broker (the broker may be busy; the user exists)
@@ -92,6 +97,20 @@ def deployment(request: Request, row: Worker, session: DB, rt: Rt) -> Deployment
             except broker_users.NoBrokerUser as exc:
                 note = str(exc)
     return machines.deployment(row.queue, dep, rt.env, broker_url, note)
+
+
+def _broker_user_again(
+    rt: Runtime, session: Session, row: Instance, queue_cfg: Queue, token: str
+) -> None:
+    """A machine resumed from a warm pool: its broker user, deleted while it was stopped, is
+    made again from the token it presents (the server keeps only the token's hash)."""
+    install = rt.installation_id(session)
+    user, why = create_broker_user(rt, install, row.launch_id, row.queue, queue_cfg, token)
+    if user is not None:
+        fleet.set_broker_user(session, row.launch_id, user)
+        row.broker_user = user
+    elif why is not None:
+        log.warning("resumed %s has no broker user yet: %s", row.launch_id, why)
 
 
 @router.post("/heartbeat", response_model=HeartbeatAnswer)
@@ -135,8 +154,10 @@ def heartbeat(body: Heartbeat, row: Worker, session: DB) -> HeartbeatAnswer:
             now,
         )
     fleet.note_heartbeat(session, row.launch_id, values)
-    if up and state == S.BOOTING:
+    if up and state in (S.BOOTING, S.RESUMING):
         why = "its worker is up (its agent's first heartbeat)"
+        if state == S.RESUMING:
+            why = "its worker is up again: resumed from the warm pool (its agent's heartbeat)"
         if fleet.mark_ready(session, row.launch_id, row.queue, row.provider, now, why):
             state = S.READY
     worker = row.worker_name or f"agent@{row.launch_id}"
@@ -152,21 +173,23 @@ def drained(row: Worker, session: DB) -> Drained:
     if row.state not in (S.DRAINING, S.DRAINED):
         raise HTTPException(409, f"this machine is {row.state.value}: nobody asked it to drain")
     why = "its agent reports its worker stopped after its last task"
-    if finish_drain(session, row.launch_id, row.queue, why, now):
-        _send_terminate(row.launch_id)
-    return Drained(state="terminating")
+    step = finish_drain(session, row.launch_id, row.queue, why, now)
+    if step is not None:
+        _send_step(step, row.launch_id)
+    return Drained(state="stopping" if step == "stop" else "terminating")
 
 
-def _send_terminate(launch_id: str) -> None:
-    """Destroy the drained machine now rather than at the next reconcile. Sent a second later,
-    after this request's transaction commits (a step that runs too early finds the row not yet
-    terminating and does nothing); reconcile re-sends it if the broker cannot be reached."""
+def _send_step(step: str, launch_id: str) -> None:
+    """Destroy (or stop, for the warm pool) the drained machine now rather than at the next
+    reconcile. Sent a second later, after this request's transaction commits (a step that runs
+    too early finds the row not yet moved and does nothing); reconcile re-sends it if the
+    broker cannot be reached."""
     try:
-        from autoscaler.control.tasks import terminate  # the Celery app: only when needed
+        from autoscaler.control.tasks import STEPS  # the Celery app: only when needed
 
-        terminate.apply_async((launch_id,), countdown=1.0, expires=600.0)
-    except Exception:  # the broker is down: reconcile's retry destroys it a poll later
-        log.warning("could not send the terminate step of %s; reconcile will", launch_id)
+        STEPS[step].apply_async((launch_id,), countdown=1.0, expires=600.0)
+    except Exception:  # the broker is down: reconcile's retry sends it a poll later
+        log.warning("could not send the %s step of %s; reconcile will", step, launch_id)
 
 
 __all__ = ["router"]

@@ -1,0 +1,85 @@
+"""Resume: start a stopped machine of a warm pool again (the tick moved it `stopped ->
+resuming` in its decision's transaction, as it writes a launch intent).
+
+The provider's start, then the machine's agent starts again: its worker token opens the API
+again from `resuming` on, its broker user is made again when it asks for its deployment
+(`api/routers/worker.py`), and it is ready at its worker's first proof of life
+(`fleet.mark_ready`: a warm hit). A start refused because the machine's GPU or host is gone is
+a warm miss: the machine is destroyed, its host avoided, and the queue evaluated at once so a
+fresh machine is rented without waiting for the next poll (a miss is not a failed rental: no
+backoff). A start that does not answer is retried by reconcile until `resume_timeout`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from autoscaler.access.credentials import CredentialError
+from autoscaler.control import rate_limits
+from autoscaler.control.runtime import Runtime, log, utc_now
+from autoscaler.lifecycle import InstanceState
+from autoscaler.providers.base import ProviderError, RateLimitedError, ResumeRefusedError
+from autoscaler.store import fleet
+from autoscaler.store.db import Session
+
+S = InstanceState
+Enqueue = Callable[[str, str], None]
+
+
+def run_resume(rt: Runtime, launch_id: str, enqueue: Enqueue | None = None) -> str:
+    """One attempt (idempotent: a start of a running machine succeeds); where it stands."""
+    with rt.transaction() as session:
+        row = fleet.get(session, launch_id)
+        if row is None or row.state != S.RESUMING:
+            return f"not resuming ({row.state.value if row else 'no such machine'})"
+        loaded = rt.load_for(session, row.config_version)
+        queue, provider_name, pid = row.queue, row.provider, row.provider_instance_id
+        host = row.host_id
+    limit = rate_limits.current(rt, provider_name)
+    if limit is not None:
+        return f"waiting: {provider_name} is rate-limited until {limit.until.isoformat()}"
+    try:
+        provider = rt.provider(provider_name, loaded)
+        if pid is None:
+            raise ResumeRefusedError("it has no provider id to start", provider=provider_name)
+        provider.start(pid)
+    except ResumeRefusedError as exc:
+        with rt.transaction() as session:
+            missed = warm_miss(rt, session, launch_id, queue, provider_name, host, str(exc))
+        if missed and enqueue is not None:
+            enqueue("terminate", launch_id)
+            enqueue("evaluate", queue)
+        return f"warm miss: {str(exc)[:300]}"
+    except RateLimitedError as exc:
+        limit = rate_limits.note(rt, provider_name, exc, queue)
+        return f"waiting: {provider_name} is rate-limited until {limit.until.isoformat()}"
+    except (ProviderError, CredentialError, KeyError) as exc:
+        log.warning("resume %s: %s", launch_id, exc)
+        return f"waiting: {str(exc)[:300]}"
+    return "resuming: started at the provider; ready when its worker speaks"
+
+
+def warm_miss(
+    rt: Runtime,
+    session: Session,
+    launch_id: str,
+    queue: str,
+    provider: str,
+    host: str | None,
+    why: str,
+) -> bool:
+    """resuming -> terminating for a resume that failed: its event, its host avoided (misses
+    per host feed the avoided hosts), no backoff. True if this call made the move."""
+    now = utc_now()
+    reason = f"warm miss: {why[:500]}"
+    if not fleet.move(session, launch_id, S.RESUMING, S.TERMINATING, now, reason):
+        return False
+    fleet.record_events(
+        session, [fleet.warm_event("miss", reason, queue, launch_id, host=host)], now
+    )
+    if host:
+        try:
+            rt.provider(provider).avoid_host(host, reason)
+        except Exception:  # avoiding a host is best effort
+            log.warning("could not mark host %s avoided", host, exc_info=True)
+    return True
