@@ -7,7 +7,9 @@ of short jobs, a long + short mix, a trickle, a second diurnal day).
 
 Prints, per trace, machine-hours, dollars (boot and idle tails included), the ratio to the
 lower bound Σ(job runtime) × price, job wait p50/p95/p99/max, jobs never served, jobs killed
-with their machine, and rentals. Traces and config: autoscaler/sim/traces/.
+with their machine, and rentals — for ours with and without a warm pool (`ours+pool`, and what
+its pool did), and the baselines (no pool). Traces and config: autoscaler/sim/traces/.
+`benchmarks/warm_pool_sim.py` tunes the pool per trace against issue 21's goal.
 """
 
 from __future__ import annotations

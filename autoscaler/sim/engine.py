@@ -15,6 +15,16 @@ spots (no in-flight/running count, no job age), a drain that races a job pickup 
 boot seen when the provider reports the machine dead rather than at the boot timeout, billing
 that runs `destroy_billing_s` past a destroy, and a node kept `release_delay_s` after its
 worker left (a cluster's scale-in delay).
+
+Warm pools (`autoscale.warm_pool`): a drain decide() marked `keep_warm` stops the machine once
+drained instead of destroying it — full price for the provider's stop time, then only its
+storage price while stopped; a `Resume` starts it again, ready after a resume time, or a warm
+miss (destroyed, no backoff: the next evaluation rents fresh) at the provider's resume failure
+rate; stopped machines past `keep_for`, above `size` or unfit are destroyed each poll by
+`policy.warm.retirements`, the function production's reconcile uses. The numbers and where they
+come from: `sim/provider.py`. A resumed machine appears to decide() as production's row shows
+it: rented at its first rental, its last task before the stop kept; only cold boots feed the
+queue's boot estimate (a resume is not a boot).
 """
 
 from __future__ import annotations
@@ -31,9 +41,10 @@ from datetime import UTC, datetime, timedelta
 from autoscaler.config.models import Autoscale, Config
 from autoscaler.control.executor import execute
 from autoscaler.lifecycle import InstanceState
+from autoscaler.policy import warm
 from autoscaler.policy.backoff import after_failure
 from autoscaler.policy.history import QueueHistory, observe_load
-from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim
+from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Resume
 from autoscaler.policy.snapshot import (
     BackoffState,
     Machine,
@@ -60,7 +71,7 @@ RUNTIME_WINDOW_S = 86400.0
 BOOT_HISTORY = 5
 """The boot estimate is the longest of the last this many boots (as the loop's)."""
 
-_ARRIVE, _BOOTED, _BOOT_FAILED, _FINISH, _TICK, _DRAINED = range(6)
+_ARRIVE, _BOOTED, _BOOT_FAILED, _FINISH, _TICK, _DRAINED, _STOPPED, _RESUMED, _MISSED = range(9)
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,32 @@ class SimMachine:
     last_task_s: float | None = None
     drain_requested: bool = False
     launched_for: str = ""
+    spec_key: str | None = None
+    storage_price: float = 0.0
+    """$/h while stopped (its kept disk)."""
+    keep_warm: bool = False
+    stopped_s: float | None = None
+    """When it was last stopped (a warm pool's machine)."""
+    stopped: list[tuple[float, float | None]] = field(default_factory=list)
+    """(from, to) spans it was stopped, billed at `storage_price` (to None: still stopped)."""
+    resumes: int = 0
+    epoch: int = 0
+    """Counts its stops and resumes: an event of an earlier one is stale."""
+
+    def stopped_seconds(self, end: float) -> float:
+        """Seconds it was stopped up to its end (or `end` while it lives)."""
+        until = self.ended_s if self.ended_s is not None else end
+        return sum(max(0.0, min(b if b is not None else until, until) - a) for a, b in self.stopped)
+
+    def running_spans(self, end: float) -> list[tuple[float, float]]:
+        """The spans it billed at its full price (rented, not stopped)."""
+        until = self.ended_s if self.ended_s is not None else end
+        spans, start = [], self.created_s
+        for a, b in self.stopped:
+            spans.append((start, min(a, until)))
+            start = b if b is not None else until
+        spans.append((start, until))
+        return [(a, b) for a, b in spans if b > a]
 
 
 @dataclass
@@ -125,6 +162,11 @@ class Result:
     evaluations: int = 0
     per_rental_dollars: float = 0.0
     log: list[str] = field(default_factory=list)
+    resumes: int = 0
+    warm_hits: int = 0
+    warm_misses: int = 0
+    stops: int = 0
+    retired: int = 0
 
 
 class Simulation:
@@ -162,6 +204,8 @@ class Simulation:
         self.provider = SimProvider(self.params, random.Random(seed + 1))
         self.poll = self.auto.poll_interval or config.poll_interval
         self.boot_timeout = self.auto.boot_timeout or config.boot_timeout
+        self.spec_key = warm.spec_key(self.auto)
+        """What its rentals are rented as: decide() resumes only machines of this spec."""
 
         self.now = 0.0
         self.events: list[tuple[float, int, int, int | str]] = []
@@ -246,7 +290,14 @@ class Simulation:
             self._finish(str(payload))
         elif kind == _DRAINED:
             self._drained(str(payload))
+        elif kind == _STOPPED:
+            self._stopped(str(payload))
+        elif kind == _RESUMED:
+            self._resumed(str(payload))
+        elif kind == _MISSED:
+            self._missed(str(payload))
         elif kind == _TICK:
+            self._retire()
             self._evaluate()
             if self.arrivals_left == 0 and not self.pending and not self.live:
                 self.done = True
@@ -270,9 +321,13 @@ class Simulation:
         return sum(
             1
             for m in self.live.values()
-            if m.state == InstanceState.BOOTING
+            if m.state in (InstanceState.BOOTING, InstanceState.RESUMING)
             or (m.state == InstanceState.READY and not m.drain_requested)
         )
+
+    def running_machines(self) -> int:
+        """Machines billing their full price now (a stopped one bills its disk only)."""
+        return sum(1 for m in self.live.values() if m.state != InstanceState.STOPPED)
 
     def _running(self) -> int:
         return sum(len(m.jobs) for m in self.live.values())
@@ -347,7 +402,7 @@ class Simulation:
         self.runtimes.append((self.now, self.jobs[job].runtime_s))
         self.runtime_sum += self.jobs[job].runtime_s
         if m.drain_requested and not m.jobs and launch_id not in self.racing:
-            self._destroy(m, released=True)
+            self._release(m)
         self._dispatch()
 
     def _drained(self, launch_id: str) -> None:
@@ -355,7 +410,95 @@ class Simulation:
         self.racing.discard(launch_id)
         m = self.machines[launch_id]
         if m.ended_s is None and m.drain_requested and not m.jobs:
+            self._release(m)
+
+    def _release(self, m: SimMachine) -> None:
+        """A drained machine: stopped for the warm pool when decide() gave it a place there (and
+        the provider can stop), else destroyed."""
+        if m.keep_warm and not m.jobs and self.params.can_stop:
+            self._stop(m)
+        else:
             self._destroy(m, released=True)
+
+    # ------------------------------------------------------------------ warm pool
+    def _stop(self, m: SimMachine) -> None:
+        m.state = InstanceState.STOPPING
+        m.drain_requested = False
+        self.racing.discard(m.launch_id)
+        m.epoch += 1
+        self.result.stops += 1
+        self._push(self.now + self.params.stop_s, _STOPPED, f"{m.launch_id}#{m.epoch}")
+
+    def _current(self, payload: str, state: InstanceState) -> SimMachine | None:
+        """The machine of a stop or resume event still in `state` since it (else stale)."""
+        launch_id, _, epoch = payload.rpartition("#")
+        m = self.machines[launch_id]
+        if m.ended_s is not None or m.state != state or m.epoch != int(epoch):
+            return None
+        return m
+
+    def _stopped(self, payload: str) -> None:
+        m = self._current(payload, InstanceState.STOPPING)
+        if m is None:
+            return
+        m.state = InstanceState.STOPPED
+        m.stopped_s = self.now
+        m.stopped.append((self.now, None))
+
+    def _resume(self, launch_id: str) -> None:
+        """Start a stopped machine (the executor's `resume`): a machine retired meanwhile is
+        left alone, as production's conditional move does."""
+        m = self.live.get(launch_id)
+        if m is None or m.state != InstanceState.STOPPED:
+            return
+        since, _ = m.stopped[-1]
+        m.stopped[-1] = (since, self.now)
+        m.state = InstanceState.RESUMING
+        m.keep_warm = False
+        m.resumes += 1
+        m.epoch += 1
+        self.result.resumes += 1
+        outcome = self.provider.resume(self.auto.warm_pool.resume_timeout)
+        kind = _RESUMED if outcome.ok else _MISSED
+        self._push(self.now + outcome.after_s, kind, f"{m.launch_id}#{m.epoch}")
+
+    def _resumed(self, payload: str) -> None:
+        """A warm hit: its worker is up again."""
+        m = self._current(payload, InstanceState.RESUMING)
+        if m is None:
+            return
+        m.state = InstanceState.READY
+        m.ready_s = self.now
+        self.result.warm_hits += 1
+        self._dispatch()
+
+    def _missed(self, payload: str) -> None:
+        """A warm miss: destroyed, no backoff (the next evaluation rents a fresh machine)."""
+        m = self._current(payload, InstanceState.RESUMING)
+        if m is None:
+            return
+        self.result.warm_misses += 1
+        self._destroy(m)
+
+    def _retire(self) -> None:
+        """Stopped machines past keep_for, above the pool's size or unfit: destroyed, by the
+        function production's reconcile uses."""
+        stopped = [
+            warm.Stopped(
+                m.launch_id,
+                self.queue,
+                self.auto.provider,
+                m.spec_key,
+                self._at(m.stopped_s if m.stopped_s is not None else m.created_s),
+            )
+            for m in self.live.values()
+            if m.state == InstanceState.STOPPED
+        ]
+        if not stopped:
+            return
+        for launch_id in warm.retirements(stopped, self.config, self._at(self.now)):
+            self.result.retired += 1
+            self._destroy(self.machines[launch_id])
 
     def _destroy(self, m: SimMachine, released: bool = False) -> None:
         for job in sorted(m.jobs, reverse=True):
@@ -414,6 +557,10 @@ class Simulation:
                 drain_requested=m.drain_requested,
                 launched_for=m.launched_for,
                 price_per_hour=m.price,
+                spec_key=m.spec_key,
+                keep_warm=m.keep_warm,
+                stopped_at=self._at(m.stopped_s) if m.stopped_s is not None else None,
+                storage_price_per_hour=m.storage_price,
             )
             for m in live
         )
@@ -443,12 +590,11 @@ class Simulation:
         qp = plan.for_queue(self.queue)
         if qp is None:
             return
-        if self.keep_log and (qp.launches or qp.reclaims or qp.drains):
+        if self.keep_log and (qp.launches or qp.reclaims or qp.drains or qp.resumes):
             self.result.log.append(f"t={self.now:.0f}s\n{plan.describe()}")
         self.result.waits_by_cap += sum(1 for w in qp.waits if w.kind == "spend_cap")
         execute(plan, _SimActions(self), lambda: "", (self.queue,))
-        live = len(self.live)
-        self.result.peak_machines = max(self.result.peak_machines, live)
+        self.result.peak_machines = max(self.result.peak_machines, self.running_machines())
         self.result.max_over_limit = max(
             self.result.max_over_limit, self._capacity() - self.auto.max_workers
         )
@@ -462,7 +608,14 @@ class Simulation:
             self._rental_failed(outcome.error or "rental failed")
             return
         launch_id = f"{self.queue}-{self.launch_seq}"
-        m = SimMachine(launch_id, self.now, self.params.price_per_hour, launched_for=reason)
+        m = SimMachine(
+            launch_id,
+            self.now,
+            self.params.price_per_hour,
+            launched_for=reason,
+            spec_key=self.spec_key,
+            storage_price=self.params.storage_price_per_hour,
+        )
         self.machines[launch_id] = m
         self.live[launch_id] = m
         if outcome.boots:
@@ -488,12 +641,15 @@ class _SimActions:
         m = self._machine(action.launch_id)
         if m is not None:
             m.drain_requested = False
+            m.keep_warm = False  # serving again: its pool place is freed
             self.sim.racing.discard(m.launch_id)
 
     def drain_now(self, action: Drain) -> None:
         m = self._machine(action.launch_id)
         if m is None:
             return
+        if action.keep_warm:
+            m.keep_warm = True
         race = self.sim.world.drain_race_s
         if race > 0 and m.state == InstanceState.READY and not m.jobs:
             # the worker stops consuming only after the drain reaches it: a job may slip in
@@ -501,7 +657,7 @@ class _SimActions:
             self.sim.racing.add(m.launch_id)
             self.sim._push(self.sim.now + race, _DRAINED, m.launch_id)
         else:
-            self.sim._destroy(m, released=True)
+            self.sim._release(m)
 
     def drain_when_idle(self, action: Drain) -> None:
         m = self._machine(action.launch_id)
@@ -509,8 +665,13 @@ class _SimActions:
             return
         if m.jobs:
             m.drain_requested = True
+            if action.keep_warm:
+                m.keep_warm = True
         else:
             self.drain_now(action)
+
+    def resume(self, action: Resume) -> None:
+        self.sim._resume(action.launch_id)
 
     def launch(self, action: Launch, launch_id: str) -> None:
         self.sim._launch(action.reason)
@@ -536,7 +697,7 @@ class Account:
         for sim in self.sims:
             sim.now = max(sim.now, now)
             queues.extend(sim.snapshot().queues)
-        self.peak_machines = max(self.peak_machines, sum(len(s.live) for s in self.sims))
+        self.peak_machines = max(self.peak_machines, sum(s.running_machines() for s in self.sims))
         return Snapshot(queues=tuple(queues))
 
     def run(self) -> list[Result]:

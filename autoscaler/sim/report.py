@@ -12,6 +12,9 @@ The figures are built so that no policy can look better than it is by not doing 
   charged at its lower-bound price, so dropping a job never costs less than running it.
   Every hour of work done was billed on a machine at that price, so the ratio is ≥ 1 for any
   policy on any trace (1 only when nothing was paid beyond the work itself).
+- A warm pool's stopped machine bills its storage price, not the machine's: `machine_hours`
+  are the hours billed at the full price, `stopped_hours` / `storage_dollars` the rest (in
+  `dollars` too). A resume pays no rental fee; `launches` counts fresh rentals only.
 - Saturation: at each evaluation with jobs pending, was every machine slot under max_workers
   taken (machines that may still bill count)? When that holds for a large share of those
   evaluations, waits measure the cap rather than the policy.
@@ -73,6 +76,10 @@ class Report:
     undone_hours: float = 0.0
     saturated_share: float = 0.0
     saturated: bool = False
+    resumes: int = 0
+    warm_misses: int = 0
+    stopped_hours: float = 0.0
+    storage_dollars: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,14 +100,14 @@ def undone_seconds(result: Result) -> float:
 
 def summarize(result: Result, saturation: Saturation | None = None) -> Report:
     price = result.price_per_hour
-    hours = sum(
-        ((m.ended_s if m.ended_s is not None else result.end_s) - m.created_s) / 3600.0
-        for m in result.machines
+    end_s = result.end_s
+    hours = sum(b - a for m in result.machines for a, b in m.running_spans(end_s)) / 3600.0
+    stopped = sum(m.stopped_seconds(end_s) for m in result.machines) / 3600.0
+    storage = sum(m.stopped_seconds(end_s) / 3600.0 * m.storage_price for m in result.machines)
+    running = sum(
+        sum(b - a for a, b in m.running_spans(end_s)) / 3600.0 * m.price for m in result.machines
     )
-    dollars = sum(
-        ((m.ended_s if m.ended_s is not None else result.end_s) - m.created_s) / 3600.0 * m.price
-        for m in result.machines
-    ) + len(result.machines) * result.per_rental_dollars
+    dollars = running + storage + len(result.machines) * result.per_rental_dollars
     bound = sum(j.runtime_s for j in result.jobs) / 3600.0 * price
     undone = undone_seconds(result) / 3600.0
     charged = dollars + undone * price
@@ -128,6 +135,10 @@ def summarize(result: Result, saturation: Saturation | None = None) -> Report:
         undone_hours=undone,
         saturated_share=share,
         saturated=share >= SATURATED_SHARE,
+        resumes=result.resumes,
+        warm_misses=result.warm_misses,
+        stopped_hours=stopped,
+        storage_dollars=storage,
     )
 
 
@@ -165,6 +176,16 @@ def fmt_row(r: Report) -> str:
         f"{r.policy:<16}{r.machine_hours:>8.1f}{r.dollars:>9.2f}{r.ratio:>7.2f}"
         f"{r.wait_p50:>8.0f}{r.wait_p95:>8.0f}{r.wait_p99:>8.0f}{r.wait_max:>8.0f}"
         f"{r.never_served:>9}{r.killed:>7}{r.launches:>8}{r.undone_hours:>9.1f}"
+    )
+
+
+def fmt_warm(r: Report) -> str | None:
+    """What a warm pool did in a run, one line (None when it resumed and stopped nothing)."""
+    if not r.resumes and not r.stopped_hours:
+        return None
+    return (
+        f"  {r.policy}: {r.resumes} resumes ({r.warm_misses} warm misses), "
+        f"{r.stopped_hours:.1f} machine-h stopped for ${r.storage_dollars:.2f} of storage"
     )
 
 

@@ -8,8 +8,15 @@ from datetime import datetime
 from pathlib import Path
 
 from autoscaler.config import load_config_text
+from autoscaler.config.durations import format_duration
 from autoscaler.config.loader import parse_yaml_document, read_config_text
-from autoscaler.config.models import Config, MetricTrigger, MockProvider, ProviderConfig
+from autoscaler.config.models import (
+    Config,
+    MetricTrigger,
+    MockProvider,
+    ProviderConfig,
+    WarmPool,
+)
 from autoscaler.policy.decide import decide
 from autoscaler.policy.plan import Plan
 from autoscaler.policy.snapshot import Snapshot
@@ -49,6 +56,72 @@ BASELINE_NOTES = {
     "keda": "KEDA counting pending + running jobs, 300 s stabilization, graceful pod removal",
     "keda+delay": "the same, with the cluster's 10 min scale-in delay (node bills after its pod)",
 }
+
+
+POOLED = "ours+pool"
+UNPOOLED = "ours-no-pool"
+"""Our policy beside itself: with the queue's warm pool (DEFAULT_POOL when the config has none),
+or without the pool the config has."""
+
+DEFAULT_POOL_SIZE = 8
+DEFAULT_POOL_KEEP_FOR = 4 * 3600.0
+"""The pool `ours+pool` runs with when the config has none: at most 8 stopped machines (never
+above max_workers), each kept 4 h (see ARCHITECTURE.md's simulator section for the sweep behind
+these; `autoscaler tune` finds a queue's own)."""
+
+
+def with_pool(config: Config, queue: str, pool: WarmPool) -> Config:
+    """`config` with `queue`'s warm pool replaced by `pool`."""
+    q = config.queues[queue]
+    assert q.autoscale is not None
+    auto = q.autoscale.model_copy(update={"warm_pool": pool})
+    queues = {**config.queues, queue: q.model_copy(update={"autoscale": auto})}
+    return config.model_copy(update={"queues": queues})
+
+
+def pool_variant(config: Config, queue: str) -> tuple[str, Config, str]:
+    """The run of ours the table shows beside ours: with a warm pool when the config has none,
+    without the config's pool when it has one. (name, its config, what it is)."""
+    auto = config.queues[queue].autoscale
+    assert auto is not None
+    if auto.warm_pool.size > 0:
+        return UNPOOLED, with_pool(config, queue, WarmPool()), "ours without the warm pool"
+    pool = auto.warm_pool.model_copy(
+        update={
+            "size": min(DEFAULT_POOL_SIZE, auto.max_workers),
+            "keep_for": DEFAULT_POOL_KEEP_FOR,
+        }
+    )
+    return POOLED, with_pool(config, queue, pool), f"ours with {pool_words(pool)}"
+
+
+def pooled_config(config: Config, queue: str) -> Config:
+    """`config` with a warm pool for `queue`: its own, else the default one."""
+    auto = config.queues[queue].autoscale
+    assert auto is not None
+    return config if auto.warm_pool.size > 0 else pool_variant(config, queue)[1]
+
+
+def pool_words(pool: WarmPool) -> str:
+    """A pool as the table says it: "a warm pool of 8 kept 4h (resume timeout 2m)"."""
+    return (
+        f"a warm pool of {pool.size} stopped machine(s) kept {format_duration(pool.keep_for)} "
+        f"(resume timeout {format_duration(pool.resume_timeout)})"
+    )
+
+
+def warm_assumptions(config: Config, queue: str) -> str:
+    """The simulated provider's warm-pool numbers, one line (`sim/provider.py` says why)."""
+    auto = config.queues[queue].autoscale
+    assert auto is not None
+    p = ProviderParams.for_queue(config, auto)
+    seen = "at resume_timeout" if p.miss_seen_at_timeout else "when the start answers"
+    return (
+        f"warm pool model: cold boot {p.boot_s:.0f} s, resume {p.resume_s:.0f} s, stop "
+        f"{p.stop_s:.0f} s at full price, {p.resume_failure_rate:.0%} of resumes fail (seen "
+        f"{seen}; a fresh machine is rented), stopped ${p.storage_price_per_hour:.4f}/h"
+        + ("" if p.can_stop else "; this provider cannot stop: every drain destroys")
+    )
 
 
 MAX_SIM_TICKS = 200_000
@@ -115,7 +188,7 @@ def watched(policy: Policy, queue: str, saturation: Saturation) -> Policy:
         qs = snapshot.queue(queue)
         if qs is not None and qs.metrics is not None and qs.metrics.pending > 0:
             saturation.pending_evaluations += 1
-            if sum(1 for m in qs.machines if m.billing) >= saturation.max_workers:
+            if sum(1 for m in qs.machines if m.billing and not m.warm) >= saturation.max_workers:
                 saturation.at_max += 1
         return policy(snapshot, config, now)
 
@@ -176,15 +249,20 @@ def compare(
     world: World | None = None,
     extra: dict[str, Callable[[], Policy]] | None = None,
 ) -> tuple[list[Report], float]:
-    """Reports for every policy (and any `extra` ones) on the same trace, seed and world,
-    and the price used."""
+    """Reports for every policy, ours with and without a warm pool (`pool_variant`), and any
+    `extra` ones on the same trace, seed and world, and the price used. An extra factory
+    marked `pooled` (a warm-pool candidate) runs with the queue's pool (`pooled_config`)."""
     check_span(config, queue, jobs)
     reports = [
         summarize(*run_watched(config, queue, jobs, p, seed, world=world)) for p in POLICIES
     ]
+    variant, variant_config, _ = pool_variant(config, queue)
+    pooled = summarize(*run_watched(variant_config, queue, jobs, variant, seed, world=world))
+    reports.insert(1, pooled)  # beside ours
     for name, factory in (extra or {}).items():
+        cfg = pooled_config(config, queue) if getattr(factory, "pooled", False) else config
         reports.append(
-            summarize(*run_watched(config, queue, jobs, name, seed, world=world, factory=factory))
+            summarize(*run_watched(cfg, queue, jobs, name, seed, world=world, factory=factory))
         )
     auto = config.queues[queue].autoscale
     assert auto is not None
@@ -260,13 +338,17 @@ def table(
     world: World | None = None,
 ) -> list[str]:
     """The cost table: every policy, then the references, then what each baseline is."""
-    from autoscaler.sim.report import HEADER, fmt_bound, fmt_row
+    from autoscaler.sim.report import HEADER, fmt_bound, fmt_row, fmt_warm
 
     lines = [HEADER, *(fmt_row(r) for r in reports)]
     lines += reference_rows(config, queue, jobs, world)
     lines.append(fmt_bound(reports[0], price))
     lines.append(front_line(reports))
     lines += [f"  {name}: {note}" for name, note in BASELINE_NOTES.items()]
+    variant, _, note = pool_variant(config, queue)
+    lines.append(f"  {variant}: {note}")
+    lines += [line for r in reports if (line := fmt_warm(r)) is not None]
+    lines.append(f"  {warm_assumptions(config, queue)}")
     return lines
 
 
@@ -349,12 +431,14 @@ def _account_queues(config: Config, jobs: list[Job]) -> list[tuple[str, list[Job
 
 
 def peak_machines(results: list[Result]) -> int:
-    """The most machines billing at the same moment across `results` (one account)."""
+    """The most machines billing at the same moment across `results` (one account); a warm
+    pool's machine counts only while not stopped."""
     edges = sorted(
         (t, step)
         for r in results
         for m in r.machines
-        for t, step in ((m.created_s, 1), (m.ended_s if m.ended_s is not None else r.end_s, -1))
+        for a, b in m.running_spans(r.end_s)
+        for t, step in ((a, 1), (b, -1))
     )
     peak = live = 0
     for _, step in edges:  # at equal times an end (-1) sorts first: touching is not overlap

@@ -3,10 +3,13 @@
 Sweeps the autoscale settings of one queue — the idle timeout (fixed, or learned from the
 trace's gaps as decide() does by default), the queue_depth target per worker, the latency
 trigger's max_latency, min_workers — replays the trace through decide()
-for each setting (in parallel, one process per core), and prints:
+for each setting (in parallel, one process per core); then the warm pool: every setting on
+that sweep's cost/wait front again with each `warm_pool` size (1, 2, 4, 8, 16, never above
+max_workers) and `keep_for` (1h, 4h, 1d), where the provider can stop machines. Prints:
 
 - the cheapest setting whose p95 job wait holds the target, with no job killed or unserved;
 - the Pareto front of cost against p95 wait (no other setting is both cheaper and faster);
+- the cheapest without a warm pool beside it, so what the pool is worth is seen;
 - the YAML block of the chosen setting, to paste under the queue's `autoscale:`.
 
 Everything else of the queue (provider, max_workers, instance, schedule and metric triggers)
@@ -17,9 +20,9 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import click
 import yaml
@@ -36,9 +39,11 @@ from autoscaler.config.models import (
     QueueDepthTrigger,
     ScaleDownTrigger,
     ScaleUpTrigger,
+    WarmPool,
 )
 from autoscaler.sim.cli import CONFIG_OPTION, TRACE_OPTION
-from autoscaler.sim.engine import World
+from autoscaler.sim.engine import Policy, World
+from autoscaler.sim.provider import ProviderParams
 from autoscaler.sim.report import Report, summarize
 from autoscaler.sim.run import check_span, jobs_for, load_sim_config, pick_queue, run_watched
 from autoscaler.sim.trace import Job, TraceError, load_trace
@@ -48,6 +53,9 @@ TARGETS = (1, 2, 4)
 MAX_LATENCIES: tuple[float | None, ...] = (None, 60.0, 120.0, 300.0)
 MIN_WORKERS = (0, 1)
 LEARN = (True, False)
+POOL_SIZES = (1, 2, 4, 8, 16)
+KEEP_FORS = (3600.0, 4 * 3600.0, 86400.0)
+"""The warm pools swept on the front of the settings without one (`pool_grid`)."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +65,17 @@ class Setting:
     max_latency: float | None
     min_workers: int
     learn: bool = True
+    pool_size: int = 0
+    keep_for: float = 86400.0
+
+    def warm_pool(self, base: Autoscale) -> WarmPool:
+        """`base`'s warm pool with this setting's size and keep_for (size 0: no pool)."""
+        return base.warm_pool.model_copy(
+            update={"size": min(self.pool_size, base.max_workers), "keep_for": self.keep_for}
+        )
 
     def autoscale(self, base: Autoscale) -> Autoscale:
-        """`base` with this setting's triggers; its other triggers are kept as they are."""
+        """`base` with this setting's triggers and warm pool; its other triggers are kept."""
         up: list[ScaleUpTrigger] = [NoWorkersTrigger(trigger="no_workers")]
         up.append(
             QueueDepthTrigger(trigger="queue_depth", target_per_worker=self.target_per_worker)
@@ -80,6 +96,7 @@ class Setting:
                 "scale_up": tuple(up),
                 "scale_down": tuple(down),
                 "min_workers": min(self.min_workers, base.max_workers),
+                "warm_pool": self.warm_pool(base),
             }
         )
 
@@ -102,20 +119,29 @@ class Setting:
             for t in base.scale_down
             if not isinstance(t, IdleTrigger)
         ]
-        block = {
+        block: dict[str, object] = {
             "min_workers": min(self.min_workers, base.max_workers),
             "max_workers": base.max_workers,
             "scale_up": up + kept,
             "scale_down": down,
         }
+        if self.pool_size > 0 or base.warm_pool.size > 0:
+            pool = self.warm_pool(base)
+            shown: dict[str, object] = {"size": pool.size}
+            if pool.size > 0:
+                shown["keep_for"] = _dur(pool.keep_for)
+                if "resume_timeout" in base.warm_pool.model_fields_set:
+                    shown["resume_timeout"] = _dur(pool.resume_timeout)
+            block["warm_pool"] = shown
         return yaml.safe_dump(block, sort_keys=False, default_flow_style=False)
 
     def describe(self) -> str:
         lat = f"latency {_dur(self.max_latency)}" if self.max_latency is not None else "no latency"
         learned = " (learned)" if self.learn else " (fixed)"
+        pool = f", pool {self.pool_size} for {_dur(self.keep_for)}" if self.pool_size else ""
         return (
             f"idle {_dur(self.idle_timeout)}{learned}, target {self.target_per_worker}/worker, "
-            f"{lat}, min {self.min_workers}"
+            f"{lat}, min {self.min_workers}{pool}"
         )
 
 
@@ -137,29 +163,58 @@ def grid() -> list[Setting]:
     ]
 
 
-# one per worker process: the config, queue, jobs and world of the sweep
-_STATE: tuple[Config, str, list[Job], World, int] | None = None
+def pool_options(max_workers: int) -> list[tuple[int, float]]:
+    """(size, keep_for) of the warm pools swept: POOL_SIZES never above max_workers."""
+    sizes = sorted({min(n, max_workers) for n in POOL_SIZES if max_workers > 0})
+    return [(n, keep) for n in sizes for keep in KEEP_FORS]
 
 
-def _init(config: Config, queue: str, jobs: list[Job], world: World, seed: int) -> None:
+def pool_grid(settings: Sequence[Setting], max_workers: int) -> list[Setting]:
+    """Each of `settings` with each warm pool of `pool_options`."""
+    return [
+        replace(s, pool_size=n, keep_for=keep)
+        for s in settings
+        for n, keep in pool_options(max_workers)
+    ]
+
+
+# one per worker process: the config, queue, jobs, world and policy of the sweep
+_STATE: tuple[Config, str, list[Job], World, int, Callable[[], Policy] | None] | None = None
+
+
+def _init(
+    config: Config,
+    queue: str,
+    jobs: list[Job],
+    world: World,
+    seed: int,
+    policy: Callable[[], Policy] | None,
+) -> None:
     global _STATE
-    _STATE = (config, queue, jobs, world, seed)
+    _STATE = (config, queue, jobs, world, seed, policy)
 
 
 def _run(setting: Setting) -> tuple[Setting, Report]:
     assert _STATE is not None
-    config, queue, jobs, world, seed = _STATE
-    return setting, evaluate(config, queue, jobs, setting, world, seed)
+    config, queue, jobs, world, seed, policy = _STATE
+    return setting, evaluate(config, queue, jobs, setting, world, seed, policy)
 
 
 def evaluate(
-    config: Config, queue: str, jobs: list[Job], setting: Setting, world: World, seed: int = 0
+    config: Config,
+    queue: str,
+    jobs: list[Job],
+    setting: Setting,
+    world: World,
+    seed: int = 0,
+    policy: Callable[[], Policy] | None = None,
 ) -> Report:
+    """One setting replayed through decide() (or `policy`, a candidate wrapping it)."""
     q = config.queues[queue]
     assert q.autoscale is not None
     tuned = q.model_copy(update={"autoscale": setting.autoscale(q.autoscale)})
     cfg = config.model_copy(update={"queues": {**config.queues, queue: tuned}})
-    return summarize(*run_watched(cfg, queue, jobs, "ours", seed, world=world))
+    return summarize(*run_watched(cfg, queue, jobs, "ours", seed, world=world, factory=policy))
 
 
 def sweep(
@@ -170,14 +225,20 @@ def sweep(
     world: World | None = None,
     seed: int = 0,
     workers: int | None = None,
+    policy: Callable[[], Policy] | None = None,
 ) -> list[tuple[Setting, Report]]:
-    """Every setting's report, in the order of `settings`."""
+    """Every setting's report, in the order of `settings` (`policy`: a picklable factory of a
+    candidate to replay instead of decide())."""
     world = world or World()
+    if not settings:
+        return []
     workers = workers or max(1, min(len(settings), os.cpu_count() or 1))
     if workers == 1:
-        return [(s, evaluate(config, queue, jobs, s, world, seed)) for s in settings]
+        return [(s, evaluate(config, queue, jobs, s, world, seed, policy)) for s in settings]
     with ProcessPoolExecutor(
-        max_workers=workers, initializer=_init, initargs=(config, queue, jobs, world, seed)
+        max_workers=workers,
+        initializer=_init,
+        initargs=(config, queue, jobs, world, seed, policy),
     ) as pool:
         return list(pool.map(_run, settings, chunksize=max(1, len(settings) // (4 * workers))))
 
@@ -201,12 +262,34 @@ def cheapest(results: list[tuple[Setting, Report]], p95: float) -> tuple[Setting
     return min(held, key=lambda x: (x[1].dollars, x[1].wait_p95)) if held else None
 
 
-ROW = f"{'setting':<56}{'$':>8}{'ratio':>7}{'p50 s':>7}{'p95 s':>7}{'p99 s':>7}{'rentals':>8}"
+def tune_all(
+    config: Config,
+    queue: str,
+    jobs: list[Job],
+    world: World | None = None,
+    seed: int = 0,
+    workers: int | None = None,
+    policy: Callable[[], Policy] | None = None,
+    settings: Sequence[Setting] | None = None,
+) -> tuple[list[tuple[Setting, Report]], int]:
+    """The whole sweep: `settings` (default `grid()`) without a warm pool, then every setting on
+    their cost/wait front with each warm pool (`pool_grid`), where the queue's provider can
+    stop machines. Every result, and how many were swept with a pool."""
+    auto = config.queues[queue].autoscale
+    assert auto is not None
+    plain = sweep(config, queue, jobs, list(settings or grid()), world, seed, workers, policy)
+    if not ProviderParams.for_queue(config, auto).can_stop:
+        return plain, 0
+    pooled = pool_grid([s for s, _ in pareto(plain)], auto.max_workers)
+    return plain + sweep(config, queue, jobs, pooled, world, seed, workers, policy), len(pooled)
+
+
+ROW = f"{'setting':<72}{'$':>8}{'ratio':>7}{'p50 s':>7}{'p95 s':>7}{'p99 s':>7}{'rentals':>8}"
 
 
 def fmt(label: str, r: Report) -> str:
     return (
-        f"{label:<56}{r.dollars:>8.2f}{r.ratio:>7.2f}{r.wait_p50:>7.0f}{r.wait_p95:>7.0f}"
+        f"{label:<72}{r.dollars:>8.2f}{r.ratio:>7.2f}{r.wait_p50:>7.0f}{r.wait_p95:>7.0f}"
         f"{r.wait_p99:>7.0f}{r.launches:>8}"
     )
 
@@ -260,12 +343,17 @@ def tune(
     world = World.realistic() if realistic else World()
     auto = config.queues[name].autoscale
     assert auto is not None
-    settings = grid()
     current = summarize(*run_watched(config, name, jobs, "ours", seed, world=world))
-    results = sweep(config, name, jobs, settings, world, seed, workers)
+    results, pooled = tune_all(config, name, jobs, world, seed, workers)
     click.echo(
-        f"queue {name}: {len(jobs)} jobs, {len(settings)} settings swept "
-        f"(max_workers {auto.max_workers} kept), p95 wait target {_dur(target)}"
+        f"queue {name}: {len(jobs)} jobs, {len(results) - pooled} settings swept without a warm "
+        f"pool, then the {pooled // max(1, len(pool_options(auto.max_workers)))} on their front "
+        f"with {len(pool_options(auto.max_workers))} warm pools each (max_workers "
+        f"{auto.max_workers} kept), p95 wait target {_dur(target)}"
+        if pooled
+        else f"queue {name}: {len(jobs)} jobs, {len(results)} settings swept (max_workers "
+        f"{auto.max_workers} kept; its provider cannot stop machines: no warm pool), p95 wait "
+        f"target {_dur(target)}"
     )
     click.echo(ROW)
     click.echo(fmt("your config as it is", current))
@@ -284,6 +372,15 @@ def tune(
     else:
         click.echo(fmt("cheapest holding the target:", best[1]))
         click.echo(f"  {best[0].describe()}")
+        if pooled:
+            plain = cheapest([x for x in results if x[0].pool_size == 0], target)
+            if plain is None:
+                click.echo("without a warm pool no setting holds the target")
+            elif plain[0] != best[0]:
+                click.echo(fmt("without a warm pool:", plain[1]))
+                click.echo(f"  {plain[0].describe()}")
+            else:
+                click.echo("a warm pool does not pay on this trace: the cheapest has none")
         if current.wait_p95 <= target and current.dollars <= best[1].dollars and ok(current):
             click.echo("your config already holds the target at no more cost")
     click.echo("")

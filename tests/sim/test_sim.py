@@ -179,7 +179,9 @@ def test_cli_table_and_json(tmp_path):
     out = runner.invoke(simulate, ["--trace", str(trace), "--config", str(CONFIG), "--json",
                                    "--seed", "3"])
     data = json.loads(out.output)
-    assert [p["policy"] for p in data["policies"]] == ["ours", "runqy", "keda", "keda+delay"]
+    assert [p["policy"] for p in data["policies"]] == [
+        "ours", "ours+pool", "runqy", "keda", "keda+delay"
+    ]
     assert data["lower_bound_dollars"] == pytest.approx(40 * 120 / 3600 * 0.6)
 
 
