@@ -231,7 +231,8 @@ BOOT_HISTORY = 5
 
 def boot_estimates(session: Session, queues: list[str], now: datetime) -> dict[str, float]:
     """Seconds from decision (the intent row) to ready of each queue's recent machines (one
-    query over the last 30 days' boots)."""
+    query over the last 30 days' cold boots: a machine resumed from a warm pool was ready long
+    after its intent, which would read as a boot of hours and stop the burst rule renting)."""
     if not queues:
         return {}
     got: dict[str, list[float]] = {}
@@ -241,6 +242,7 @@ def boot_estimates(session: Session, queues: list[str], now: datetime) -> dict[s
             Instance.queue.in_(queues),
             Instance.ready_at.is_not(None),
             Instance.ready_at >= now - timedelta(days=30),
+            Instance.resumes == 0,
         )
         .order_by(Instance.ready_at.desc())
         .limit(BOOT_HISTORY * len(queues) * 4)
@@ -416,6 +418,7 @@ def start_resumes(session: Session, reasons: Mapping[str, str], now: datetime) -
         resumes=Instance.resumes + 1,
         keep_warm=False,
         last_heartbeat_at=None,
+        last_task_at=None,  # idle since it is ready again, not since before its stop
         running_tasks=0,
         silence_noted_at=None,
     )
