@@ -62,6 +62,10 @@ STOP_TIMEOUT = 600.0
 """Seconds a stop may take to show at the provider; a machine not stopped by then is destroyed
 (a pool's place is not worth a machine billing at full price unseen)."""
 
+DEAD_STOP_GRACE = 60.0
+"""Seconds a machine being stopped may be listed dead (its agent exited once drained) before
+it is destroyed rather than stopped: the stop step runs again meanwhile."""
+
 SILENCE_CONFIRM = 0.5
 """Silence destroys a machine only when two reconcile rounds find it, the second at least this
 share of a poll interval after the first (two reconcilers racing are one round): one reading
@@ -491,8 +495,12 @@ def _stopping(row: Row, f: _Facts, config: Config) -> Transition | Retry | None:
         return _move(row, S.LOST, "gone at the provider while stopping")
     if status == MachineStatus.STOPPED:
         return _move(row, S.STOPPED, "stopped at the provider, its disk kept for the warm pool")
+    if status == MachineStatus.DEAD and f.age >= max(2 * _step_retry(config), DEAD_STOP_GRACE):
+        return _move(row, S.TERMINATING, "dead at the provider and not stopped by a stop")
     if status == MachineStatus.DEAD:
-        return _move(row, S.TERMINATING, "dead at the provider while stopping")
+        # its worker drained and its agent exited, so the machine's processes ended by
+        # themselves: the stop step still stops it at the provider (and keeps its disk)
+        return Retry(row.launch_id, row.queue, "stop", "its processes ended: stop it")
     if f.age >= STOP_TIMEOUT:
         return _move(
             row, S.TERMINATING, f"not stopped at the provider after {f.age:.0f}s: destroyed instead"

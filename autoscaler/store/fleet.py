@@ -18,7 +18,7 @@ from sqlalchemy import case, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from autoscaler.config.models import Backoff
-from autoscaler.lifecycle import LIVE_STATES, InstanceState, can_move
+from autoscaler.lifecycle import BOOTING_STATES, LIVE_STATES, InstanceState, can_move
 from autoscaler.policy.backoff import after_failure
 from autoscaler.policy.reconcile import Row
 from autoscaler.policy.snapshot import BackoffState, Machine, ManualTarget
@@ -204,13 +204,9 @@ def get(session: Session, launch_id: str) -> Instance | None:
     return session.scalar(select(Instance).where(Instance.launch_id == launch_id))
 
 
-ON_THE_WAY = (
-    InstanceState.PENDING,
-    InstanceState.CREATING,
-    InstanceState.BOOTING,
-    InstanceState.READY,
-)
-"""States of a machine that serves its queue or will (a draining one is leaving it)."""
+ON_THE_WAY = (*BOOTING_STATES, InstanceState.READY)
+"""States of a machine that serves its queue or will (a draining one is leaving it; a stopped
+one of a warm pool serves nothing: the fast path resumes it as it would rent)."""
 
 
 def queues_served(session: Session) -> set[str]:

@@ -176,6 +176,15 @@ def test_a_stop_is_confirmed_by_the_provider_retried_and_given_up():
     assert moves["a"].dst == S.TERMINATING
 
 
+def test_a_machine_whose_processes_ended_after_its_drain_is_still_stopped_not_destroyed():
+    # the agent exits once its worker drained: the provider may list the machine dead before
+    # the stop step ran; the stop is sent again, and only a machine dead for long is destroyed
+    moves, retries = rec([row("a", S.STOPPING, 1)], listed("a", MachineStatus.DEAD))
+    assert not moves and retries["a"].step == "stop"
+    moves, _ = rec([row("a", S.STOPPING, 61)], listed("a", MachineStatus.DEAD))
+    assert moves["a"].dst == S.TERMINATING
+
+
 def test_stopped_machines_past_keep_for_unfit_or_above_size_are_destroyed():
     rows = [
         row("expired", S.STOPPED, 3601, spec_key=KEY),
