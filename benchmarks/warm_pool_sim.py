@@ -1,7 +1,6 @@
 """Warm pools in the simulator: every trace without a pool and with the tuned pool.
 
     python benchmarks/warm_pool_sim.py [--seed N] [--default-world] [--traces spiky,sparse]
-                                       [--candidate resume-no-hedge]
 
 Issue 21's measure: with a cold boot of 3 min and a resume of 40 s (`autoscaler/sim/provider.py`
 says where these and the other assumptions come from), in the realistic world, the tuned pool
@@ -13,9 +12,7 @@ Per trace (the shipped days and the generated unseen ones), the benchmark's queu
 each pool `autoscaler tune` sweeps (`tune.pool_options`: size × keep_for); the pool is tuned per
 route: the one with the lowest p95 at no more than +5 % cost (route "wait"), the cheapest at a p95
 no worse than without (route "cost"). Prints both, whether either route holds, and what the
-pools did (resumes, warm misses, machine-hours stopped, storage). With --candidate, the same
-for a candidate rule of `autoscaler/sim/candidates.py` (a decide() change prototyped as a
-wrapper) beside decide() as it is.
+pools did (resumes, warm misses, machine-hours stopped, storage).
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ import time
 from collections.abc import Callable
 
 from autoscaler.config.models import Config, WarmPool
-from autoscaler.sim.candidates import CANDIDATES
-from autoscaler.sim.engine import Policy, World
+from autoscaler.sim.engine import World
 from autoscaler.sim.report import Report, summarize
 from autoscaler.sim.run import (
     load_sim_config,
@@ -51,7 +47,6 @@ def run(
     pool: tuple[int, float] | None,
     seed: int,
     world: World,
-    factory: Callable[[], Policy] | None,
 ) -> Report:
     cfg = config
     if pool is not None:
@@ -61,7 +56,7 @@ def run(
             update={"size": pool[0], "keep_for": pool[1]}))
     else:
         cfg = with_pool(config, queue, WarmPool())
-    return summarize(*run_watched(cfg, queue, jobs, "ours", seed, world=world, factory=factory))
+    return summarize(*run_watched(cfg, queue, jobs, "ours", seed, world=world))
 
 
 def row(label: str, r: Report, base: Report | None = None) -> str:
@@ -112,8 +107,6 @@ def main() -> None:
     parser.add_argument("--default-world", action="store_true",
                         help="the exact world instead of the realistic one")
     parser.add_argument("--traces", default=None, help="comma-separated names (default: all)")
-    parser.add_argument("--candidate", default=None, choices=sorted(CANDIDATES),
-                        help="also a candidate rule wrapping decide()")
     args = parser.parse_args()
     world = World() if args.default_world else World.realistic()
     config = load_sim_config(args.config)
@@ -127,9 +120,6 @@ def main() -> None:
     if args.traces:
         wanted = set(args.traces.split(","))
         traces = {k: v for k, v in traces.items() if k.split(" ")[0] in wanted}
-    policies: dict[str, Callable[[], Policy] | None] = {"decide()": None}
-    if args.candidate:
-        policies[args.candidate] = CANDIDATES[args.candidate]
     options = pool_options(auto.max_workers)
     print(f"config {args.config}: queue {queue}, max {auto.max_workers}, seed {args.seed}, "
           f"{'default' if args.default_world else 'realistic'} world")
@@ -140,19 +130,18 @@ def main() -> None:
         started = time.perf_counter()
         print(f"\n{name}: {len(jobs)} jobs")
         print(HEADER)
-        for label, factory in policies.items():
-            base = run(config, queue, jobs, None, args.seed, world, factory)
-            pooled = {o: run(config, queue, jobs, o, args.seed, world, factory) for o in options}
-            by_wait, by_cost = tuned(base, pooled)
-            print(row(f"{label} no pool", base))
-            for route, pick in (("p95", by_wait), ("cost", by_cost)):
-                if pick is None:
-                    print(f"  {label} tuned for {route}: no pool qualifies")
-                    continue
-                (n, keep), r = pick
-                print(row(f"{label} pool {n}/{_dur(keep)} ({route})", r, base))
-            print(f"  {label}: acceptance "
-                  + verdict(base, by_wait[1] if by_wait else None, by_cost[1] if by_cost else None))
+        base = run(config, queue, jobs, None, args.seed, world)
+        pooled = {o: run(config, queue, jobs, o, args.seed, world) for o in options}
+        by_wait, by_cost = tuned(base, pooled)
+        print(row("no pool", base))
+        for route, pick in (("p95", by_wait), ("cost", by_cost)):
+            if pick is None:
+                print(f"  tuned for {route}: no pool qualifies")
+                continue
+            (n, keep), r = pick
+            print(row(f"pool {n}/{_dur(keep)} ({route})", r, base))
+        print("  acceptance "
+              + verdict(base, by_wait[1] if by_wait else None, by_cost[1] if by_cost else None))
         print(f"  ({time.perf_counter() - started:.1f}s)")
 
 

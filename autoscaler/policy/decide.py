@@ -432,7 +432,7 @@ def _hedge_reason(auto: Autoscale, qs: QueueSnapshot, config: Config, now: datet
     if any(x.state == InstanceState.RESUMING for x in booting):
         # a resume is judged by its own resume_timeout (a warm miss rents at once); measured
         # from its first rental it would look hours late and rent a second machine each time
-        # (spiky day, pool of 8: 108 of 326 resumes; simulator, benchmarks/warm_pool_sim.py)
+        # (spiky day, a pool of 16 kept 4h: 106 of 323 resumes; benchmarks/warm_pool_sim.py)
         return None
     late = late_boot_s(auto, qs, config)
     if late >= (auto.boot_timeout or config.boot_timeout):

@@ -4,7 +4,8 @@ simulator before any of them goes into the decision core (autoscaler/policy/).
 Each wrapper keeps its own small history (what it saw in earlier snapshots), calls decide()
 with a config it adjusts or adds drains to decide()'s plan; none launches on its own, and none
 ever drains a busy machine. `python benchmarks/cost.py --candidates` prints them beside ours.
-(The learned idle timeout, prototyped here first, now lives in `policy/history.py`.)
+(The learned idle timeout, prototyped here first, now lives in `policy/history.py`; no
+hedged launch while a machine resumes, in `policy/decide.py`'s `_hedge_reason`.)
 
 - hedge: when jobs wait, no machine serves and every booting machine is late (booting longer
   than `late_factor` × the median boot seen so far, 180 s × that before any), rent one more
@@ -15,13 +16,6 @@ ever drains a busy machine. `python benchmarks/cost.py --candidates` prints them
 - fleet-scale-in: idle machines above the highest load-based desired count of the last
   `window_s` (desired = ceil((pending + running) / target)) are drained at once, most idle
   first, never a busy one and never below the floor; one machine is kept for the idle timeout.
-- resume-no-hedge (warm pools): decide() as it is, but no hedged launch while a machine of the
-  queue is resuming. decide() counts a resuming machine as booting since its *first* rental
-  (`Machine.created_at`), so every resume still under way at the next evaluation with jobs
-  waiting and nothing serving looks hours late and rents a fresh machine beside it; a resume
-  has its own, shorter deadline (`warm_pool.resume_timeout`, after which reconcile destroys it
-  and the next evaluation rents fresh). The fix this prototypes, for `policy/decide.py`'s
-  `_hedge_reason`: return None when any booting machine is RESUMING.
 """
 
 from __future__ import annotations
@@ -31,7 +25,6 @@ from dataclasses import replace
 from datetime import datetime
 
 from autoscaler.config.models import Config, QueueDepthTrigger
-from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.decide import decide
 from autoscaler.policy.plan import Drain, Launch, Plan
 from autoscaler.policy.snapshot import Snapshot
@@ -147,43 +140,8 @@ class StatelessFleet(FleetScaleIn):
         super().__init__(stateless=True)
 
 
-class ResumeNoHedge:
-    """decide(), without a hedged launch while a machine of the queue resumes (see above)."""
-
-    name = "resume-no-hedge"
-    pooled = True
-    """`benchmarks/cost.py --candidates` runs it with the queue's warm pool."""
-
-    def __init__(self, inner: object | None = None) -> None:
-        self.inner = inner
-
-    def __call__(self, snapshot: Snapshot, config: Config, now: datetime) -> Plan:
-        inner = self.inner if callable(self.inner) else decide
-        plan: Plan = inner(snapshot, config, now)
-        out = []
-        for qp in plan.queues:
-            qs = snapshot.queue(qp.queue)
-            resuming = qs is not None and any(
-                m.state == InstanceState.RESUMING for m in qs.machines
-            )
-            hedges = [a for a in qp.launches if a.trigger == "hedge"]
-            # a hedge decide() carries out as a resume (its reason is the hedge's)
-            hedged = [r for r in qp.resumes if r.reason.startswith("hedge:")]
-            if resuming and (hedges or hedged):
-                qp = replace(
-                    qp,
-                    launches=tuple(a for a in qp.launches if a.trigger != "hedge"),
-                    resumes=tuple(r for r in qp.resumes if r not in hedged),
-                    desired=qp.desired - len(hedges) - len(hedged),
-                    notes=(*qp.notes, "no hedge: a machine is resuming (resume_timeout judges it)"),
-                )
-            out.append(qp)
-        return replace(plan, queues=tuple(out))
-
-
 CANDIDATES = {
     "fleet-scale-in": FleetScaleIn,
     "fleet-stateless": StatelessFleet,
     "hedge": Hedge,
-    "resume-no-hedge": ResumeNoHedge,
 }

@@ -23,8 +23,9 @@ miss (destroyed, no backoff: the next evaluation rents fresh) at the provider's 
 rate; stopped machines past `keep_for`, above `size` or unfit are destroyed each poll by
 `policy.warm.retirements`, the function production's reconcile uses. The numbers and where they
 come from: `sim/provider.py`. A resumed machine appears to decide() as production's row shows
-it: rented at its first rental, its last task before the stop kept; only cold boots feed the
-queue's boot estimate (a resume is not a boot).
+it (`store.fleet.start_resumes`): rented at its first rental, its last task forgotten at the
+resume (idle since it is ready again); only cold boots feed the queue's boot estimate (a resume
+is not a boot), as `store.fleet.boot_estimates` counts them.
 """
 
 from __future__ import annotations
@@ -455,6 +456,7 @@ class Simulation:
         m.stopped[-1] = (since, self.now)
         m.state = InstanceState.RESUMING
         m.keep_warm = False
+        m.last_task_s = None  # idle since it is ready again, as `fleet.start_resumes` says
         m.resumes += 1
         m.epoch += 1
         self.result.resumes += 1

@@ -95,13 +95,6 @@ def pool_variant(config: Config, queue: str) -> tuple[str, Config, str]:
     return POOLED, with_pool(config, queue, pool), f"ours with {pool_words(pool)}"
 
 
-def pooled_config(config: Config, queue: str) -> Config:
-    """`config` with a warm pool for `queue`: its own, else the default one."""
-    auto = config.queues[queue].autoscale
-    assert auto is not None
-    return config if auto.warm_pool.size > 0 else pool_variant(config, queue)[1]
-
-
 def pool_words(pool: WarmPool) -> str:
     """A pool as the table says it: "a warm pool of 8 kept 4h (resume timeout 2m)"."""
     return (
@@ -250,8 +243,7 @@ def compare(
     extra: dict[str, Callable[[], Policy]] | None = None,
 ) -> tuple[list[Report], float]:
     """Reports for every policy, ours with and without a warm pool (`pool_variant`), and any
-    `extra` ones on the same trace, seed and world, and the price used. An extra factory
-    marked `pooled` (a warm-pool candidate) runs with the queue's pool (`pooled_config`)."""
+    `extra` ones on the same trace, seed and world, and the price used."""
     check_span(config, queue, jobs)
     reports = [
         summarize(*run_watched(config, queue, jobs, p, seed, world=world)) for p in POLICIES
@@ -260,9 +252,8 @@ def compare(
     pooled = summarize(*run_watched(variant_config, queue, jobs, variant, seed, world=world))
     reports.insert(1, pooled)  # beside ours
     for name, factory in (extra or {}).items():
-        cfg = pooled_config(config, queue) if getattr(factory, "pooled", False) else config
         reports.append(
-            summarize(*run_watched(cfg, queue, jobs, name, seed, world=world, factory=factory))
+            summarize(*run_watched(config, queue, jobs, name, seed, world=world, factory=factory))
         )
     auto = config.queues[queue].autoscale
     assert auto is not None

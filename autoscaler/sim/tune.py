@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -42,7 +42,7 @@ from autoscaler.config.models import (
     WarmPool,
 )
 from autoscaler.sim.cli import CONFIG_OPTION, TRACE_OPTION
-from autoscaler.sim.engine import Policy, World
+from autoscaler.sim.engine import World
 from autoscaler.sim.provider import ProviderParams
 from autoscaler.sim.report import Report, summarize
 from autoscaler.sim.run import check_span, jobs_for, load_sim_config, pick_queue, run_watched
@@ -178,43 +178,30 @@ def pool_grid(settings: Sequence[Setting], max_workers: int) -> list[Setting]:
     ]
 
 
-# one per worker process: the config, queue, jobs, world and policy of the sweep
-_STATE: tuple[Config, str, list[Job], World, int, Callable[[], Policy] | None] | None = None
+# one per worker process: the config, queue, jobs, world and seed of the sweep
+_STATE: tuple[Config, str, list[Job], World, int] | None = None
 
 
-def _init(
-    config: Config,
-    queue: str,
-    jobs: list[Job],
-    world: World,
-    seed: int,
-    policy: Callable[[], Policy] | None,
-) -> None:
+def _init(config: Config, queue: str, jobs: list[Job], world: World, seed: int) -> None:
     global _STATE
-    _STATE = (config, queue, jobs, world, seed, policy)
+    _STATE = (config, queue, jobs, world, seed)
 
 
 def _run(setting: Setting) -> tuple[Setting, Report]:
     assert _STATE is not None
-    config, queue, jobs, world, seed, policy = _STATE
-    return setting, evaluate(config, queue, jobs, setting, world, seed, policy)
+    config, queue, jobs, world, seed = _STATE
+    return setting, evaluate(config, queue, jobs, setting, world, seed)
 
 
 def evaluate(
-    config: Config,
-    queue: str,
-    jobs: list[Job],
-    setting: Setting,
-    world: World,
-    seed: int = 0,
-    policy: Callable[[], Policy] | None = None,
+    config: Config, queue: str, jobs: list[Job], setting: Setting, world: World, seed: int = 0
 ) -> Report:
-    """One setting replayed through decide() (or `policy`, a candidate wrapping it)."""
+    """One setting replayed through decide()."""
     q = config.queues[queue]
     assert q.autoscale is not None
     tuned = q.model_copy(update={"autoscale": setting.autoscale(q.autoscale)})
     cfg = config.model_copy(update={"queues": {**config.queues, queue: tuned}})
-    return summarize(*run_watched(cfg, queue, jobs, "ours", seed, world=world, factory=policy))
+    return summarize(*run_watched(cfg, queue, jobs, "ours", seed, world=world))
 
 
 def sweep(
@@ -225,20 +212,16 @@ def sweep(
     world: World | None = None,
     seed: int = 0,
     workers: int | None = None,
-    policy: Callable[[], Policy] | None = None,
 ) -> list[tuple[Setting, Report]]:
-    """Every setting's report, in the order of `settings` (`policy`: a picklable factory of a
-    candidate to replay instead of decide())."""
+    """Every setting's report, in the order of `settings`."""
     world = world or World()
     if not settings:
         return []
     workers = workers or max(1, min(len(settings), os.cpu_count() or 1))
     if workers == 1:
-        return [(s, evaluate(config, queue, jobs, s, world, seed, policy)) for s in settings]
+        return [(s, evaluate(config, queue, jobs, s, world, seed)) for s in settings]
     with ProcessPoolExecutor(
-        max_workers=workers,
-        initializer=_init,
-        initargs=(config, queue, jobs, world, seed, policy),
+        max_workers=workers, initializer=_init, initargs=(config, queue, jobs, world, seed)
     ) as pool:
         return list(pool.map(_run, settings, chunksize=max(1, len(settings) // (4 * workers))))
 
@@ -269,7 +252,6 @@ def tune_all(
     world: World | None = None,
     seed: int = 0,
     workers: int | None = None,
-    policy: Callable[[], Policy] | None = None,
     settings: Sequence[Setting] | None = None,
 ) -> tuple[list[tuple[Setting, Report]], int]:
     """The whole sweep: `settings` (default `grid()`) without a warm pool, then every setting on
@@ -277,11 +259,11 @@ def tune_all(
     stop machines. Every result, and how many were swept with a pool."""
     auto = config.queues[queue].autoscale
     assert auto is not None
-    plain = sweep(config, queue, jobs, list(settings or grid()), world, seed, workers, policy)
+    plain = sweep(config, queue, jobs, list(settings or grid()), world, seed, workers)
     if not ProviderParams.for_queue(config, auto).can_stop:
         return plain, 0
     pooled = pool_grid([s for s, _ in pareto(plain)], auto.max_workers)
-    return plain + sweep(config, queue, jobs, pooled, world, seed, workers, policy), len(pooled)
+    return plain + sweep(config, queue, jobs, pooled, world, seed, workers), len(pooled)
 
 
 ROW = f"{'setting':<72}{'$':>8}{'ratio':>7}{'p50 s':>7}{'p95 s':>7}{'p99 s':>7}{'rentals':>8}"
