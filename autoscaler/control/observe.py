@@ -112,7 +112,7 @@ def record_sightings(
     # nothing of its row
     rows = fleet.heard_through_broker(session, ours)
     for launch_id, _, state, queue, provider in rows:
-        if state == InstanceState.BOOTING:  # ready at the first sight of its worker
+        if state in (InstanceState.BOOTING, InstanceState.RESUMING):  # ready at first sight
             why = f"its worker is up ({ours[launch_id][0][:200]} answered remote control)"
             fleet.mark_ready(session, launch_id, queue, provider, now, why)
     for launch_id, before, *_ in rows:

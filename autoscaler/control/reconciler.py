@@ -15,7 +15,7 @@ from typing import Any
 from autoscaler.access.credentials import CredentialError
 from autoscaler.control import rate_limits
 from autoscaler.control.observe import observe_celery_workers
-from autoscaler.control.resume import warm_miss
+from autoscaler.control.resume import avoid_host, warm_miss
 from autoscaler.control.runtime import Loaded, Runtime, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile
@@ -43,7 +43,9 @@ def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) ->
         closed = fleet.rows_of(session, listed_ids - {r.launch_id for r in live})
         rows = tuple(fleet.as_row(r) for r in [*live, *closed])
         plan = reconcile(rows, views, orphan_sightings.seen(session), loaded.config, now)
-        cancelled, missed = _apply(rt, session, loaded, plan, now)
+        cancelled, missed, avoid = _apply(session, loaded, plan, now)
+    for provider, host, reason in avoid:
+        avoid_host(rt, provider, host, reason)
     for r in plan.retries:
         enqueue(r.step, r.launch_id)
     for t in plan.transitions:
@@ -114,22 +116,25 @@ def list_providers(rt: Runtime, loaded: Loaded) -> dict[str, ProviderView]:
 
 
 def _apply(
-    rt: Runtime, session: Session, loaded: Loaded, plan: ReconcilePlan, now: datetime
-) -> tuple[list[str], set[str]]:
+    session: Session, loaded: Loaded, plan: ReconcilePlan, now: datetime
+) -> tuple[list[str], set[str], list[tuple[str, str, str]]]:
     """Carry the plan's moves out; returns the launches to destroy beyond the plan's own (a
-    create adopted by label that an operator had cancelled meanwhile), and the queues whose
-    warm pool missed (evaluated at once)."""
+    create adopted by label that an operator had cancelled meanwhile), the queues whose warm
+    pool missed (evaluated at once), and the (provider, host, reason) to avoid once this
+    transaction is committed."""
     events = []
     cancelled: list[str] = []
     missed: set[str] = set()
+    avoid: list[tuple[str, str, str]] = []
     for t in plan.transitions:
         if t.dst == S.READY:  # the one way a machine becomes ready, wherever it is seen
             fleet.mark_ready(session, t.launch_id, t.queue, t.provider, now, t.reason)
             continue
         if t.warm == "miss" and t.dst == S.TERMINATING:
-            host = t.host_id if t.avoid_host else None
-            if warm_miss(rt, session, t.launch_id, t.queue, t.provider, host, t.reason):
+            if warm_miss(session, t.launch_id, t.queue, t.host_id, t.reason):
                 missed.add(t.queue)
+                if t.avoid_host and t.host_id:
+                    avoid.append((t.provider, t.host_id, t.reason))
             continue
         fields: dict[str, Any] = {}
         if t.provider_instance_id is not None:
@@ -159,10 +164,7 @@ def _apply(
                 session, t.queue, t.provider, now, loaded.config.backoff, t.reason
             )
             if t.avoid_host and t.host_id:
-                try:
-                    rt.provider(t.provider).avoid_host(t.host_id, t.reason)
-                except Exception:  # avoiding a host is best effort
-                    log.warning("could not mark host %s avoided", t.host_id, exc_info=True)
+                avoid.append((t.provider, t.host_id, t.reason))
         elif t.rental == "ok":
             fleet.clear_backoff(session, t.queue, t.provider)
     if plan.silences:
@@ -187,7 +189,7 @@ def _apply(
             )
     orphan_sightings.replace(session, plan.orphans)
     fleet.record_events(session, events, now)
-    return cancelled, missed
+    return cancelled, missed, avoid
 
 
 def _destroy_orphans(rt: Runtime, plan: ReconcilePlan, now: datetime) -> int:

@@ -45,7 +45,9 @@ def run_resume(rt: Runtime, launch_id: str, enqueue: Enqueue | None = None) -> s
         provider.start(pid)
     except ResumeRefusedError as exc:
         with rt.transaction() as session:
-            missed = warm_miss(rt, session, launch_id, queue, provider_name, host, str(exc))
+            missed = warm_miss(session, launch_id, queue, host, str(exc))
+        if missed:
+            avoid_host(rt, provider_name, host, f"warm miss: {exc}")
         if missed and enqueue is not None:
             enqueue("terminate", launch_id)
             enqueue("evaluate", queue)
@@ -60,16 +62,10 @@ def run_resume(rt: Runtime, launch_id: str, enqueue: Enqueue | None = None) -> s
 
 
 def warm_miss(
-    rt: Runtime,
-    session: Session,
-    launch_id: str,
-    queue: str,
-    provider: str,
-    host: str | None,
-    why: str,
+    session: Session, launch_id: str, queue: str, host: str | None, why: str
 ) -> bool:
-    """resuming -> terminating for a resume that failed: its event, its host avoided (misses
-    per host feed the avoided hosts), no backoff. True if this call made the move."""
+    """resuming -> terminating for a resume that failed, with its event; no backoff. True if
+    this call made the move (the caller then avoids its host, after the commit)."""
     now = utc_now()
     reason = f"warm miss: {why[:500]}"
     if not fleet.move(session, launch_id, S.RESUMING, S.TERMINATING, now, reason):
@@ -77,9 +73,16 @@ def warm_miss(
     fleet.record_events(
         session, [fleet.warm_event("miss", reason, queue, launch_id, host=host)], now
     )
-    if host:
-        try:
-            rt.provider(provider).avoid_host(host, reason)
-        except Exception:  # avoiding a host is best effort
-            log.warning("could not mark host %s avoided", host, exc_info=True)
     return True
+
+
+def avoid_host(rt: Runtime, provider: str, host: str | None, reason: str) -> None:
+    """Misses and failed boots per host feed the provider's avoided hosts (best effort). Called
+    after the transaction that recorded the failure: the avoided hosts are written on a
+    connection of their own, which an open write would hold up (SQLite's one writer)."""
+    if not host:
+        return
+    try:
+        rt.provider(provider).avoid_host(host, reason)
+    except Exception:  # avoiding a host is best effort
+        log.warning("could not mark host %s avoided", host, exc_info=True)

@@ -495,7 +495,12 @@ def note_silence(session: Session, launch_ids: Collection[str], now: datetime) -
         )
 
 
-SEEN_STATES = (InstanceState.BOOTING, InstanceState.READY, InstanceState.DRAINING)
+SEEN_STATES = (
+    InstanceState.BOOTING,
+    InstanceState.RESUMING,
+    InstanceState.READY,
+    InstanceState.DRAINING,
+)
 """States in which a machine's worker may answer remote control."""
 
 

@@ -61,7 +61,7 @@ STARTUP = (
 )
 
 IMAGE_ENV = {"PATH", "HOME", "HOSTNAME", "TERM", "container", "PYTHONUNBUFFERED",
-             "PIP_DISABLE_PIP_VERSION_CHECK"}
+             "PIP_DISABLE_PIP_VERSION_CHECK", "AUTOSCALER_AGENT_WORKDIR"}
 """What the image and the engine put in a container's environment, besides the launch's."""
 
 

@@ -524,11 +524,16 @@ def test_a_volume_disk_keeps_the_agents_work_folder_and_prices_the_stopped_pod(
     assert bare.get(other).storage_price_per_hour == 0.0  # type: ignore[union-attr]
 
 
-def test_a_volume_below_runpods_floor_is_refused_as_a_bad_request(
+def test_a_volume_below_runpods_floor_is_refused_by_the_config_and_by_runpod(
     fake_runpod: FakeRunPod,
 ) -> None:
-    """The spec's persistent mount is 10 GB at least: a smaller one is a config to fix."""
-    rp = make_runpod(fake_runpod, gpu_types=PREFS, volume_gb=5)
+    """The spec's persistent mount is 10 GB at least: the config refuses a smaller one with its
+    fix, and a create that carried one anyway (a config stored before the check) is RunPod's
+    400, nothing rented."""
+    with pytest.raises(ValueError, match="smallest volume is 10 GB; set volume_gb to 0"):
+        make_runpod(fake_runpod, gpu_types=PREFS, volume_gb=5)
+    rp = make_runpod(fake_runpod, gpu_types=PREFS, volume_gb=10)
+    rp.config = rp.config.model_copy(update={"volume_gb": 5})  # past the check
     with pytest.raises(ProviderRequestError, match="HTTP 400"):
         rp.create(rp.find_offers(spec())[0], launch())
     assert fake_runpod.expect_violations() and fake_runpod.pods == {}
