@@ -3,7 +3,8 @@
 The loop's own steps in this process — tick (`loop.evaluate` with a reading), launch, drain,
 stop, resume, reconcile, terminate — on real HTTP to the fakes, which serve the stop/start
 endpoints as the specs say. A machine's worker is "up" when its heartbeat would say so
-(`fleet.mark_ready`, the one function every sign of life goes through).
+(`fleet.mark_ready`, the one function every sign of life goes through); the queue is a plain
+Redis list (the tick is handed its reading), so no remote control is asked.
 
 - burst → idle → drained → stopped at the provider (RunPod `EXITED`, Vast `stopped`), its
   storage price recorded; a second burst resumes the same machine (no create), a warm hit;
@@ -59,7 +60,7 @@ providers:
   gpu: {provider}
 queues:
   {Q}:
-    metrics: {{source: celery, url: "redis://127.0.0.1:6379/10", queue: "never-read"}}
+    metrics: {{source: redis-list, url: "redis://127.0.0.1:6379/10", queue: "never-read"}}
     autoscale:
       provider: gpu
       max_workers: 2
