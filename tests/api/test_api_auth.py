@@ -159,6 +159,27 @@ def test_auth_a_token_dies_with_its_machine(world):
     assert r.status_code == 200
 
 
+def test_auth_a_stopped_machines_token_opens_nothing_until_its_resume(world):
+    """A warm pool's machine holds no live credential while stopped (or being stopped): every
+    worker route refuses its token; from the resume on it works again."""
+    from autoscaler.lifecycle import InstanceState as S
+
+    routes = [
+        ("POST", "/v1/worker/m1/register", {"worker_name": "w"}),
+        ("GET", "/v1/worker/m1/deployment", None),
+        ("POST", "/v1/worker/m1/heartbeat", {"state": "idle"}),
+        ("POST", "/v1/worker/m1/drained", None),
+    ]
+    for state in (S.STOPPING, S.STOPPED):
+        world.set_state("m1", state)
+        for method, path, body in routes:
+            r = call(world, method, path, body, world.tokens["m1"])
+            assert r.status_code == 401, (state, path, r.text)
+    world.set_state("m1", S.RESUMING)
+    r = call(world, "POST", "/v1/worker/m1/heartbeat", {"state": "idle"}, world.tokens["m1"])
+    assert r.status_code == 200 and r.json()["state"] == "ready", r.text  # a warm hit
+
+
 def test_auth_a_revoked_admin_key_stops_at_once(world):
     from datetime import UTC, datetime
 
