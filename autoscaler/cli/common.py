@@ -62,7 +62,7 @@ def store(settings: Settings) -> Engine:
     not_set_up = f"the state store {shown} is not set up: run `autoscaler db upgrade` first"
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is no number
         raise StoreUnavailable(
             f"AUTOSCALER_DATABASE_URL ({shown}) is not a database URL; use e.g. "
             "postgresql://user:password@host/autoscaler, or unset it for the embedded SQLite file"

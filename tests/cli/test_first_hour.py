@@ -182,3 +182,15 @@ def test_validate_says_the_files_provider_overrides_the_registered_one(store):
         in result.output
     )
     assert "registered providers could not be read" not in result.output
+
+
+@pytest.mark.parametrize("url", ["redis://h:abc/0", "postgresql://u@h:port/db"])
+def test_a_database_url_whose_port_is_no_number_is_refused_not_a_crash(tmp_path, url):
+    """Found by the CLI fuzz: SQLAlchemy's URL parser raises ValueError on such a port."""
+    result = CliRunner().invoke(
+        main,
+        ["providers", "list"],
+        env={"AUTOSCALER_HOME": str(tmp_path), "AUTOSCALER_DATABASE_URL": url},
+    )
+    assert result.exit_code == 2, result.output
+    assert "is not a database URL" in result.output and "internal error" not in result.output
