@@ -33,6 +33,7 @@ LIFECYCLE_TASKS = (
     "autoscaler.terminate",
     "autoscaler.stop",
     "autoscaler.resume",
+    "autoscaler.handback",
     "autoscaler.reconcile",
 )
 

@@ -3,7 +3,7 @@
 # PostgreSQL, Redis and RabbitMQ on loopback, where installed and not running), build the images
 # (scripts/images.sh: podman, installed where missing; what is up to date is kept), then lint,
 # types, and the whole suite, the images' end-to-end runs included (tests/images). Arguments go
-# to pytest (e.g. `bash scripts/test.sh tests/policy -x`).
+# to pytest and run it alone (e.g. `bash scripts/test.sh tests/policy -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -14,4 +14,11 @@ bash scripts/images.sh --build-only  # the worker and control-plane images (test
 ruff check .
 mypy autoscaler celeryconfig.py
 lint-imports  # the layer contracts of pyproject.toml (ARCHITECTURE.md, "Layers")
-pytest -q "$@"
+if [ "$#" -gt 0 ]; then
+  exec pytest -q "$@"
+fi
+# The whole suite: three pytest workers on the two cores (most tests wait on servers, not on
+# the CPU), a module per worker, the container engine's tests on one (tests/conftest.py). The API
+# fuzz runs alone afterwards: schemathesis's per-operation tests collapse into one under xdist.
+pytest -q -n 3 --dist loadgroup --ignore=tests/api/test_api_fuzz.py
+pytest -q tests/api/test_api_fuzz.py

@@ -23,6 +23,24 @@ PG_URL_TEMPLATE = os.environ.get(
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
 AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
+# Tests that drive the one container engine of this machine (podman's storage and its images)
+# run on one xdist worker, one after another; every other module is its own group.
+SHARED_ENGINE = (
+    "tests/images/",
+    "tests/containers/",
+    "tests/providers/test_container.py",
+    "tests/providers/test_contract.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group tests for `pytest -n N --dist loadgroup` (scripts/test.sh): a module's tests share its
+    fixtures and run on one worker, and the container engine's tests never run side by side."""
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        group = "container-engine" if path.startswith(SHARED_ENGINE) else path
+        item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:

@@ -16,7 +16,8 @@ user; the user of the machine labelled L, serving queue Q, may:
   `task.*` (other queues' task arguments).
 
 Made through the management API at launch, deleted at destroy and on a failed launch, swept by
-reconcile like the Redis users.
+reconcile like the Redis users. `close_connections` closes a gone machine's connections (found by
+its user), so the broker requeues its unacknowledged jobs at once.
 
 What RabbitMQ cannot narrow (said in the README's threat model): `configure` on an exchange
 covers deleting it as well as declaring it, and a Celery worker declares the shared
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import quote, urlsplit
 
 import requests
@@ -45,6 +47,16 @@ TIMEOUT = 5.0
 
 class RabbitUnreachable(Exception):
     """The management API could not be asked (down, refusing us)."""
+
+
+class ManagementAPI(Protocol):
+    """Where the management API is and the credentials it takes (a `RabbitPlan` is one)."""
+
+    @property
+    def management(self) -> str: ...
+
+    @property
+    def auth(self) -> tuple[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -134,11 +146,17 @@ def shared_exchanges_intact(plan: RabbitPlan) -> list[str]:
 
 
 def _call(
-    plan: RabbitPlan, method: str, path: str, json: object = None, allow_missing: bool = False
+    plan: ManagementAPI,
+    method: str,
+    path: str,
+    json: object = None,
+    allow_missing: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> requests.Response:
     try:
         resp = requests.request(
-            method, f"{plan.management}/api/{path}", auth=plan.auth, json=json, timeout=TIMEOUT
+            method, f"{plan.management}/api/{path}", auth=plan.auth, json=json, timeout=TIMEOUT,
+            headers=headers,
         )
     except requests.RequestException as exc:
         raise RabbitUnreachable(f"its management API ({type(exc).__name__})") from None
@@ -164,3 +182,47 @@ def list_users(plan: RabbitPlan) -> list[str]:
     if not isinstance(data, list):
         return []
     return [str(u.get("name")) for u in data if isinstance(u, dict)]
+
+
+def close_connections(management: ManagementAPI, user: str, reason: str) -> int:
+    """Close every AMQP connection of `user` (any vhost) through the management API, so the
+    broker requeues its unacknowledged messages at once; returns how many it listed for the
+    user and told to close (0: nothing was open). Other users' connections are untouched.
+
+    `/api/connections/username/{user}` (RabbitMQ >= 3.8) lists from the broker's connection
+    tracking, which sees a connection as soon as it opens, and its DELETE closes them all with
+    the `X-Reason` the client is given. (Closing by name, `DELETE /api/connections/{name}`,
+    only finds a connection once its first statistics arrived, about a second after it
+    opened: a machine that reconnected just before would be missed; it is the fallback for
+    brokers without the per-user endpoint.) The tracking may list a connection for a moment
+    after it closed. Delete the user first when it must not reconnect: a connection opened
+    after the call stays open."""
+    # the reason travels in a header: printable ASCII, one line
+    why = "".join(ch if " " <= ch <= "~" else "?" for ch in reason)[:200] or "closed"
+    path = f"connections/username/{quote(user, safe='')}"
+    listed = _call(management, "GET", path, allow_missing=True)
+    if listed.status_code != 404:
+        names = _connection_names(listed.json(), user)
+        if not names:
+            return 0
+        closed = _call(management, "DELETE", path, headers={"X-Reason": why})
+        if closed.status_code != 404:
+            return len(names)
+    # a broker without the per-user endpoint: list every connection, close the user's by name
+    every = _call(management, "GET", "connections?columns=name,user").json()
+    names = _connection_names(every, user)
+    count = 0
+    for name in names:
+        resp = _call(
+            management, "DELETE", f"connections/{quote(name, safe='')}", headers={"X-Reason": why}
+        )
+        if resp.status_code < 300:
+            count += 1
+    return count
+
+
+def _connection_names(data: object, user: str) -> list[str]:
+    return sorted({
+        str(c["name"]) for c in (data if isinstance(data, list) else [])
+        if isinstance(c, dict) and c.get("user") == user and c.get("name")
+    })

@@ -91,6 +91,9 @@ class Deployed:
     site_packages: Path | None
     why: str = ""  # why it was not warm ("" when it was)
     seconds: dict[str, float] = field(default_factory=dict)
+    at: dict[str, float] = field(default_factory=dict)
+    """Wall-clock times (epoch seconds) its phases ended: `code_fetched` (the checkout at its
+    ref) and `requirements_installed` (installed, skipped or none to install)."""
 
     @property
     def warm(self) -> bool:
@@ -478,6 +481,7 @@ def _prepare(dep: Mapping[str, Any], workdir: Path) -> Deployed:
     git = Git({**os.environ, "GIT_TERMINAL_PROMPT": "0", **git_auth_env(dep.get("git_token"))})
     repo = workdir / REPO
     seconds: dict[str, float] = {}
+    at: dict[str, float] = {}
 
     started = time.monotonic()
     state = read_state(workdir)
@@ -497,6 +501,7 @@ def _prepare(dep: Mapping[str, Any], workdir: Path) -> Deployed:
         log.info("deploy: fresh clone (%s)", why)
         commit = _clone(git, url, ref, workdir)
     seconds["git"] = time.monotonic() - started
+    at["code_fetched"] = time.time()
 
     started = time.monotonic()
     key = install_key(repo, commit)
@@ -515,6 +520,7 @@ def _prepare(dep: Mapping[str, Any], workdir: Path) -> Deployed:
         _forget_state(workdir)
         _swap_in(workdir)
     seconds["install"] = time.monotonic() - started
+    at["requirements_installed"] = time.time()
     record = {"version": STATE_VERSION, "url": url, "commit": commit, "install": key}
     _write_atomic(workdir / STATE, json.dumps(record, indent=1) + "\n")
     return Deployed(
@@ -525,4 +531,5 @@ def _prepare(dep: Mapping[str, Any], workdir: Path) -> Deployed:
         site_packages=site if key is not None else None,
         why=why,
         seconds=seconds,
+        at=at,
     )

@@ -13,6 +13,10 @@ as capacity and is never drained or destroyed by the control plane.
     heartbeat every few seconds (running tasks and last task time from the status file the
     Celery hook or any worker writes, or that a worker POSTs to `$AUTOSCALER_STATUS_URL`; GPU
     utilisation from nvidia-smi where there is one).
+    Its boot's phases (started, registered, code fetched, requirements installed, worker up,
+    first job: `policy.boots.BOOT_PHASES`) are reported as they happen, wall clock UTC, to
+    `POST /v1/worker/<launch>/phases` (best effort: a report that fails goes again with the
+    next; one the API refuses is dropped, never a reason to stop).
     A heartbeat answered "drain": SIGTERM to the worker (Celery's warm shutdown: it takes no
     new job and finishes the running one) -> wait for it to exit -> report drained -> exit 0.
     The worker exiting on its own: reported as crashed (with its exit code), agent exits 1.
@@ -38,6 +42,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,7 @@ from autoscaler.agent.deploy import Deployed, DeployError, prepare, usable_workd
 from autoscaler.agent.deploy import git_auth_env as git_auth_env  # where tests look for it
 from autoscaler.agent.guard import SECRET_ENV, worker_user
 from autoscaler.digits import ascii_whole
+from autoscaler.policy.boots import BOOT_PHASES
 
 log = logging.getLogger("autoscaler.agent")
 
@@ -179,6 +185,28 @@ def status_files(path: str) -> Iterator[StatusFile]:
             continue
         if isinstance(data, dict):
             yield StatusFile(p, data, _writer_alive(p, path))
+
+
+def read_held(path: str) -> tuple[list[str], bool | None]:
+    """The task ids the worker holds (received, not finished; of every status file, less those
+    any file lists finished: a prefork child finishes what the main process received) and
+    whether it runs with acks_late, when it said."""
+    held: dict[str, None] = {}
+    finished: set[str] = set()
+    acks_late: bool | None = None
+    for f in status_files(path):
+        tasks = f.doc.get("tasks")
+        for t in tasks if isinstance(tasks, list) else ():
+            if isinstance(t, str) and 0 < len(t) <= 255:
+                held[t] = None
+        jobs = f.doc.get("jobs")
+        for j in jobs if isinstance(jobs, list) else ():
+            if isinstance(j, dict) and isinstance(j.get("id"), str):
+                finished.add(j["id"])
+        late = f.doc.get("acks_late")
+        if isinstance(late, bool):
+            acks_late = late if acks_late is None else acks_late and late
+    return [t for t in held if t not in finished][:1000], acks_late
 
 
 def read_status(path: str) -> tuple[int, float | None]:
@@ -313,6 +341,15 @@ class StatusServer:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+BUSY_POLL = 0.5
+"""Seconds between two looks at the worker's status while the agent waits for its next
+heartbeat: a worker that turns busy after an idle heartbeat is reported at once, not up to a
+heartbeat interval (10 s) later. The control plane drains a machine it believes idle: a job
+taken just after an idle heartbeat looked idle until the next one, and an idle timeout shorter
+than the interval drained the machine with the job in hand (the worker image's e2e, under
+load). Only the idle-to-busy turn is sent early: at most one extra heartbeat per idle spell."""
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
@@ -323,6 +360,35 @@ class Agent:
         self.draining = False
         self._status_server: StatusServer | None = None
         self.marks: dict[str, Mark] = {}
+        self.reported_busy = False  # the last heartbeat said the worker runs or holds a job
+        self.phases: dict[str, float] = {}  # phase -> wall-clock epoch seconds
+        self.phases_sent: set[str] = set()
+
+    def phase(self, name: str, at: float | None = None) -> None:
+        """Note a boot phase (`BOOT_PHASES`) as it happens (wall clock); once."""
+        if name not in BOOT_PHASES:
+            raise ValueError(f"not a boot phase: {name}")
+        self.phases.setdefault(name, time.time() if at is None else at)
+
+    def report_phases(self) -> None:
+        """Send the phases not sent yet (a rented machine's only: the route is its worker
+        token's). Best effort: unreachable or a 5xx keeps them for the next report; a refusal
+        (4xx) drops them; the boot goes on either way."""
+        todo = {k: v for k, v in self.phases.items() if k not in self.phases_sent}
+        if self.cfg.launch_id is None or not todo:
+            return
+        body = {k: datetime.fromtimestamp(v, UTC).isoformat() for k, v in todo.items()}
+        try:
+            self.api.call("POST", "phases", json=body)
+        except ApiAnswered as exc:
+            if exc.status >= 500:
+                log.warning("boot phases not kept yet: %s", exc)
+                return
+            log.warning("the API refused the boot phases %s: %s", sorted(todo), exc)
+        except AgentError as exc:
+            log.warning("boot phases not sent yet: %s", exc)
+            return
+        self.phases_sent |= set(todo)
 
     def status_url(self) -> str:
         """A loopback HTTP endpoint for workers that would rather POST their status
@@ -411,10 +477,18 @@ class Agent:
 
     def beat(self, state: str, detail: str | None = None) -> dict[str, Any]:
         running, last = read_status(self.status_file)
+        if running > 0:  # this heartbeat is the first to report a running task, or a later one
+            self.phase("first_job")
         if state == "auto":
             state = "busy" if running else "idle"
         jobs = job_reports(read_jobs(self.status_file), self.marks)
         body: dict[str, Any] = {"state": state, "running_tasks": running}
+        held, acks_late = read_held(self.status_file)
+        self.reported_busy = running > 0 or bool(held)
+        if self.cfg.launch_id is not None:
+            body["tasks"] = held
+            if acks_late is not None:
+                body["acks_late"] = acks_late
         if self.cfg.launch_id is None:
             body = {
                 "name": self.cfg.name,
@@ -465,6 +539,7 @@ class Agent:
     def run(self) -> int:
         cfg = self.cfg
         t0 = time.monotonic()
+        self.phase("started")
         cfg.workdir = usable_workdir(cfg.workdir)
         self.status_file = str(cfg.workdir / "status.json")
         log.info("work folder %s", cfg.workdir)
@@ -474,6 +549,8 @@ class Agent:
                 "POST", "register", json={"worker_name": f"agent@{cfg.launch_id}"}
             )
             seconds["register"] = time.monotonic() - t0
+            self.phase("registered")
+            self.report_phases()
             dep = self.api.call_retrying("GET", "deployment")
             interval = cfg.heartbeat_interval or float(reg.get("heartbeat_interval") or 10.0)
         else:
@@ -483,6 +560,9 @@ class Agent:
             interval = cfg.heartbeat_interval or 10.0
         seconds["deployment"] = time.monotonic() - t0 - seconds["register"]
         done = prepare_deploy(dep, cfg.workdir)
+        for name in ("code_fetched", "requirements_installed"):
+            self.phase(name, done.at.get(name))
+        self.report_phases()
         done.seconds = seconds | done.seconds
         # one line the e2e and the benchmark read: warm or not, and each phase's seconds
         log.info("deploy report %s", json.dumps(done.report(), sort_keys=True))
@@ -490,10 +570,12 @@ class Agent:
         if cfg.launch_id is not None and not self.may_start(done.summary()):
             return 0
         self.start_worker(dep, done.repo, done.site_packages)
+        self.phase("worker_up")
         log.info("worker started %.2f s after the agent", time.monotonic() - t0)
+        self.report_phases()
         assert self.proc is not None
         while True:
-            if self.stopping.wait(interval):
+            if self.wait_beat(interval):
                 log.info("stopping: the machine is going away")
                 self.stop_worker()
                 return 0
@@ -509,8 +591,25 @@ class Agent:
             except AgentError as exc:
                 log.warning("heartbeat not sent: %s", exc)
                 continue
+            self.report_phases()
             if answer.get("drain") and cfg.launch_id is not None:
                 return self.drain(interval)
+
+    def wait_beat(self, interval: float) -> bool:
+        """Wait for the next heartbeat: `interval` seconds, or less when the worker turns busy
+        after an idle heartbeat (`BUSY_POLL`). True when the machine is stopping."""
+        deadline = time.monotonic() + interval
+        while (left := deadline - time.monotonic()) > 0:
+            if self.stopping.wait(min(BUSY_POLL, left)):
+                return True
+            if not self.reported_busy and self.busy_now():
+                return False
+        return False
+
+    def busy_now(self) -> bool:
+        """The worker runs a job or holds one (prefetched), as its status files say now."""
+        running, _ = read_status(self.status_file)
+        return running > 0 or bool(read_held(self.status_file)[0])
 
     def may_start(self, detail: str | None = None) -> bool:
         """The heartbeat that says the worker starts now, sent *before* it starts: the control
@@ -550,6 +649,7 @@ class Agent:
         log.info("worker stopped (code %s); reporting drained", code)
         with contextlib.suppress(AgentError):
             self.beat("draining")  # the jobs it finished since the last heartbeat
+        self.report_phases()
         self.api.call_retrying("POST", "drained")
         return 0
 

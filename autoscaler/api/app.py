@@ -17,12 +17,14 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from autoscaler.api import errors
+from autoscaler.api.admission import Admission
 from autoscaler.api.deps import LazyRuntime
 from autoscaler.api.limits import DEFAULT_MAX_BODY, BodyLimit
 from autoscaler.api.routers import admin, dashboard, hand_made, public, worker
 from autoscaler.control.runtime import Runtime
 from autoscaler.dashboard import STATIC
 from autoscaler.settings import Settings
+from autoscaler.store.db import pool_capacity
 
 
 def create_app(rt: Runtime | None = None) -> FastAPI:
@@ -35,9 +37,12 @@ def create_app(rt: Runtime | None = None) -> FastAPI:
         "key), /metrics and /healthz.",
     )
     settings = rt.settings if rt is not None else Settings.from_env()
+    lazy = LazyRuntime(rt)
+    # inside the body limit: a refused body never waits for a turn
+    app.add_middleware(Admission, capacity=lambda: pool_capacity(lazy().engine))
     app.add_middleware(BodyLimit, limit=settings.api_max_body or DEFAULT_MAX_BODY)
     errors.install(app)
-    app.state.runtime = LazyRuntime(rt)
+    app.state.runtime = lazy
     for module in (public, worker, hand_made, admin, dashboard):
         app.include_router(module.router)
     app.mount("/dashboard/static", StaticFiles(directory=STATIC), name="dashboard-static")

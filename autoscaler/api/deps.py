@@ -7,6 +7,7 @@ OpenAPI schema, a test's client) opens no connection.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
@@ -31,10 +32,15 @@ class LazyRuntime:
     def __init__(self, rt: Runtime | None, make: Callable[[], Runtime] = Runtime) -> None:
         self._rt = rt
         self._make = make
+        self._lock = threading.Lock()
 
     def __call__(self) -> Runtime:
         if self._rt is None:
-            self._rt = self._make()
+            # once, however many first requests ask at the same time (each its own thread):
+            # one runtime, one connection pool per process
+            with self._lock:
+                if self._rt is None:
+                    self._rt = self._make()
         return self._rt
 
 

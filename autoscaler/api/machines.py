@@ -17,6 +17,10 @@ WorkerState = Literal["starting", "idle", "busy", "draining", "crashed"]
 EPOCH_S = Annotated[float, Field(ge=0, le=2**33, allow_inf_nan=False)]
 
 
+TaskId = Annotated[str, Field(min_length=1, max_length=200)]
+"""A Celery task id as a worker reports it (any text the producer chose, bounded)."""
+
+
 class JobReport(Strict):
     """A job the worker finished (the agent's hook): its task id, the queue it came from (the
     message's routing key, any text), the producer's publish stamp if any, and when it started
@@ -24,7 +28,7 @@ class JobReport(Strict):
     times out of order are clamped when recorded, never a reason to refuse the heartbeat that
     carries them — the heartbeat is what keeps a busy machine alive."""
 
-    id: Annotated[str, Field(min_length=1, max_length=200)]
+    id: TaskId
     queue: Annotated[str, Field(max_length=200)] | None = None
     published_at: EPOCH_S | None = None
     started_at: EPOCH_S

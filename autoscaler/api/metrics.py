@@ -5,18 +5,25 @@ Per queue: pending jobs and the oldest one's age (the last good reading), machin
 desired machines (the latest evaluation), launches and launch failures (from the audit trail),
 the spend rate (Σ price of every machine that may still bill; a stopped one at its storage
 price), and its warm pool: the size the config allows, stopped machines, what they bill, warm
-hits and misses (from the audit trail). Nothing secret: queue names, states and numbers only.
+hits and misses (from the audit trail); machines preempted per host, jobs of lost machines
+handed back and jobs lost with them. Per (provider, GPU): median and p90 boot seconds of the
+last 7 days' cold boots and how many (launch decision to ready, the control plane's own times).
+Nothing secret: queue names, states and numbers only.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from autoscaler.lifecycle import InstanceState
 from autoscaler.store import fleet, metric_readings, views
-from autoscaler.store.db import Session
+from autoscaler.store.db import Session, store_now
+
+EVER = datetime(1970, 1, 1, tzinfo=UTC)
+"""Counters count over every event kept."""
 
 
 def render(session: Session, rt: Any = None) -> str:
@@ -90,6 +97,37 @@ def render(session: Session, rt: Any = None) -> str:
         ["queue"],
         registry=reg,
     )
+    boot = Gauge(
+        "autoscaler_boot_seconds",
+        "Launch decision to ready of the last 7 days' cold boots (control plane's clock): "
+        "median (quantile 0.5) and p90 (0.9)",
+        ["provider", "gpu", "quantile"],
+        registry=reg,
+    )
+    boots = Gauge(
+        "autoscaler_boot_samples",
+        "Cold boots of the last 7 days behind autoscaler_boot_seconds",
+        ["provider", "gpu"],
+        registry=reg,
+    )
+    preempted = Gauge(
+        "autoscaler_preemptions_total",
+        "Interruptible machines stopped by their provider (outbid), per host (audit trail)",
+        ["queue", "provider", "host"],
+        registry=reg,
+    )
+    lost_jobs = Gauge(
+        "autoscaler_lost_jobs_total",
+        "Jobs gone with a lost machine: acknowledged when they started (early acks)",
+        ["queue"],
+        registry=reg,
+    )
+    handed_back = Gauge(
+        "autoscaler_handed_back_jobs_total",
+        "Jobs of lost machines handed back to the broker (audit trail)",
+        ["queue"],
+        registry=reg,
+    )
     for queue, reading in metric_readings.every(session):
         data = reading if isinstance(reading, dict) else {}
         pending.labels(queue).set(float(data.get("pending") or 0))
@@ -128,4 +166,13 @@ def render(session: Session, rt: Any = None) -> str:
     for (queue, action), n in views.warm_counts(session).items():
         if action in ("hit", "miss"):
             (hits if action == "hit" else misses).labels(queue).set(n)
+    for (queue, provider, host), n in views.preempting_hosts(session, EVER).items():
+        preempted.labels(queue, provider, host).set(n)
+    for queue, (_, lost, back) in views.lost_work(session, EVER).items():
+        lost_jobs.labels(queue).set(lost)
+        handed_back.labels(queue).set(back)
+    for b in views.boot_times(session, store_now(session)):
+        boot.labels(b.provider, b.gpu, "0.5").set(b.median_seconds)
+        boot.labels(b.provider, b.gpu, "0.9").set(b.p90_seconds)
+        boots.labels(b.provider, b.gpu).set(b.samples)
     return generate_latest(reg).decode()

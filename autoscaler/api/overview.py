@@ -31,11 +31,14 @@ def queue_rows(session: Session, rt: Runtime, at: datetime) -> list[dict[str, An
             if auto is None
             else {
                 "enabled": auto.enabled,
-                "provider": auto.provider,
+                "provider": ", ".join(auto.providers),
+                "providers": list(auto.providers),
+                "placement": auto.placement,
                 "min_workers": auto.min_workers,
                 "max_workers": auto.max_workers,
                 "priority": auto.priority,
-                "gpu": auto.instance.gpu,
+                "gpu": " or ".join(auto.instance.gpus),
+                "gpus": list(auto.instance.gpus),
                 "max_price_per_hour": auto.instance.max_price_per_hour,
             }
         )

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from autoscaler.cli.tables import age, clock, money, table
 from autoscaler.settings import Settings, redact_url
-from autoscaler.store import config_versions, views
+from autoscaler.store import boot_phases, config_versions, views
 
 
 def embedded_broker_note(settings: Settings) -> str | None:
@@ -35,6 +35,19 @@ def _backoff_text(q: views.QueueView, now: datetime) -> str:
     return "; ".join(
         f"{b.provider} ×{b.failures} for {age((b.until - now).total_seconds())}" for b in q.backoffs
     )
+
+
+def _provider_text(p: views.ProviderStateView, now: datetime) -> str:
+    """One provider of a queue that lists several: `gpu-runpod serving (2 machines)`,
+    `gpu-vast key refused until 14:05 (401 …)`."""
+    text = f"{p.provider} {p.state}"
+    if p.machines:
+        text += f" ({p.machines} machine{'s' if p.machines != 1 else ''})"
+    if p.until is not None:
+        text += f" until {clock(p.until, now)}"
+    if p.detail:
+        text += f": {p.detail[:120]}"
+    return text
 
 
 def _manual_text(q: views.QueueView, now: datetime) -> str:
@@ -80,6 +93,7 @@ def status_document(
     queues = views.queues(session, now, machines=machines, only=queue)
     spent = views.spend(session, now)
     note = embedded_broker_note(settings)
+    boots = views.boot_times(session, now, queue=queue)
     return {
         "generated_at": now.isoformat(),
         "config_version": config_versions.current_version(session),
@@ -88,6 +102,7 @@ def status_document(
         "queues": [q.as_json() for q in queues],
         "instances": [m.as_json() for m in machines],
         "spend": spent.as_json(),
+        "boots": [b.as_json() for b in boots],
     }
 
 
@@ -167,10 +182,24 @@ def render_status(
                 lines.append(f"read {age((now - q.reading_at).total_seconds())} ago{extra}{stale}")
             else:
                 lines.append("no reading yet")
-            for b in q.backoffs:
+            if q.providers:
+                lines.append("providers: " + "; ".join(_provider_text(p, now) for p in q.providers))
+            for b in q.backoffs if not q.providers else ():
                 lines.append(
                     f"backoff: {b.provider} after {b.failures} failure(s), no launch until "
                     f"{clock(b.until, now)}" + (f": {b.last_error}" if b.last_error else "")
+                )
+            if q.preemptions_today or q.lost_jobs_today or q.handed_back_today:
+                lines.append(
+                    f"lost machines today: {q.preemptions_today} preempted; "
+                    f"{q.handed_back_today} job(s) handed back to the broker, "
+                    f"{q.lost_jobs_today} lost (early acks)"
+                    + (
+                        "; preempting hosts: "
+                        + ", ".join(f"{h} ×{n}" for h, n in sorted(q.preempting_hosts.items()))
+                        if q.preempting_hosts
+                        else ""
+                    )
                 )
             warm_line = _warm_line(q)
             if warm_line:
@@ -184,6 +213,9 @@ def render_status(
             details.append(f"{q.queue}:\n" + "\n".join(f"  {line}" for line in lines))
         out += ["", *details]
     out += ["", render_instances(machines, now, empty="no machine that may bill")]
+    boots = render_boot_times(views.boot_times(session, now, queue=queue), queue)
+    if boots:
+        out += ["", boots]
     stopped = any(m.state == "stopped" for m in machines)
     unknown = (
         f" ({spent.unknown_price} machine(s) of unknown price not counted)"
@@ -251,6 +283,76 @@ def render_instances(
     headers = ["INSTANCE", "QUEUE", "PROVIDER", "GPU", "STATE", "WORK", "AGE", "$/H", "COST"]
     headers += ["STORAGE/H", "STOPPED", "DESTROY"] if warm else []
     return table(headers, rows, right=(6, 7, 8, 9) if warm else (6, 7, 8))
+
+
+def render_boot_times(boots: Sequence[views.BootTimeView], queue: str | None = None) -> str:
+    """Median and p90 boot (launch decision → ready, cold boots of the last 7 days) per
+    (provider, GPU), with how many boots; "" when there is none."""
+    if not boots:
+        return ""
+    rows = [
+        [b.provider, b.gpu or "—", age(b.median_seconds), age(b.p90_seconds), b.samples]
+        for b in boots
+    ]
+    whose = f" of {queue}'s machines" if queue is not None else ""
+    head = f"boot times{whose} (launch → ready, cold boots of the last 7 days):"
+    return head + "\n" + table(["PROVIDER", "GPU", "MEDIAN", "P90", "BOOTS"], rows, right=(2, 3, 4))
+
+
+PHASE_WORDS = {
+    "started": "agent started",
+    "registered": "registered",
+    "code_fetched": "code fetched",
+    "requirements_installed": "requirements installed",
+    "worker_up": "worker up",
+    "first_job": "first job",
+}
+
+
+def _boot_name(boot: boot_phases.BootView) -> str:
+    return f"resume {boot.boot}" if boot.resume else "cold"
+
+
+def render_machine_boots(m: boot_phases.MachineBoots, now: datetime) -> str:
+    """One machine (`autoscaler instances LAUNCH_ID`): where it runs, when it was launched and
+    ready, and the phases its agent reported for each boot (the machine's own clock, clamped),
+    each with the time since its boot began and since the phase before."""
+    where = f"{m.provider}, {m.gpu or 'GPU unknown'}, host {m.host_id or '?'}"
+    lines = [f"machine {m.launch_id} (queue {m.queue}; {where}): {m.state}"]
+    timing = f"launched {clock(m.created_at, now)}"
+    latest = m.boots[-1] if m.boots else None
+    if m.resumes:
+        timing += f"; resumed ×{m.resumes} from the warm pool"
+        if latest is not None and latest.boot == m.resumes and latest.started_at is not None:
+            timing += f", the latest at {clock(latest.started_at, now)}"
+    if m.ready_at is not None:
+        timing += f"; ready {clock(m.ready_at, now)}"
+    cold = m.boots[0] if m.boots and m.boots[0].boot == 0 else None
+    if cold is not None and cold.ready_seconds is not None:
+        timing += f" — boot {age(cold.ready_seconds)} (launch → ready, the control plane's clock)"
+    lines.append(timing)
+    rows = []
+    for b in m.boots:
+        previous = b.started_at
+        for p in b.phases:
+            since = age((p.at - b.started_at).total_seconds()) if b.started_at else "—"
+            step = age((p.at - previous).total_seconds()) if previous is not None else "—"
+            rows.append(
+                [_boot_name(b), PHASE_WORDS.get(p.phase, p.phase), clock(p.at, now), since, step]
+            )
+            previous = p.at
+    lines.append("")
+    if rows:
+        lines.append(
+            table(["BOOT", "PHASE", "AT (UTC)", "SINCE START", "STEP"], rows, right=(3, 4))
+        )
+        lines.append(
+            "(phase times are the machine's own word, for where the time went; boot statistics "
+            "use the control plane's)"
+        )
+    else:
+        lines.append("no boot phase reported (its agent reports them as it boots)")
+    return "\n".join(lines)
 
 
 def render_events(events: Sequence[views.EventView], now: datetime) -> str:

@@ -14,10 +14,16 @@ from sqlalchemy.orm import Session
 
 from autoscaler.cli import common
 from autoscaler.cli.common import open_store, when
-from autoscaler.cli.render import render_events, render_instances, render_status, status_document
+from autoscaler.cli.render import (
+    render_events,
+    render_instances,
+    render_machine_boots,
+    render_status,
+    status_document,
+)
 from autoscaler.cli.watch import dump, run_view, watch_options
 from autoscaler.lifecycle import InstanceState
-from autoscaler.store import views
+from autoscaler.store import boot_phases, views
 
 
 @click.command()
@@ -30,7 +36,8 @@ def status(
     (stopped of size, today's warm hits and misses, storage $/h), what the last evaluation
     wants and why, backoffs, manual target; per machine: queue, provider, GPU, state, busy/idle,
     age, $/h and cost so far at its real price (stopped ones: storage $/h, since, destroy
-    time); spend now and today (a stopped machine at its storage price)."""
+    time); spend now and today (a stopped machine at its storage price); median and p90 boot
+    per (provider, GPU) over the last 7 days' cold boots, with how many."""
     settings, sessions = open_store()
 
     def produce(session: Session, now: datetime) -> str:
@@ -47,6 +54,7 @@ STATES = [s.value for s in InstanceState]
 
 
 @click.command()
+@click.argument("launch_id", required=False)
 @click.option("--queue", help="Only this queue's machines.")
 @click.option(
     "--state", "states", multiple=True, type=click.Choice(STATES), help="Only these states."
@@ -55,6 +63,7 @@ STATES = [s.value for s in InstanceState]
 @click.option("--limit", type=click.IntRange(1, 10_000), default=500, show_default=True)
 @watch_options
 def instances(
+    launch_id: str | None,
     queue: str | None,
     states: tuple[str, ...],
     include_closed: bool,
@@ -66,7 +75,24 @@ def instances(
 ) -> None:
     """Machines that may bill (or --all / --state): id, queue, provider, GPU, state, busy or
     idle, age, $/h and cost so far at the real price; a warm pool's machines also their
-    storage $/h, since when they are stopped and when they will be destroyed."""
+    storage $/h, since when they are stopped and when they will be destroyed.
+
+    With LAUNCH_ID (or a prefix of one, any state): that machine's provider, GPU and host,
+    its boot time, and the phases its agent reported for each boot (started, registered, code
+    fetched, requirements installed, worker up, first job)."""
+    if launch_id is not None:
+        if queue or states or include_closed:
+            common.fail("give a LAUNCH_ID or --queue/--state/--all, not both")
+        _, sessions = open_store()
+        run_view(
+            lambda session, now: _machine(session, now, launch_id, as_json, watch),
+            sessions,
+            watch=watch,
+            interval=interval,
+            iterations=iterations,
+            as_json=as_json,
+        )
+        return
     _, sessions = open_store()
 
     def produce(session: Session, now: datetime) -> str:
@@ -85,6 +111,19 @@ def instances(
     run_view(
         produce, sessions, watch=watch, interval=interval, iterations=iterations, as_json=as_json
     )
+
+
+def _machine(session: Session, now: datetime, launch_id: str, as_json: bool, watch: bool) -> str:
+    found = boot_phases.machines(session, launch_id)
+    if not found:
+        common.fail(f"no machine {launch_id!r}: see `autoscaler instances --all`")
+    if len(found) > 1:
+        shown = ", ".join(m.launch_id for m in found[: boot_phases.MATCHES])
+        more = " …" if len(found) > boot_phases.MATCHES else ""
+        common.fail(f"{launch_id!r} is the start of several launch ids ({shown}{more}): give more")
+    if as_json:
+        return dump(found[0].as_json(), watch)
+    return render_machine_boots(found[0], now)
 
 
 @click.command()

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from autoscaler.config.durations import format_duration
 from autoscaler.config.errors import ConfigError, Refusal, refusals_from_validation
+from autoscaler.config.gpus import WHERE, lookup, suggest
 from autoscaler.config.models import (
     PROVIDER_KINDS,
     PROVIDER_MODELS,
@@ -219,6 +220,8 @@ def load_config_text(
     registered = registered_providers or {}
     refusals = check_references(config, registered, store_readable)
     refusals += check_warm_pools(config, registered)
+    refusals += check_interruptible(config, registered)
+    refusals += check_gpu_names(config, registered)
     if refusals:
         raise ConfigError(refusals, source)
     return config
@@ -267,24 +270,57 @@ def check_references(
     refusals = []
     for name, queue in config.queues.items():
         auto = queue.autoscale
-        if auto is None or auto.provider in known:
+        for missing in auto.providers if auto is not None else ():
+            if missing not in known:
+                refusals.append(_unknown_provider(config, known, name, missing, store_readable))
+    return refusals
+
+
+def _unknown_provider(
+    config: Config,
+    known: Mapping[str, ProviderConfig],
+    name: str,
+    missing: str,
+    store_readable: bool,
+) -> Refusal:
+    names = ", ".join(sorted(known)) or "none yet"
+    add = f"'autoscaler providers add {missing} --kind {'|'.join(PROVIDER_KINDS)}'"
+    if store_readable:
+        cause = f"unknown provider {missing!r} (known: {names})"
+        fix = f"register it with {add}, declare it under 'providers:', or name a known one"
+    else:
+        declared = ", ".join(sorted(config.providers)) or "none"
+        cause = (
+            f"unknown provider {missing!r} (declared in this file: {declared}; the "
+            "registered ones could not be read)"
+        )
+        fix = (
+            "declare it under 'providers:' in this file, or set up the state store with "
+            f"'autoscaler db upgrade' and register it with {add}"
+        )
+    return Refusal(f"queues.{name}.autoscale.provider", cause, fix)
+
+
+def check_interruptible(config: Config, registered: Mapping[str, ProviderConfig]) -> list[Refusal]:
+    """Interruptible machines are Vast's bid instances: a queue asking for them must list a
+    provider of a kind that rents at a bid (`can_bid`; its other providers rent on demand)."""
+    known = known_providers(config, registered)
+    refusals = []
+    for name, queue in config.queues.items():
+        auto = queue.autoscale
+        if auto is None or auto.instance.interruptible is None:
             continue
-        names = ", ".join(sorted(known)) or "none yet"
-        add = f"'autoscaler providers add {auto.provider} --kind {'|'.join(PROVIDER_KINDS)}'"
-        if store_readable:
-            cause = f"unknown provider {auto.provider!r} (known: {names})"
-            fix = f"register it with {add}, declare it under 'providers:', or name a known one"
-        else:
-            declared = ", ".join(sorted(config.providers)) or "none"
-            cause = (
-                f"unknown provider {auto.provider!r} (declared in this file: {declared}; the "
-                "registered ones could not be read)"
+        listed = [known[p] for p in auto.providers if p in known]
+        kinds = {p.kind for p in listed}
+        if listed and not any(p.can_bid for p in listed):
+            refusals.append(
+                Refusal(
+                    f"queues.{name}.autoscale.instance.interruptible",
+                    f"interruptible machines are Vast's bid instances, and this queue rents from "
+                    f"{', '.join(auto.providers)} ({', '.join(sorted(kinds))})",
+                    "add a Vast provider to autoscale.provider, or remove interruptible",
+                )
             )
-            fix = (
-                "declare it under 'providers:' in this file, or set up the state store with "
-                f"'autoscaler db upgrade' and register it with {add}"
-            )
-        refusals.append(Refusal(f"queues.{name}.autoscale.provider", cause, fix))
     return refusals
 
 
@@ -302,40 +338,103 @@ def check_warm_pools(config: Config, registered: Mapping[str, ProviderConfig]) -
     refusals = []
     for name, queue in config.queues.items():
         auto = queue.autoscale
-        if auto is None or auto.warm_pool.size == 0 or auto.provider not in known:
+        if auto is None or auto.warm_pool.size == 0:
             continue
-        provider = known[auto.provider]
-        where = f"queues.{name}.autoscale.warm_pool.size"
-        if not provider.can_stop:
-            able = sorted(n for n, p in known.items() if p.can_stop)
-            which = f"; known ones that can: {', '.join(able)}" if able else ""
-            refusals.append(
-                Refusal(
-                    where,
-                    f"a warm pool of {auto.warm_pool.size} needs machines that can be stopped "
-                    f"with their disk kept, and provider {auto.provider!r} is of kind "
-                    f"{provider.kind!r}, which cannot stop one",
-                    "set warm_pool.size to 0 (or remove warm_pool), or use a provider of a kind "
-                    f"that can stop ({_stoppable_kinds()}){which}",
-                )
-            )
-        elif isinstance(provider, RunPodProvider) and provider.volume_gb == 0:
-            p = auto.provider
-            fix = (
-                f"set providers.{p}.volume_gb to the GB that folder needs (e.g. 20)"
-                if p in config.providers
-                else f"give {p} a volume of the GB that folder needs (e.g. 20): declare it under "
-                "'providers:' with volume_gb (the file's declaration overrides the registered "
-                f"one), or 'autoscaler providers remove {p}' and add it again with "
-                "'--option volume_gb=20'"
-            )
-            refusals.append(
-                Refusal(
-                    where,
-                    f"RunPod provider {p!r} gives its pods no volume disk (volume_gb: 0): the "
-                    "container disk is erased at stop, and the agent's work folder (checkout, "
-                    "virtualenv, downloaded files) needs a volume to survive it",
-                    f"{fix}; or set warm_pool.size to 0",
-                )
-            )
+        for p in auto.providers:  # a pool keeps machines of each provider it rents from
+            if p in known:
+                refusals += _warm_pool_refusals(config, known, name, auto.warm_pool.size, p)
     return refusals
+
+
+def _warm_pool_refusals(
+    config: Config, known: Mapping[str, ProviderConfig], name: str, size: int, p: str
+) -> list[Refusal]:
+    provider = known[p]
+    where = f"queues.{name}.autoscale.warm_pool.size"
+    if not provider.can_stop:
+        able = sorted(n for n, other in known.items() if other.can_stop)
+        which = f"; known ones that can: {', '.join(able)}" if able else ""
+        return [
+            Refusal(
+                where,
+                f"a warm pool of {size} needs machines that can be stopped "
+                f"with their disk kept, and provider {p!r} is of kind "
+                f"{provider.kind!r}, which cannot stop one",
+                "set warm_pool.size to 0 (or remove warm_pool), or use a provider of a kind "
+                f"that can stop ({_stoppable_kinds()}){which}",
+            )
+        ]
+    if isinstance(provider, RunPodProvider) and provider.volume_gb == 0:
+        fix = (
+            f"set providers.{p}.volume_gb to the GB that folder needs (e.g. 20)"
+            if p in config.providers
+            else f"give {p} a volume of the GB that folder needs (e.g. 20): declare it under "
+            "'providers:' with volume_gb (the file's declaration overrides the registered "
+            f"one), or 'autoscaler providers remove {p}' and add it again with "
+            "'--option volume_gb=20'"
+        )
+        return [
+            Refusal(
+                where,
+                f"RunPod provider {p!r} gives its pods no volume disk (volume_gb: 0): the "
+                "container disk is erased at stop, and the agent's work folder (checkout, "
+                "virtualenv, downloaded files) needs a volume to survive it",
+                f"{fix}; or set warm_pool.size to 0",
+            )
+        ]
+    return []
+
+
+TABLE_KINDS = ("runpod", "vast")
+"""Provider kinds that rent a GPU by its name in `config.gpus`' table. The others take any name:
+mock machines are simulated, local and container ones are the team's own hardware."""
+
+
+def check_gpu_names(config: Config, registered: Mapping[str, ProviderConfig]) -> list[Refusal]:
+    """Every GPU a queue asks of a RunPod or Vast provider, and every entry of a RunPod
+    provider's `gpu_types`, is a name of the GPU table (or a provider's spelling of one)."""
+    known = known_providers(config, registered)
+    refusals = []
+    for name, queue in config.queues.items():
+        auto = queue.autoscale
+        if auto is None:
+            continue
+        renting = [p for p in auto.providers if p in known and known[p].kind in TABLE_KINDS]
+        if renting:
+            whose = ", ".join(f"{p!r} ({known[p].kind})" for p in renting)
+            where = f"queues.{name}.autoscale.instance.gpu"
+            refusals += [_unknown_gpu(where, g, whose) for g in _unknown(auto.instance.gpus)]
+    for name, provider in config.providers.items():
+        if isinstance(provider, RunPodProvider):
+            where, whose = f"providers.{name}.gpu_types", f"RunPod provider {name!r}"
+            refusals += [_unknown_gpu(where, g, whose) for g in _unknown(provider.gpu_types)]
+            refusals += [_not_on_runpod(where, g) for g in _vast_only(provider.gpu_types)]
+    return refusals
+
+
+def _vast_only(names: tuple[str, ...]) -> list[str]:
+    return [n for n in names if (gpu := lookup(n)) is not None and gpu.runpod is None]
+
+
+def _not_on_runpod(where: str, gpu: str) -> Refusal:
+    return Refusal(
+        where,
+        f"RunPod does not offer {gpu!r}: {WHERE} lists it for Vast alone",
+        "remove it from gpu_types, or name a GPU of RunPod's (its GPU id or the table's name)",
+    )
+
+
+def _unknown(names: tuple[str, ...]) -> list[str]:
+    return [n for n in names if lookup(n) is None]
+
+
+def _unknown_gpu(where: str, gpu: str, whose: str) -> Refusal:
+    close = suggest(gpu)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return Refusal(
+        where,
+        f"unknown GPU {gpu!r} (asked of {whose}): it is not in {WHERE}",
+        f"{hint}write a GPU of that table by its name, RunPod's GPU id or Vast's gpu_name (any "
+        "case; spaces, '_' and '-' are ignored); a GPU a provider added since goes in the table "
+        "first",
+    )

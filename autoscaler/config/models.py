@@ -406,14 +406,89 @@ class Deployment(Strict):
         return env
 
 
-class InstanceSpec(Strict):
-    """The machine to rent for a queue."""
+GpuName = Annotated[Line, Field(min_length=1, max_length=100)]
 
-    gpu: Line = Field(min_length=1, max_length=100)
+
+def _distinct(values: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """A list of names in preference order: at least one, none twice."""
+    if not values:
+        raise ValueError(f"the list of {what} is empty; name one at least")
+    seen: set[str] = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"{value!r} is listed twice; keep one")
+        seen.add(value)
+    return values
+
+
+class Interruptible(Strict):
+    """Rent part of the queue's machines as interruptible (Vast's bid instances): at `bid` per
+    hour per machine — dollars, or a share of the offer's on-demand price ("50%") — and at most
+    `max_share` of the queue's machines; the rest on demand. An outbid machine is stopped by
+    the provider: reconcile sees it, hands its jobs back, destroys it and rents a replacement."""
+
+    bid: float | str
+    max_share: float = Field(default=0.5, gt=0, le=1)
+
+    @field_validator("bid")
+    @classmethod
+    def _bid(cls, value: float | str) -> float | str:
+        if isinstance(value, str):
+            text = value.strip()
+            number = text[:-1].strip() if text.endswith("%") else None
+            try:
+                share = float(number) if number is not None and number.isascii() else None
+            except ValueError:
+                share = None
+            if share is None or not 0 < share <= 100:
+                raise ValueError(
+                    f'bid {value!r} is neither dollars per hour nor a share like "50%" '
+                    '(above 0, at most 100); write e.g. 0.30 or "50%"'
+                )
+            return f"{share:g}%"
+        if not 0 < value <= MAX_PRICE_PER_HOUR:
+            raise ValueError(f"bid {value} $/h must be above 0 and at most {MAX_PRICE_PER_HOUR:g}")
+        return value
+
+    def price(self, on_demand: float) -> float:
+        """The bid in dollars per hour for an offer whose on-demand price is `on_demand`."""
+        if isinstance(self.bid, str):
+            return round(on_demand * float(self.bid[:-1]) / 100, 6)
+        return self.bid
+
+
+class InstanceSpec(Strict):
+    """The machine to rent for a queue. `gpu`: one name or several acceptable GPUs in
+    preference order (`gpus` reads both forms); names resolve to each provider's identifiers
+    through `config.gpus`."""
+
+    gpu: GpuName | tuple[GpuName, ...]
     gpu_count: int = Field(default=1, ge=1, le=16)
     disk_gb: int = Field(default=50, ge=1, le=100_000)
     max_price_per_hour: float = Field(gt=0, le=MAX_PRICE_PER_HOUR)
     image: Line = Field(default=DEFAULT_WORKER_IMAGE, min_length=1)
+    interruptible: Interruptible | None = None
+    """Part of the machines rented interruptible (Vast bids): off when absent."""
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_list(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        return value if isinstance(value, str) else _distinct(value, "GPUs")
+
+    @model_validator(mode="after")
+    def _bid_under_the_cap(self) -> InstanceSpec:
+        bid = self.interruptible.bid if self.interruptible is not None else None
+        if isinstance(bid, float | int) and bid > self.max_price_per_hour:
+            raise ValueError(
+                f"interruptible.bid ({bid:g} $/h) is above max_price_per_hour "
+                f"({self.max_price_per_hour:g}): no offer could be rented at it; lower the bid"
+            )
+        return self
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        """The acceptable GPUs, in preference order."""
+        return (self.gpu,) if isinstance(self.gpu, str) else self.gpu
 
 
 _FLAT_DEFAULTS: dict[str, Any] = {
@@ -485,6 +560,10 @@ class CelerySource(_SourceBase):
     """A queue whose exchange also routes to other queues (its `_kombu.binding.<queue>` set
     names them): a machine's own broker user could bind its queue there and receive copies of
     their messages. `refuse` (default) makes no per-machine user for it; `accept` makes one."""
+    piece_budget: int = Field(default=500, ge=300, le=100_000)
+    """On Redis: the work one server call of the read may do (each command, each message
+    examined and each KiB of it count one). The watched Redis serves nobody else while a call
+    runs: 500 is about 1 ms (`benchmarks/metrics.py`); the calls of a read are pipelined."""
 
 
 class AsynqSource(_SourceBase):
@@ -553,7 +632,16 @@ class Autoscale(Strict):
     equal priorities take turns one machine at a time."""
 
     enabled: bool = True
-    provider: Name
+    provider: Name | tuple[Name, ...]
+    """One provider, or several (`providers` reads both forms): rented where `placement` says
+    is best now, failing over to the others."""
+    placement: Literal["cheapest", "in_order", "fastest"] = "cheapest"
+    """How the offers of several providers are ranked: `cheapest` (price; ties within
+    `policy.placement.TIE` go to the lower observed boot time), `in_order` (the list is a
+    preference), `fastest` (the lowest observed boot time first)."""
+    offer_timeout: Duration = Field(default=10.0, gt=0, le=120)
+    """How long a launch waits for each provider's offers (asked in parallel): a provider that
+    has not answered by then is skipped for this launch, and backs off."""
     min_workers: int = Field(default=0, ge=0, le=MAX_WORKERS)
     max_workers: int = Field(ge=0, le=MAX_WORKERS)
     priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
@@ -569,6 +657,16 @@ class Autoscale(Strict):
     watched broker's remote control. `auto`: `broker`, except on a watched Redis where rented
     machines get users of their own (AUTOSCALER_API_URL set) — a rented machine can answer
     remote control under any name there, and forged replies must not stop renting."""
+
+    @field_validator("provider")
+    @classmethod
+    def _provider_list(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        return value if isinstance(value, str) else _distinct(value, "providers")
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        """The providers a queue rents from, in the order written."""
+        return (self.provider,) if isinstance(self.provider, str) else self.provider
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscale:
@@ -623,6 +721,9 @@ class _ProviderBase(Strict):
     can_stop: ClassVar[bool] = False
     """Machines of this kind can be stopped with their disk kept and started again (a warm
     pool's need); `providers.base.Provider.can_stop` reads it from here."""
+    can_bid: ClassVar[bool] = False
+    """Machines of this kind can be rented interruptible at a bid (`instance.interruptible`):
+    Vast's bid instances; the mock provider accepts the setting (its machines stay on demand)."""
 
     api_key_env: EnvName | None = None
 
@@ -696,6 +797,7 @@ class VastProvider(_ProviderBase):
     base_url: HttpUrl = "https://console.vast.ai"
 
     can_stop: ClassVar[bool] = True
+    can_bid: ClassVar[bool] = True
 
     def terms(self) -> str:
         terms = ["verified" if self.verified else "any host"]
@@ -728,6 +830,7 @@ class MockProvider(_ProviderBase):
     storage_price_per_hour: float = Field(default=0.01, ge=0, le=MAX_PRICE_PER_HOUR)
 
     can_stop: ClassVar[bool] = True
+    can_bid: ClassVar[bool] = True
 
     def terms(self) -> str:
         return "mock machines (nothing is rented)"
@@ -937,6 +1040,15 @@ class Limits(Strict):
     max_price_per_hour: float | None = Field(default=None, ge=0, le=1_000_000)
 
 
+class Evaluation(Strict):
+    """How the evaluation tick is split. `shards: n` evaluates the queues in n parts (a stable
+    hash of each name), each its own Celery task under its own lease, so n worker processes
+    evaluate at once; account-wide caps stay exact (the shards' launches are checked one shard
+    at a time against every machine of the account). PostgreSQL only: SQLite runs one."""
+
+    shards: int = Field(default=1, ge=1, le=64)
+
+
 class Config(Strict):
     poll_interval: Duration = Field(default=30.0, ge=MIN_POLL_INTERVAL, le=MAX_POLL_INTERVAL)
     boot_timeout: Duration = Field(default=900.0, gt=0)
@@ -944,5 +1056,6 @@ class Config(Strict):
     drain_timeout: Duration = Field(default=3600.0, gt=0)
     backoff: Backoff = Backoff()
     limits: Limits = Limits()
+    evaluation: Evaluation = Evaluation()
     providers: dict[Name, ProviderConfig] = {}
     queues: dict[Name, Queue] = {}

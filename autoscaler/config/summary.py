@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -103,16 +103,47 @@ def known_price(provider: ProviderConfig, spec: InstanceSpec) -> tuple[float, st
     return provider.known_price(spec)
 
 
-def _never_rents(name: str, provider: ProviderConfig, spec: InstanceSpec) -> str | None:
+def _never_rents(
+    name: str, provider: ProviderConfig, spec: InstanceSpec, alone: bool = True
+) -> str | None:
     known = known_price(provider, spec)
     if known is None or known[0] <= spec.max_price_per_hour:
         return None
     price, how = known
+    never = "this queue can never rent a machine" if alone else f"{name} is never rented from"
     return (
         f"  warning: {name} charges {money(price)}/h for this machine ({how}), above the cap of "
-        f"{money(spec.max_price_per_hour)}/h, so this queue can never rent a machine; raise "
+        f"{money(spec.max_price_per_hour)}/h, so {never}; raise "
         f"instance.max_price_per_hour to at least {money(price)} or lower {name}'s price_per_hour"
     )
+
+
+def _providers(name: str, auto: Autoscale, providers: Mapping[str, ProviderConfig]) -> list[str]:
+    """Where the queue rents: its provider's terms, or for a list the placement rule and each
+    provider's terms (the warnings of a provider that can never rent under the cap)."""
+    spec = auto.instance
+    if isinstance(auto.provider, str):
+        provider = providers[auto.provider]
+        return [
+            f"queue {name}: on {auto.provider} ({provider.terms()})",
+            *filter(None, [_never_rents(auto.provider, provider, spec)]),
+        ]
+    never = [_never_rents(p, providers[p], spec) for p in auto.providers]
+    alone = all(never)
+    return [
+        f"queue {name}: on {', '.join(auto.providers)}, placement {auto.placement} (offers "
+        f"asked of all at once, {format_duration(auto.offer_timeout)} each at most; a provider "
+        "that fails or waits is passed over for the next)",
+        *[f"  {p}: {providers[p].terms()}" for p in auto.providers],
+        *filter(None, [_never_rents(p, providers[p], spec, alone) for p in auto.providers]),
+    ]
+
+
+def _pool_cost(providers: Sequence[ProviderConfig], auto: Autoscale) -> float | None:
+    """The pool's price while full on the dearest of its providers; None when one prices per
+    host."""
+    costs = [warm_pool_cost(p, auto) for p in providers]
+    return None if any(c is None for c in costs) else max(c for c in costs if c is not None)
 
 
 def _rate(x: float) -> str:
@@ -156,9 +187,41 @@ def _warm_pool(provider: ProviderConfig, auto: Autoscale) -> list[str]:
     ]
 
 
+def _interruptible(auto: Autoscale) -> list[str]:
+    spec = auto.instance.interruptible
+    if spec is None:
+        return []
+    bid = spec.bid if isinstance(spec.bid, str) else f"${spec.bid:g}/h"
+    if isinstance(spec.bid, str):
+        bid += " of each offer's on-demand price"
+    return [
+        f"  interruptible: up to {spec.max_share:.0%} of its machines rented at a bid of {bid} "
+        "(Vast); an outbid machine is destroyed, its jobs handed back and a replacement rented, "
+        "on demand once the share is used"
+    ]
+
+
+def _early_acks(auto: Autoscale) -> list[str]:
+    """Machines that can stop under a running job (outbid) or that a pool stops and starts:
+    with Celery's default early acks, the job a lost machine ran is gone with it."""
+    why = [
+        *(["interruptible machines"] if auto.instance.interruptible is not None else []),
+        *(["a warm pool"] if auto.warm_pool.size else []),
+    ]
+    if not why:
+        return []
+    return [
+        f"  warning: with {' and '.join(why)}, a machine can be lost while its worker holds jobs: "
+        "with Celery's default early acks a running job is then gone; set "
+        "task_acks_late=True and task_reject_on_worker_lost=True in the workers' Celery app "
+        "so its jobs are handed back and run again within seconds"
+    ]
+
+
 def _origins(config: Config, registered: Mapping[str, ProviderConfig] | None) -> list[str]:
     """Where each provider comes from; the file's declaration wins over a registered one."""
-    used = {q.autoscale.provider for q in config.queues.values() if q.autoscale is not None}
+    autos = [q.autoscale for q in config.queues.values() if q.autoscale is not None]
+    used = {p for auto in autos for p in auto.providers}
     lines = []
     for name in sorted(set(config.providers) | used):
         if name in config.providers:
@@ -202,6 +265,11 @@ def describe(
             + " and ".join(caps)
             + " (queues served by priority, highest first)"
         )
+    if config.evaluation.shards > 1:
+        lines.append(
+            f"evaluation in {config.evaluation.shards} shards: a tick per shard, run by as many "
+            "worker processes at once (PostgreSQL; the embedded SQLite store runs one)"
+        )
     origins = _origins(config, registered)
     if origins:
         lines += ["", *origins]
@@ -215,17 +283,19 @@ def describe(
         if auto is None or not auto.enabled:
             lines.append(f"queue {name}: autoscaling off")
             continue
-        provider = providers[auto.provider]
+        provider = providers[auto.providers[0]]
         spec = auto.instance
         worst = auto.max_workers * spec.max_price_per_hour
         total += worst
+        head, *warnings = _providers(name, auto, providers)
         lines += [
-            f"queue {name}: on {auto.provider} ({provider.terms()})",
-            f"  machine: {spec.gpu} ×{spec.gpu_count}, {spec.disk_gb} GB disk, at most "
-            f"${spec.max_price_per_hour:.2f}/h each; image {spec.image}",
+            head,
+            *[w for w in warnings if not w.startswith("  warning")],
+            f"  machine: {' or '.join(spec.gpus)} ×{spec.gpu_count}, {spec.disk_gb} GB disk, "
+            f"at most ${spec.max_price_per_hour:.2f}/h each; image {spec.image}",
             f"  bounds: {auto.min_workers}..{auto.max_workers} machines (booting ones count), "
             f"priority {auto.priority}; worst case ${worst:.2f}/h",
-            *filter(None, [_never_rents(auto.provider, provider, spec)]),
+            *[w for w in warnings if w.startswith("  warning")],
             *(
                 [
                     "  max_workers: 0: watched and counted, never rented (its hand-made "
@@ -235,11 +305,13 @@ def describe(
                 else []
             ),
             *_warm_pool(provider, auto),
+            *_interruptible(auto),
+            *_early_acks(auto),
             f"  metrics: {queue.metrics.source} queue {queue.metrics.queue or name} "
             f"{_metrics_where(queue.metrics)}",
         ]
         if auto.warm_pool.size:
-            cost = warm_pool_cost(provider, auto)
+            cost = _pool_cost([providers[p] for p in auto.providers], auto)
             if cost is None:
                 pools_per_host += auto.warm_pool.size
             else:

@@ -152,7 +152,10 @@ def _cancel(session: Session, row: Instance, reason: str, now: datetime) -> str 
         )
         action = "cancelling"
     elif _alive(row):  # booting in the row, but its worker is up: ready, then drained warm
-        fleet.mark_ready(session, launch_id, queue, row.provider, now, "its worker is up")
+        # not judged for a slow host: its ready time here is the drain's, not its worker's
+        # first sign of life (which came earlier, through a heartbeat or a sighting)
+        why = "its worker is up"
+        fleet.mark_ready(session, launch_id, queue, row.provider, now, why, judge=False)
         return _AGAIN
     else:
         why = f"{fleet.CANCELLED} ({reason}): no worker was up on it yet; destroyed now"

@@ -45,8 +45,9 @@ def execute(
     """Hand every action of `plan` (of `queues` only, when given) to `actions`; returns the
     launch ids of the launches, in order."""
     launched: list[str] = []
+    only = None if queues is None else set(queues)  # (a list: `in` cost 0.6 s at 10,000)
     for qp in plan.queues:
-        if queues is not None and qp.queue not in queues:
+        if only is not None and qp.queue not in only:
             continue
         for r in qp.reclaims:
             actions.reclaim(r)

@@ -23,15 +23,14 @@ from typing import Any
 
 from autoscaler.access import broker_users, keys
 from autoscaler.access.credentials import CredentialError
-from autoscaler.control import rate_limits
-from autoscaler.control.runtime import Runtime, log, utc_now
+from autoscaler.control import placement, rate_limits
+from autoscaler.control.runtime import Loaded, Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.providers.base import (
     AmbiguousCreateError,
     LaunchSpec,
+    Provider,
     ProviderError,
-    RateLimitedError,
-    create_on_first_offer,
 )
 from autoscaler.providers.labels import ENV_LABEL
 from autoscaler.store import fleet
@@ -79,9 +78,12 @@ def run_launch(
         row = fleet.get(session, launch_id)
         assert row is not None
         queue, provider_name, version = row.queue, row.provider, row.config_version
+        names = tuple((row.placement or {}).get("providers") or (provider_name,))
+        interruptible = bool(row.interruptible)
         # exactly what decide() judged: the config version of the decision, not the newest
         loaded = rt.load_version(session, version)
         install = rt.installation_id(session)
+        boot_times, fallback_boot = fleet.placement_boot_times(session, queue, now)
     if loaded is None and version is not None:
         why = f"config version {version}, which asked for it, no longer validates; nothing rented"
         return _fail(rt, launch_id, queue, provider_name, why, None)
@@ -89,17 +91,10 @@ def run_launch(
     auto = queue_cfg.autoscale if queue_cfg else None
     if loaded is None or auto is None or not auto.enabled:
         return _fail(rt, launch_id, queue, provider_name, "the queue is no longer autoscaled", None)
-    try:
-        provider = rt.provider(provider_name, loaded)
-    except (CredentialError, ProviderError, KeyError, ValueError) as exc:
-        return _fail(rt, launch_id, queue, provider_name, _text(exc), loaded.config.backoff)
-    limit = rate_limits.current(rt, provider_name)
-    if limit is not None:
-        why = (
-            f"rate limited: {provider_name} takes no calls before "
-            f"{limit.until.isoformat(timespec='seconds')} ({limit.reason}); nothing was rented"
-        )
-        return _fail(rt, launch_id, queue, provider_name, why, None, action="rate_limited")
+    outcome = placement.Outcome()
+    providers = _usable(rt, loaded, names, outcome)
+    if not providers:
+        return _not_placed(rt, launch_id, queue, provider_name, outcome, loaded.config.backoff)
     if _cancel_requested(rt, launch_id):
         why = f"{fleet.CANCELLED}: an operator drained it before its create; nothing was rented"
         return _fail(rt, launch_id, queue, provider_name, why, None, action="cancelled")
@@ -109,65 +104,156 @@ def run_launch(
         return _fail(rt, launch_id, queue, provider_name, why, loaded.config.backoff)
     env = machine_env(queue, queue_cfg, rt.settings.api_url, token)
     launch = LaunchSpec.new(install, launch_id, env)
+
+    def before_create(name: str) -> bool:
+        if len(providers) == 1:
+            return True  # the row names it already
+        with rt.transaction() as session:
+            return fleet.try_provider(session, launch_id, name)
+
     try:
-        offers = provider.find_offers(auto.instance)
-        machine = create_on_first_offer(provider, offers, launch)
+        placement.place(
+            providers,
+            auto,
+            launch,
+            boot_times,
+            fallback_boot,
+            before_create,
+            outcome,
+            interruptible=interruptible and auto.instance.interruptible is not None,
+        )
     except AmbiguousCreateError as exc:
         why = f"{_text(exc, token)}; reconcile looks it up by label"
         _note(rt, launch_id, queue, "create_ambiguous", why)
         return "ambiguous: left to reconcile"
-    except RateLimitedError as exc:
-        rate_limits.note(rt, provider_name, exc, queue)
-        why = _text(exc, token)
-        return _fail(rt, launch_id, queue, provider_name, why, None, action="rate_limited")
-    except ProviderError as exc:
-        why = _text(exc, token)
-        return _fail(rt, launch_id, queue, provider_name, why, loaded.config.backoff)
     except Exception as exc:  # the create may have left: treat as ambiguous, never re-create
         log.exception("launch %s: unexpected error; left to reconcile", launch_id)
         _note(rt, launch_id, queue, "create_ambiguous", f"unexpected {type(exc).__name__}")
         return "unexpected error: left to reconcile"
-    offer = next((o for o in offers if o.gpu == machine.gpu), offers[0] if offers else None)
+    finally:
+        for name, limited in outcome.limited.items():
+            rate_limits.note(rt, name, limited, queue)
+    if outcome.placed is None:
+        return _not_placed(rt, launch_id, queue, provider_name, outcome, loaded.config.backoff)
+    return _booting(rt, launch_id, queue, auto, outcome, loaded.config.backoff, launch, enqueue)
+
+
+def _usable(
+    rt: Runtime, loaded: Loaded, names: tuple[str, ...], outcome: placement.Outcome
+) -> dict[str, Provider]:
+    """The launch's providers that may be called now: not rate-limited (that is no failure of
+    the rental) and built with their key (a missing or undecryptable key fails it)."""
+    usable: dict[str, Provider] = {}
+    for name in names:
+        limit = rate_limits.current(rt, name)
+        if limit is not None:
+            outcome.held[name] = (
+                f"rate limited: {name} takes no calls before "
+                f"{limit.until.isoformat(timespec='seconds')} ({limit.reason})"
+            )
+            continue
+        try:
+            usable[name] = rt.provider(name, loaded)
+        except (CredentialError, ProviderError, KeyError, ValueError) as exc:
+            outcome.fail(name, exc)
+    return usable
+
+
+def _booting(
+    rt: Runtime,
+    launch_id: str,
+    queue: str,
+    auto: Any,
+    outcome: placement.Outcome,
+    backoff: Any,
+    launch: LaunchSpec,
+    enqueue: Callable[[str, str], None] | None,
+) -> str:
+    """The machine is rented: the row moves to booting with what the provider said, and the
+    providers that failed this launch before it back off."""
+    assert outcome.placed is not None
+    machine, offer = outcome.placed.machine, outcome.placed.offer
+    name = offer.provider
+    now = utc_now()
     with rt.transaction() as session:
         fleet.move(
             session,
             launch_id,
             S.CREATING,
             S.BOOTING,
-            utc_now(),
-            f"rented {machine.provider_instance_id} ({machine.gpu or auto.instance.gpu})",
+            now,
+            f"rented {machine.provider_instance_id} on {name} ({machine.gpu or offer.gpu}"
+            + (f", interruptible at ${offer.price_per_hour:g}/h)" if _bid(offer) else ")"),
+            provider=name,
             provider_instance_id=machine.provider_instance_id,
             host_id=machine.host_id,
-            gpu=machine.gpu,
+            gpu=machine.gpu or offer.gpu,
             price_per_hour=machine.price_per_hour
             if machine.price_per_hour is not None
-            else (offer.price_per_hour if offer else None),
-            offer={"offer_id": offer.offer_id, "price_per_hour": offer.price_per_hour}
-            if offer
-            else None,
+            else offer.price_per_hour,
+            offer={"offer_id": offer.offer_id, "price_per_hour": offer.price_per_hour},
             storage_price_per_hour=machine.storage_price_per_hour,
+            interruptible=offer.details.get("interruptible") is True,
         )
+        _backoffs(session, queue, outcome, now, backoff)
         fleet.record_events(
             session,
             [
                 fleet.event(
                     "launch",
                     "created",
-                    f"{provider_name} rented {machine.provider_instance_id} "
+                    f"{name} rented {machine.provider_instance_id} "
                     f"({launch.env.get(ENV_LABEL)})",
                     queue=queue,
                     launch_id=launch_id,
-                    details={"price_per_hour": machine.price_per_hour, "host": machine.host_id},
+                    details={
+                        "provider": name,
+                        "price_per_hour": machine.price_per_hour,
+                        "host": machine.host_id,
+                        **({"passed_over": _causes(outcome)} if outcome.failures else {}),
+                    },
                 )
             ],
-            utc_now(),
+            now,
         )
-        cancelled = fleet.cancel_if_requested(session, launch_id, utc_now())
+        cancelled = fleet.cancel_if_requested(session, launch_id, now)
     if cancelled:
         if enqueue is not None:
             enqueue("terminate", launch_id)
         return f"cancelled: {machine.provider_instance_id} is being destroyed"
-    return f"booting: {machine.provider_instance_id}"
+    return f"booting: {machine.provider_instance_id} on {name}"
+
+
+def _bid(offer: Any) -> bool:
+    return offer.details.get("interruptible") is True
+
+
+def _causes(outcome: placement.Outcome) -> dict[str, str]:
+    return {name: cause for name, (cause, _) in outcome.failures.items()}
+
+
+def _backoffs(
+    session: Any, queue: str, outcome: placement.Outcome, now: Any, backoff: Any
+) -> None:
+    """Each provider that failed this launch backs off on its own (queue, provider)."""
+    for name, (cause, text) in outcome.failures.items():
+        fleet.record_rental_failure(session, queue, name, now, backoff, text, cause)
+
+
+def _not_placed(
+    rt: Runtime,
+    launch_id: str,
+    queue: str,
+    provider: str,
+    outcome: placement.Outcome,
+    backoff: Any,
+) -> str:
+    """Nothing was rented on any provider: the launch fails; the providers that failed it back
+    off, each with its cause; rate-limited ones only wait for their reset."""
+    reason = str(placement.placement_error(outcome))
+    if not outcome.failures:  # only rate limits: no failure of the rental
+        return _fail(rt, launch_id, queue, provider, reason, None, action="rate_limited")
+    return _fail(rt, launch_id, queue, provider, reason, backoff, outcome=outcome)
 
 
 def _cancel_requested(rt: Runtime, launch_id: str) -> bool:
@@ -259,16 +345,20 @@ def _fail(
     backoff: Any,
     *,
     action: str = "failed",
+    outcome: placement.Outcome | None = None,
 ) -> str:
     """Close the launch as failed (nothing rented); `backoff` given: a failed rental of
-    (queue, provider), which backs off; None: no failure of the rental (a rate limit, a cancel,
-    a queue no longer autoscaled)."""
+    (queue, provider) — of each provider in `outcome`, with its cause — which backs off; None:
+    no failure of the rental (a rate limit, a cancel, a queue no longer autoscaled)."""
     drop_broker_user(rt, launch_id, queue)
     now = utc_now()
     with rt.transaction() as session:
         fleet.move(session, launch_id, S.CREATING, S.FAILED, now, reason, worker_token_hash=None)
         details: dict[str, Any] = {"provider": provider}
-        if backoff is not None:
+        if backoff is not None and outcome is not None:
+            _backoffs(session, queue, outcome, now, backoff)
+            details.update(causes=_causes(outcome))
+        elif backoff is not None:
             state = fleet.record_rental_failure(session, queue, provider, now, backoff, reason)
             details.update(failures=state.failures, backoff_until=state.until.isoformat())
         kind = "drain" if action == "cancelled" else "launch"

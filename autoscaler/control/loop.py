@@ -9,6 +9,16 @@ lost enqueue is redone by reconcile (an intent nobody claimed), and an unrelease
 Two beats, a redelivered tick or the fast path racing the poll tick cannot launch twice: the
 lease lets one evaluation run at a time and every later one sees the earlier intents as
 machines on their way (no stacking).
+
+With `evaluation.shards: n` (PostgreSQL) the poll tick sends n shard ticks instead, each
+evaluating the queues `policy.shards` gives it under a lease of its own: n workers evaluate at
+once, a queue is only ever in one shard, and a lease is refused while an evaluation splitting
+the queues another way is live. A shard lists its own queues' machines and counts everyone
+else's (`Snapshot.elsewhere`) for the account-wide caps; where caps are set and its plan
+launches or resumes, it writes behind a savepoint, then takes the account lock (held to its
+commit) and counts the others again: where their launches since make a cap bind, it undoes the
+writes and decides again. Shards commit launches one after another, each counting the ones
+before it, so together they never pass a cap.
 """
 
 from __future__ import annotations
@@ -27,16 +37,18 @@ from autoscaler.access.broker_users import user_broker
 from autoscaler.config.models import MIN_GAPS, MetricTrigger
 from autoscaler.control.executor import execute
 from autoscaler.control.observe import Scope, read_sightings
-from autoscaler.control.runtime import Loaded, Runtime, utc_now
+from autoscaler.control.runtime import Loaded, Runtime, collector_paused, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.prometheus import MetricReading as PromReading
 from autoscaler.metrics.prometheus import PrometheusReader, with_external
 from autoscaler.metrics.registry import MetricsConfigError, broker_domain, source_url
 from autoscaler.metrics.workers import QueueLoad, with_worker_loads
 from autoscaler.policy import warm
+from autoscaler.policy.caps import still_granted
 from autoscaler.policy.decide import decide
 from autoscaler.policy.history import GAPS_KEPT, NO_HISTORY, QueueHistory, observe_load
-from autoscaler.policy.plan import Drain, Launch, QueuePlan, Reclaim, Resume
+from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Resume
+from autoscaler.policy.shards import queues_of, shard_of
 from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
 from autoscaler.store import fleet, job_records, leases, queue_samples, queue_status, rate_limits
 from autoscaler.store.db import Session
@@ -44,7 +56,7 @@ from autoscaler.store.models import ENROLLED_DOMAIN
 
 log = logging.getLogger("autoscaler.control.tick")
 
-EVALUATION_LEASE = "evaluate"
+EVALUATION_LEASE = leases.EVALUATION
 LEASE_TTL = 30.0
 """An evaluation holds the lease at most this long; a crashed one frees it by expiry. The lease
 is renewed in the decision's own transaction, so an evaluation slower than this (a source
@@ -55,7 +67,8 @@ HAND_MADE_WINDOW_POLLS = 3
 
 Enqueue = Callable[[str, str], None]
 """enqueue(step, launch_id): send the lifecycle task `step` ("launch", "drain", "terminate",
-"stop", "resume") for a machine."""
+"stop", "resume") for a machine; ("evaluate", queue) evaluates a queue now, ("shard", "i")
+sends the poll tick of shard i."""
 
 
 def holder_id() -> str:
@@ -71,6 +84,8 @@ class TickResult:
     drains: list[str] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
     skipped: str | None = None
+    shard: str | None = None
+    """"i/n" for one shard's evaluation (what Flower and the worker's log show)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +96,7 @@ class TickResult:
             "drains": self.drains,
             "resumed": self.resumed,
             "skipped": self.skipped,
+            **({"shard": self.shard} if self.shard else {}),
         }
 
 
@@ -92,28 +108,77 @@ def evaluate(
     queues: Collection[str] | None = None,
     readings: Mapping[str, QueueMetrics] | None = None,
     now: datetime | None = None,
+    shard: int | None = None,
 ) -> TickResult:
     """One evaluation. `trigger="poll"` evaluates the queues whose poll slot is unclaimed;
-    other triggers (fast path, cron, manual) evaluate `queues` (all when None) at once."""
-    now = now or utc_now()
-    result = TickResult(trigger)
-    with rt.transaction() as session:
-        loaded = rt.load(session)
+    other triggers (fast path, cron, manual) evaluate `queues` (all when None) at once.
+
+    With several shards configured, a poll tick without `shard` sends one tick per shard and
+    evaluates nothing itself; `shard` evaluates that shard's queues; other triggers evaluate
+    the shards of their queues one after another.
+
+    Without a given `now`, the decision is stamped when its snapshot is read, not when the
+    tick began: a terminate committed while the metrics were read is in the snapshot, so the
+    rows it leads to (a replacement's `created_at`) never predate what they were decided on."""
+    with collector_paused():
+        with rt.transaction() as session:
+            loaded = rt.load(session)
+            shards = (
+                leases.evaluation_shards(session, loaded.config.evaluation.shards) if loaded else 1
+            )
         if loaded is None:
             if not rt.no_config_logged:
                 log.info("no config applied yet: nothing to evaluate (run 'autoscaler apply')")
                 rt.no_config_logged = True
-            result.skipped = "no config"
-            return result
-        result.config_version = loaded.version
+            return TickResult(trigger, skipped="no config")
         wanted = [q for q in loaded.autoscaled if queues is None or q in queues]
-        due = _claim_slots(session, loaded, wanted, now) if trigger == "poll" else wanted
+        if shards > 1 and shard is None and trigger == "poll":
+            for i in range(shards):
+                enqueue("shard", str(i))
+            return TickResult(trigger, loaded.version, skipped=f"sent {shards} shard ticks")
+        if shard is not None:
+            parts = [shard] if 0 <= shard < shards else []
+        else:
+            parts = sorted({shard_of(q, shards) for q in wanted})
+        result = TickResult(trigger, loaded.version)
+        if shard is not None:
+            result.shard = f"{shard}/{shards}"
+        for part in parts:
+            one = _evaluate(rt, enqueue, loaded, trigger, wanted, readings, now, part, shards)
+            result.evaluated += one.evaluated
+            result.launched += one.launched
+            result.drains += one.drains
+            result.resumed += one.resumed
+            result.skipped = one.skipped if len(parts) == 1 else result.skipped
+        if not parts:
+            result.skipped = f"no shard {shard} of {shards}"
+        return result
+
+
+def _evaluate(
+    rt: Runtime,
+    enqueue: Enqueue,
+    loaded: Loaded,
+    trigger: str,
+    wanted: list[str],
+    readings: Mapping[str, QueueMetrics] | None,
+    now: datetime | None,
+    shard: int,
+    shards: int,
+) -> TickResult:
+    given = now
+    now = now or utc_now()
+    result = TickResult(trigger, loaded.version)
+    mine = queues_of(wanted, shard, shards)
+    with rt.transaction() as session:
+        due = _claim_slots(session, loaded, mine, now) if trigger == "poll" else mine
     if not due:
         result.skipped = "nothing due"
         return result
     holder = holder_id()
+    lease = leases.evaluation_lease(shard, shards)
     with rt.transaction() as session:
-        if not leases.acquire(session, EVALUATION_LEASE, holder, LEASE_TTL, now):
+        if not leases.acquire_evaluation(session, shard, shards, holder, LEASE_TTL, now):
             result.skipped = "another evaluation is running"
             return result
     try:
@@ -121,21 +186,49 @@ def evaluate(
         missing = [q for q in due if q not in metrics]
         metrics.update(read_metrics(rt, loaded, missing))
         with rt.transaction() as session:
-            if not leases.acquire(session, EVALUATION_LEASE, holder, LEASE_TTL, utc_now()):
+            if not leases.acquire_evaluation(
+                session, shard, shards, holder, LEASE_TTL, utc_now(), renew=True
+            ):
                 result.skipped = "the evaluation lease expired and was taken over"
                 return result
-            snapshot = build_snapshot(session, rt, loaded, metrics, now)
-            plan = decide(snapshot, loaded.config, now)
-            actions = StoreActions(session, loaded, now, snapshot)
-            launched = execute(plan, actions, lambda: uuid.uuid4().hex, due)
-            actions.flush()
+            now = given or utc_now()
+            held = None if shards == 1 else queues_of(loaded.config.queues, shard, shards)
+            snapshot = build_snapshot(session, rt, loaded, metrics, now, held)
+            plan = decide(snapshot, loaded.config, now, held)
+            # one shard forgets old chart points: the one holding the first queue (never empty)
+            pruner = shard_of(min(loaded.autoscaled), shards) if loaded.autoscaled else shard
+
+            def apply(plan: Plan, snapshot: Snapshot) -> tuple[StoreActions, list[str]]:
+                actions = StoreActions(session, loaded, now, snapshot, prune=shard == pruner)
+                launched = execute(plan, actions, lambda: uuid.uuid4().hex, due)
+                actions.flush()
+                return actions, launched
+
+            if held is None or not _capped(loaded) or not _rents(plan, due):
+                # one evaluation at a time, or a plan that rents nothing: it cannot pass a cap
+                actions, launched = apply(plan, snapshot)
+            else:
+                # written first, behind a savepoint; then the account lock (held to the commit)
+                # and the other shards counted again: only the recount waits for another
+                # shard's commit, never the writes. Where their launches since make a cap bind,
+                # the writes are undone and the plan decided again.
+                savepoint = session.begin_nested()
+                actions, launched = apply(plan, snapshot)
+                leases.lock_account(session)
+                elsewhere = fleet.billing_elsewhere(session, held)
+                fresh = replace(snapshot, elsewhere=elsewhere)
+                if elsewhere == snapshot.elsewhere or still_granted(plan, fresh, loaded.config):
+                    savepoint.commit()
+                else:
+                    savepoint.rollback()
+                    actions, launched = apply(decide(fresh, loaded.config, now, held), fresh)
         result.evaluated = list(due)
         result.launched = launched
         result.drains = actions.drained_now
         result.resumed = actions.resumed
     finally:
         with rt.transaction() as session:
-            leases.release(session, EVALUATION_LEASE, holder)
+            leases.release(session, lease, holder)
     for launch_id in result.launched:
         enqueue("launch", launch_id)
     for launch_id in result.drains:
@@ -143,6 +236,17 @@ def evaluate(
     for launch_id in result.resumed:
         enqueue("resume", launch_id)
     return result
+
+
+def _rents(plan: Plan, due: Collection[str]) -> bool:
+    """Whether the plan launches or resumes a machine in one of the queues it will apply."""
+    wanted = set(due)
+    return any(qp.launches or qp.resumes for qp in plan.queues if qp.queue in wanted)
+
+
+def _capped(loaded: Loaded) -> bool:
+    limits = loaded.config.limits
+    return limits.max_machines is not None or limits.max_price_per_hour is not None
 
 
 # --------------------------------------------------------------------------- steps
@@ -203,15 +307,21 @@ def build_snapshot(
     loaded: Loaded,
     metrics: Mapping[str, QueueMetrics],
     now: datetime,
+    held: Collection[str] | None = None,
 ) -> Snapshot:
     """Every queue's numbers, our machines, hand-made workers, backoffs and manual targets:
-    one query per table whatever the number of queues and machines.
+    one query per table whatever the number of queues and machines. With `held` (one shard's
+    queues), only those queues and their machines are listed; every other machine of the
+    account is counted for the caps (`Snapshot.elsewhere`, one more query where caps are set).
 
     The broker's numbers are completed with what the workers reported through the worker-status
     port (running, prefetched and ETA-held jobs per queue: `with_worker_loads`); a machine of
     ours reporting through agent heartbeats only adds its running tasks. Queues with jobs waiting
     or scheduled and no machine serving get their recent boot time (one more query, only then)."""
-    rows = fleet.live_rows(session)
+    rows = fleet.live_rows(session, held)
+    elsewhere = (
+        fleet.billing_elsewhere(session, held) if held is not None and _capped(loaded) else ()
+    )
     machines = fleet.machines_by_queue(rows)
     backoffs = fleet.backoffs(session)
     targets = fleet.manual_targets(session, now)
@@ -233,7 +343,7 @@ def build_snapshot(
         ):
             loads[r.queue] = loads.get(r.queue, QueueLoad()) + QueueLoad(running=r.running_tasks)
     completed = {name: with_worker_loads(m, loads.get(name)) for name, m in metrics.items()}
-    names = set(loaded.config.queues) | set(machines)
+    names = (set(loaded.config.queues) if held is None else set(held)) | set(machines)
     histories = _histories(session, completed, names, now)
     # the recent boot time matters where jobs wait or are scheduled (pre-warm, a late boot, the
     # burst rule) and where an idle machine may go at a learned timeout (a boot is its price)
@@ -265,7 +375,9 @@ def build_snapshot(
                 history=histories[name],
             )
         )
-    return Snapshot(tuple(queues), rate_limits=rate_limits.active(session, now))
+    return Snapshot(
+        tuple(queues), rate_limits=rate_limits.active(session, now), elsewhere=elsewhere
+    )
 
 
 def sighting_scope(loaded: Loaded, users_made: bool, env: Mapping[str, str]) -> Scope:
@@ -362,12 +474,18 @@ class StoreActions:
     """`PlanActions` on the tick's transaction: rows and events now, tasks after commit."""
 
     def __init__(
-        self, session: Session, loaded: Loaded, now: datetime, snapshot: Snapshot | None = None
+        self,
+        session: Session,
+        loaded: Loaded,
+        now: datetime,
+        snapshot: Snapshot | None = None,
+        prune: bool = True,
     ) -> None:
         self.session = session
         self.loaded = loaded
         self.now = now
         self.snapshot = snapshot
+        self.prune = prune  # forget old chart points (one shard of a sharded tick does)
         self.samples: list[dict[str, Any]] = []
         self.intents: list[fleet.Intent] = []
         self.events: list[dict[str, Any]] = []
@@ -452,7 +570,15 @@ class StoreActions:
         auto = self.loaded.config.queues[action.queue].autoscale
         key = warm.spec_key(auto) if auto is not None else None
         self.intents.append(
-            fleet.Intent(launch_id, action.queue, action.provider, action.reason, key)
+            fleet.Intent(
+                launch_id,
+                action.queue,
+                action.provider,
+                action.reason,
+                key,
+                action.fallbacks,
+                action.interruptible,
+            )
         )
         self.events.append(
             fleet.event(
@@ -461,7 +587,7 @@ class StoreActions:
                 action.reason,
                 queue=action.queue,
                 launch_id=launch_id,
-                details={"trigger": action.trigger, "provider": action.provider},
+                details={"trigger": action.trigger, "providers": list(action.providers)},
             )
         )
 
@@ -505,7 +631,7 @@ class StoreActions:
         queue_status.record(
             self.session, self.statuses, self.loaded.version, self.now, self.histories
         )
-        queue_samples.record(self.session, self.samples, self.now)
+        queue_samples.record(self.session, self.samples, self.now, self.prune)
 
     def _sample(self, plan: QueuePlan) -> None:
         """The dashboard's chart point for this evaluation, keyed by the reading's own time (the
@@ -557,7 +683,6 @@ def fast_path(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) -> Tic
     """Scale from zero without waiting a poll: queues with no capacity at all are read every
     second, and one with jobs waiting is evaluated at once. Costs one query when every queue
     has capacity."""
-    now = now or utc_now()
     with rt.transaction() as session:
         loaded = rt.load(session)
         if loaded is None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 
 from autoscaler.config.models import Queue
+from autoscaler.control.resume import avoid_host
 from autoscaler.control.runtime import Loaded, Runtime, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.base import SourceError
@@ -61,10 +62,13 @@ def observe_celery_workers(
             log.warning("worker probe failed: %s", exc)
             continue
         seen.setdefault(broker_domain(q.metrics, rt.env), {}).update(answers)
+    slow: list[fleet.SlowHost] = []
     with rt.transaction() as session:
         install = rt.installation_id(session)
         for domain, answers in sorted(seen.items()):
-            record_sightings(session, answers, install, now, domain)
+            slow += record_sightings(session, answers, install, now, domain)
+    for s in slow:  # once the moves are committed (SQLite: one writer at a time)
+        avoid_host(rt, s.provider, s.host_id, s.reason)
     return errors
 
 
@@ -78,9 +82,10 @@ def record_sightings(
     installation_id: str,
     now: datetime,
     domain: str,
-) -> None:
+) -> list[fleet.SlowHost]:
     """Upsert every sighting heard through `domain`; move our machines' rows to what their
-    worker just said.
+    worker just said. Returns the hosts of slow cold boots made ready here, for the caller to
+    avoid once its transaction has committed.
 
     `seen`: worker name -> `WorkerStatus` (or the older (queues, running) pair)."""
     status = {name: _status(v) for name, v in seen.items()}
@@ -111,14 +116,18 @@ def record_sightings(
     # broker reply under its label (anyone who may publish on the broker can send one) moves
     # nothing of its row
     rows = fleet.heard_through_broker(session, ours)
+    slow: list[fleet.SlowHost] = []
     for launch_id, _, state, queue, provider in rows:
         if state in (InstanceState.BOOTING, InstanceState.RESUMING):  # ready at first sight
             why = f"its worker is up ({ours[launch_id][0][:200]} answered remote control)"
-            fleet.mark_ready(session, launch_id, queue, provider, now, why)
+            ready = fleet.mark_ready(session, launch_id, queue, provider, now, why)
+            if ready and ready.slow_host is not None:
+                slow.append(ready.slow_host)
     for launch_id, before, *_ in rows:
         name, running = ours[launch_id]
         # a task ran since the last look if one runs now or one ran then
         fleet.note_worker(session, launch_id, name[:200], running, now, running > 0 or before > 0)
+    return slow
 
 
 Scope = Callable[[str, str, bool], Iterable[str]]

@@ -9,14 +9,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from autoscaler.access.credentials import CredentialError
-from autoscaler.control import rate_limits
+from autoscaler.control import handback, rate_limits
 from autoscaler.control.observe import observe_celery_workers
 from autoscaler.control.resume import avoid_host, warm_miss
-from autoscaler.control.runtime import Loaded, Runtime, log
+from autoscaler.control.runtime import Loaded, Runtime, collector_paused, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile
 from autoscaler.providers.base import ProviderError, RateLimitedError
@@ -29,7 +29,13 @@ Enqueue = Callable[[str, str], None]
 
 def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) -> dict[str, Any]:
     """One round. Silence is judged on the store's clock (`store_now`), the clock heartbeats
-    and sightings are stamped with, never this process's own."""
+    and sightings are stamped with, never this process's own. The cycle collector waits for
+    the round's end (`collector_paused`: 0.9 s of a 3.8 s round at 20,000 machines)."""
+    with collector_paused():
+        return _run_reconcile(rt, enqueue, now)
+
+
+def _run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None) -> dict[str, Any]:
     with rt.transaction() as session:
         loaded = rt.load(session)
         now = now or store_now(session)
@@ -44,6 +50,7 @@ def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) ->
         rows = tuple(fleet.as_row(r) for r in [*live, *closed])
         plan = reconcile(rows, views, orphan_sightings.seen(session), loaded.config, now)
         cancelled, missed, avoid = _apply(session, loaded, plan, now)
+        handbacks = fleet.pending_handbacks(session)
     for provider, host, reason in avoid:
         avoid_host(rt, provider, host, reason)
     for r in plan.retries:
@@ -55,7 +62,10 @@ def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) ->
             enqueue("stop", t.launch_id)
     for launch_id in cancelled:
         enqueue("terminate", launch_id)
-    for queue in sorted(missed):  # a warm miss rents a fresh machine now, not a poll later
+    for launch_id, _ in handbacks:  # a lost machine's jobs back to the broker (and again
+        enqueue("handback", launch_id)  # each round until done: a crash loses nothing)
+    # a warm miss or a lost machine: a fresh machine is rented now, not a poll later
+    for queue in sorted(missed | {t.queue for t in plan.transitions if t.handback}):
         enqueue("evaluate", queue)
     destroyed = _destroy_orphans(rt, plan, now)
     _sweep_broker_users(rt, loaded, {r.launch_id for r in live})
@@ -106,7 +116,9 @@ def list_providers(rt: Runtime, loaded: Loaded) -> dict[str, ProviderView]:
             name,
             listed=True,
             machines=tuple(
-                Listed(m.provider_instance_id, m.launch_id, m.label, m.status, m.host_id)
+                Listed(
+                    m.provider_instance_id, m.launch_id, m.label, m.status, m.host_id, m.raw_status
+                )
                 for m in machines
                 if m.launch_id is not None
             ),
@@ -128,7 +140,10 @@ def _apply(
     avoid: list[tuple[str, str, str]] = []
     for t in plan.transitions:
         if t.dst == S.READY:  # the one way a machine becomes ready, wherever it is seen
-            fleet.mark_ready(session, t.launch_id, t.queue, t.provider, now, t.reason)
+            ready = fleet.mark_ready(session, t.launch_id, t.queue, t.provider, now, t.reason)
+            if ready and ready.slow_host is not None:  # a slow cold boot: avoid its host
+                slow = ready.slow_host
+                avoid.append((slow.provider, slow.host_id, slow.reason))
             continue
         if t.warm == "miss" and t.dst == S.TERMINATING:
             if warm_miss(session, t.launch_id, t.queue, t.host_id, t.reason):
@@ -143,6 +158,20 @@ def _apply(
             fields["host_id"] = t.host_id
         if not fleet.move(session, t.launch_id, t.src, t.dst, now, t.reason, **fields):
             continue  # someone moved it first
+        if t.handback:
+            fleet.set_handback_due(session, t.launch_id, now + handback.GRACE)
+        if t.preempted:
+            events.append(
+                fleet.event(
+                    fleet.PREEMPTION_EVENT,
+                    "preempted",
+                    t.reason,
+                    queue=t.queue,
+                    launch_id=t.launch_id,
+                    details={"provider": t.provider, "host": t.host_id},
+                )
+            )
+            avoid += _preempting_host(session, t, now)
         if t.dst == S.BOOTING and fleet.cancel_if_requested(session, t.launch_id, now):
             cancelled.append(t.launch_id)
         events.append(
@@ -179,9 +208,10 @@ def _apply(
             )
             for n in plan.silences
         ]
+    unnoted = fleet.unnoted_retries(session, [(r.launch_id, r.step) for r in plan.retries])
     for r in plan.retries:
         # Audited once per stretch of retries (not on every reconcile while a drain waits).
-        if fleet.note_retry(session, r.launch_id, r.step, r.reason):
+        if r.launch_id in unnoted and fleet.note_retry(session, r.launch_id, r.step, r.reason):
             events.append(
                 fleet.event(
                     "reconcile", f"retry_{r.step}", r.reason, queue=r.queue, launch_id=r.launch_id
@@ -190,6 +220,22 @@ def _apply(
     orphan_sightings.replace(session, plan.orphans)
     fleet.record_events(session, events, now)
     return cancelled, missed, avoid
+
+
+PREEMPTIONS_TO_AVOID = 2
+"""Preemptions on one host within PREEMPTION_WINDOW that get it avoided for a while."""
+PREEMPTION_WINDOW = timedelta(hours=24)
+
+
+def _preempting_host(session: Session, t: Any, now: datetime) -> list[tuple[str, str, str]]:
+    """The host to avoid when it has now preempted our machines PREEMPTIONS_TO_AVOID times
+    within PREEMPTION_WINDOW (this one included: its event is flushed with the round's)."""
+    if not t.host_id:
+        return []
+    earlier = fleet.preemptions_on_host(session, t.provider, t.host_id, now - PREEMPTION_WINDOW)
+    if earlier + 1 < PREEMPTIONS_TO_AVOID:
+        return []
+    return [(t.provider, t.host_id, f"preempted {earlier + 1} machines of ours within 24h")]
 
 
 def _destroy_orphans(rt: Runtime, plan: ReconcilePlan, now: datetime) -> int:

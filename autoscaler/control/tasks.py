@@ -1,13 +1,15 @@
 """Control-plane tasks: thin glue, one per lifecycle stage. Arguments are names and ids only
 (Flower shows task arguments): no URL, key or token ever travels in a task message.
 
-    autoscaler.tick        evaluate the queues whose poll slot is due (beat, every poll)
+    autoscaler.tick        evaluate the queues whose poll slot is due (beat, every poll; with
+                           evaluation.shards > 1 it sends one tick per shard)
     autoscaler.fast_path   scale from zero within seconds (beat, every second)
     autoscaler.launch      rent the machine of one launch intent
     autoscaler.drain       drain one machine (also the operator's drain)
     autoscaler.terminate   destroy one machine, until the provider confirms
     autoscaler.stop        stop one drained machine for its queue's warm pool
     autoscaler.resume      start one stopped machine of a warm pool again
+    autoscaler.handback    give a lost machine's jobs back to the broker
     autoscaler.reconcile   observe workers, compare with the providers, mend (beat)
     autoscaler.scale       an operator's target: ["queue", workers] or ["queue", workers, "2h"]
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoscaler.control import drain as drain_step
+from autoscaler.control import handback as handback_step
 from autoscaler.control import launch as launch_step
 from autoscaler.control import loop, manual, reconciler
 from autoscaler.control import resume as resume_step
@@ -37,6 +40,9 @@ def enqueue(step: str, launch_id: str) -> None:
     if step == "evaluate":
         tick.apply_async(kwargs={"trigger": "warm_miss", "queue": launch_id}, expires=STEP_EXPIRES)
         return
+    if step == "shard":  # one shard's poll tick: stale once the next poll has come
+        tick.apply_async(kwargs={"trigger": "poll", "shard": int(launch_id)}, expires=60)
+        return
     STEPS[step].apply_async((launch_id,), expires=STEP_EXPIRES)
 
 
@@ -50,9 +56,14 @@ def send_step(step: str, launch_id: str) -> None:
 
 
 @app.task(name="autoscaler.tick")
-def tick(trigger: str = "poll", queue: str | None = None) -> dict[str, Any]:
+def tick(
+    trigger: str = "poll", queue: str | None = None, shard: int | None = None
+) -> dict[str, Any]:
+    """Evaluate (see `loop.evaluate`); with `evaluation.shards` > 1 the poll tick sends one
+    tick per shard, each with its `shard` number."""
     queues = [queue] if queue else None
-    return loop.evaluate(runtime(), enqueue, trigger=trigger, queues=queues).as_dict()
+    rt = runtime()
+    return loop.evaluate(rt, enqueue, trigger=trigger, queues=queues, shard=shard).as_dict()
 
 
 @app.task(name="autoscaler.fast_path", ignore_result=True)  # every second: keep no result
@@ -87,7 +98,25 @@ def resume(launch_id: str) -> str:
     return resume_step.run_resume(runtime(), launch_id, enqueue=enqueue)
 
 
-STEPS = {"launch": launch, "drain": drain, "terminate": terminate, "stop": stop, "resume": resume}
+@app.task(name="autoscaler.handback", acks_late=True)
+def handback(launch_id: str) -> str:
+    """Hand a lost machine's jobs back to the broker (sent again with a countdown when not due
+    yet; reconcile sends it every round until it is done)."""
+
+    def later(seconds: float) -> None:
+        handback.apply_async((launch_id,), countdown=seconds, expires=STEP_EXPIRES)
+
+    return handback_step.run_handback(runtime(), launch_id, later)
+
+
+STEPS = {
+    "launch": launch,
+    "drain": drain,
+    "terminate": terminate,
+    "stop": stop,
+    "resume": resume,
+    "handback": handback,
+}
 """The lifecycle tasks by step name, each taking one launch id."""
 
 

@@ -127,7 +127,8 @@ class FallbackReader:
         if failure:
             log.warning("metrics source failed, using last known numbers: %s", failure)
         now = self._clock()
-        good = {q: m for q, m in fresh.items() if q in queues and not m.stale}
+        asked = set(queues)  # (a list: `in` over 10,000 queues cost 0.5 s a tick)
+        good = {q: m for q, m in fresh.items() if q in asked and not m.stale}
         if good:
             self._last.save(self.source_id, good)
         failed = [q for q in queues if q not in good]

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoscaler.config.models import Config, Limits
-from autoscaler.lifecycle import InstanceState
+from autoscaler.lifecycle import LIVE_STATES, InstanceState
+from autoscaler.policy.plan import Plan
 from autoscaler.policy.snapshot import Snapshot
 
 _EPS = 1e-9
@@ -38,7 +39,8 @@ class Grant:
 
 
 def usage(snapshot: Snapshot, config: Config) -> tuple[int, float]:
-    """(machines, $/hour) of every billing machine of the account, across all queues."""
+    """(machines, $/hour) of every billing machine of the account, across all queues: those
+    the snapshot lists and those it only counts (`Snapshot.elsewhere`, other shards')."""
     machines = 0
     dollars = 0.0
     # A machine of a queue no longer configured, with no known price, may cost as much as the
@@ -47,16 +49,26 @@ def usage(snapshot: Snapshot, config: Config) -> tuple[int, float]:
         (q.autoscale.instance.max_price_per_hour for q in config.queues.values() if q.autoscale),
         default=0.0,
     )
-    for q in snapshot.queues:
-        queue_cfg = config.queues.get(q.name)
+
+    def fallback(queue: str) -> float:
+        queue_cfg = config.queues.get(queue)
         auto = queue_cfg.autoscale if queue_cfg is not None else None
-        fallback = auto.instance.max_price_per_hour if auto is not None else dearest
+        return auto.instance.max_price_per_hour if auto is not None else dearest
+
+    for q in snapshot.queues:
+        price = fallback(q.name)
         for m in q.machines:
             if m.state == InstanceState.STOPPED:  # a warm pool's: no machine running, its disk
                 dollars += m.storage_price_per_hour or 0.0
             elif m.billing:
                 machines += 1
-                dollars += m.price_per_hour if m.price_per_hour is not None else fallback
+                dollars += m.price_per_hour if m.price_per_hour is not None else price
+    for b in snapshot.elsewhere:
+        if b.state == InstanceState.STOPPED:
+            dollars += b.known_dollars
+        elif b.state in LIVE_STATES:
+            machines += b.machines
+            dollars += b.known_dollars + b.unpriced * fallback(b.queue)
     return machines, dollars
 
 
@@ -115,3 +127,26 @@ def allocate(
             )
         out[r.queue] = Grant(r.queue, granted[r.queue], waiting, reason)
     return out
+
+
+def still_granted(plan: Plan, snapshot: Snapshot, config: Config) -> bool:
+    """Whether decide() on `snapshot` grants `plan`'s launches and resumes as they are: the
+    plan waited on no cap, and all of them together still fit under the caps with the
+    account's usage as `snapshot` counts it (`allocate` grants every request when their total
+    fits, whatever the order). A sharded tick whose recount moved checks this before deciding
+    again: another shard's launches change its plan only when they make a cap bind."""
+    limits = config.limits
+    if limits.max_machines is None and limits.max_price_per_hour is None:
+        return True
+    if any(w.kind == "spend_cap" for qp in plan.queues for w in qp.waits):
+        return False
+    machines, dollars = usage(snapshot, config)
+    for qp in plan.queues:
+        n = len(qp.launches) + len(qp.resumes)
+        if n:
+            auto = config.queues[qp.queue].autoscale
+            machines += n
+            dollars += n * (auto.instance.max_price_per_hour if auto is not None else 0.0)
+    if limits.max_machines is not None and machines > limits.max_machines:
+        return False
+    return limits.max_price_per_hour is None or dollars <= limits.max_price_per_hour + _EPS

@@ -26,8 +26,11 @@ machine for an empty queue one boot time (`QueueSnapshot.boot_estimate`, else
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import TypeVar
 
 from autoscaler.config.models import (
     LEARNED_MAX_FACTOR,
@@ -58,11 +61,9 @@ from autoscaler.policy.plan import (
     WaitKind,
 )
 from autoscaler.policy.snapshot import (
-    BackoffState,
     Machine,
     ManualTarget,
     QueueSnapshot,
-    RateLimit,
     Snapshot,
 )
 
@@ -109,31 +110,86 @@ class _Up:
     up_fired: bool
     fresh: bool
     degraded: tuple[str, ...]
-    backoff: BackoffState | None
     notes: tuple[str, ...]
     waits: tuple[Wait, ...]
     manual: ManualTarget | None = None
     keep_one: bool = False
-    rate_limit: RateLimit | None = None
+    holds: tuple[_Hold, ...] = ()
+    """Its providers that are not called to rent now, in the order written."""
     resumable: tuple[Machine, ...] = ()
-    """Stopped machines of its warm pool a launch may resume, the most recently stopped first."""
+    """Stopped machines of its warm pool a launch may resume, the most recently stopped first
+    (none on a provider under a rate limit: a start is a call too)."""
+
+    @property
+    def open_providers(self) -> tuple[str, ...]:
+        """Its providers that may be called to rent now, in the order written."""
+        held = {h.provider for h in self.holds}
+        return tuple(p for p in self.auto.providers if p not in held)
 
 
-def decide(snapshot: Snapshot, config: Config, now: datetime) -> Plan:
-    """The plan for every autoscaled queue of `config` at `now` (aware). Pure: no I/O, no clock."""
+@dataclass(frozen=True)
+class _Hold:
+    """A provider of the queue not called to rent now: a rate limit (a 429's reset; it holds
+    resumes too) or the (queue, provider) backoff after failed rentals."""
+
+    provider: str
+    kind: WaitKind
+    until: datetime
+    why: str
+
+
+def _holds(
+    auto: Autoscale, qs: QueueSnapshot, snapshot: Snapshot, now: datetime
+) -> tuple[_Hold, ...]:
+    holds = []
+    for provider in auto.providers:
+        limit = snapshot.rate_limit_for(provider, now)
+        b = active_backoff(qs.backoff_for(provider), now)
+        if limit is not None:
+            left = (limit.until - now).total_seconds()
+            why = (
+                f"rate limit: {provider} takes no calls before {limit.until.isoformat()} "
+                f"({left:.0f}s left; {limit.reason})"
+            )
+            holds.append(_Hold(provider, "rate_limit", limit.until, why))
+        elif b is not None:
+            left = (b.until - now).total_seconds()
+            err = f" (last error: {b.last_error})" if b.last_error else ""
+            why = (
+                f"backoff: renting from {provider} failed {b.failures} time(s){err}; no "
+                f"launch before {b.until.isoformat()} ({left:.0f}s left)"
+            )
+            holds.append(_Hold(provider, "backoff", b.until, why))
+    return tuple(holds)
+
+
+_T = TypeVar("_T")
+
+
+def decide(
+    snapshot: Snapshot, config: Config, now: datetime, only: Collection[str] | None = None
+) -> Plan:
+    """The plan for every autoscaled queue of `config` at `now` (aware), or for the queues in
+    `only` (one shard's: the others' machines still count toward the caps through the
+    snapshot). Pure: no I/O, no clock."""
     if now.tzinfo is None:
         raise ValueError("decide() needs an aware datetime for now (UTC)")
     ups: list[_Up] = []
     plan_notes: list[str] = []
-    for name in sorted(config.queues):
+    names = sorted(config.queues) if only is None else sorted(set(only) & set(config.queues))
+    for name in names:
         auto = config.queues[name].autoscale
         if auto is None or not auto.enabled:
             plan_notes.append(f"{name}: autoscaling disabled, nothing decided")
             continue
         qs = snapshot.queue(name) or QueueSnapshot(name=name, metrics=None)
         up = _scale_up(name, auto, qs, config, now)
-        limit = snapshot.rate_limit_for(auto.provider, now)
-        ups.append(replace(up, rate_limit=limit) if limit is not None else up)
+        holds = _holds(auto, qs, snapshot, now)
+        if holds:
+            limited = {h.provider for h in holds if h.kind == "rate_limit"}
+            resumable = tuple(m for m in up.resumable if m.provider not in limited)
+            up = replace(up, holds=holds, resumable=resumable)
+        ups.append(up)
 
     grants = _grants(ups, snapshot, config)
     queues = tuple(_finish(u, grants.get(u.name), config, now) for u in ups)
@@ -221,7 +277,6 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
         up_fired=bool(fired) or (hedge is not None and ask.trigger == "hedge"),
         fresh=fresh,
         degraded=_degraded(auto, qs),
-        backoff=active_backoff(qs.backoff_for(auto.provider), now),
         notes=tuple(notes),
         waits=(*waits, *full),
         manual=floor.manual,
@@ -467,49 +522,82 @@ def _grants(ups: list[_Up], snapshot: Snapshot, config: Config) -> dict[str, Gra
     return allocate(requests, limits, used_machines, used_dollars)
 
 
-def _unheld(u: _Up) -> int:
-    """Machines the queue may get now before the caps: none under its provider's rate limit;
-    under a rental backoff only its resumes (a resume rents nothing)."""
-    if u.rate_limit is not None:
+def _within_share(
+    u: _Up, ordered: list[_T], budget: int, machine: Callable[[_T], Machine], gone: set[str]
+) -> list[_T]:
+    """Of the drain candidates (in the order they would go), those to drain so that a shrinking
+    fleet stays within the queue's `max_share` of interruptible machines: whenever draining a
+    machine on demand next would leave too many interruptible ones, the next interruptible
+    candidate goes instead, and with none the machines on demand are kept (the share is a
+    promise: an idle machine costs less than work lost to preemptions the user did not
+    accept). `gone`: machines this plan drains already. Without `interruptible`: unchanged."""
+    spec = u.auto.instance.interruptible
+    if spec is None:
+        return ordered[: max(0, budget)]
+    fleet = [m for m in u.qs.machines if (m.serving or m.booting) and m.launch_id not in gone]
+    n, k = len(fleet), sum(1 for m in fleet if m.interruptible)
+    left = list(ordered)
+    out: list[_T] = []
+    while left and len(out) < budget:
+        over = k > math.floor(spec.max_share * (n - 1) + 1e-9)
+        pick = next((c for c in left if machine(c).interruptible), None) if over else left[0]
+        if pick is None:
+            break
+        left.remove(pick)
+        out.append(pick)
+        n, k = n - 1, k - (1 if machine(pick).interruptible else 0)
+    return out
+
+
+def _interruptible_launches(u: _Up, fresh: int) -> int:
+    """How many of `fresh` new machines are rented at the bid: the queue's machines (serving
+    and booting) plus these stay at most `max_share` interruptible, counted down; the rest on
+    demand. A preempted machine is no capacity (it leaves at once), so its replacement may be
+    interruptible again only while the share allows."""
+    spec = u.auto.instance.interruptible
+    if spec is None or fresh <= 0:
         return 0
-    if u.backoff is not None:
-        return min(u.wanted, len(u.resumable))
-    return u.wanted
+    fleet = [m for m in u.qs.machines if m.serving or m.booting]
+    already = sum(1 for m in fleet if m.interruptible)
+    allowed = math.floor(spec.max_share * (len(fleet) + fresh) + 1e-9)
+    return max(0, min(fresh, allowed - already))
+
+
+def _unheld(u: _Up) -> int:
+    """Machines the queue may get now before the caps: all while one of its providers may be
+    called; when every one waits, only its resumes (a resume rents nothing; `resumable` holds
+    none on a provider under a rate limit)."""
+    if u.open_providers:
+        return u.wanted
+    return min(u.wanted, len(u.resumable))
 
 
 # --------------------------------------------------------------------------- finish
 
 
-def _provider_hold(u: _Up, now: datetime) -> tuple[WaitKind, datetime, str] | None:
-    """Why the queue's provider is not called to rent now, if it is not: its own rate limit
-    (a 429's reset) first, else the (queue, provider) backoff after failed rentals."""
-    if u.rate_limit is not None:
-        limit = u.rate_limit
-        left = (limit.until - now).total_seconds()
-        return (
-            "rate_limit",
-            limit.until,
-            f"rate limit: {u.auto.provider} takes no calls before {limit.until.isoformat()} "
-            f"({left:.0f}s left; {limit.reason})",
-        )
-    if u.backoff is not None:
-        b = u.backoff
-        left = (b.until - now).total_seconds()
-        err = f" (last error: {b.last_error})" if b.last_error else ""
-        return (
-            "backoff",
-            b.until,
-            f"backoff: renting from {u.auto.provider} failed {b.failures} time(s){err}; no "
-            f"launch before {b.until.isoformat()} ({left:.0f}s left)",
-        )
-    return None
+def _provider_hold(u: _Up) -> tuple[WaitKind, datetime, str] | None:
+    """Why the queue rents nothing now, if so: every provider it lists waits. The wait ends
+    when the first of them may be called again; a rate limit is named as the kind only when
+    every provider is rate limited."""
+    if u.open_providers or not u.holds:
+        return None
+    kind: WaitKind = "rate_limit" if all(h.kind == "rate_limit" for h in u.holds) else "backoff"
+    until = min(h.until for h in u.holds)
+    if len(u.holds) == 1:
+        return kind, until, u.holds[0].why
+    return kind, until, "every provider waits: " + "; ".join(h.why for h in u.holds)
 
 
 def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> QueuePlan:
     waits = list(u.waits)
     notes = list(u.notes)
     count = u.wanted
-    hold = _provider_hold(u, now)
+    hold = _provider_hold(u)
+    open_providers = u.open_providers
+    if count > 0 and open_providers and u.holds:
+        notes.append(
+            "; ".join(h.why for h in u.holds) + f"; renting from {', '.join(open_providers)}"
+        )
     if count > 0 and hold is not None:
         kind, until, why = hold
         held = count - _unheld(u)
@@ -542,13 +630,17 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
         for m in u.resumable[:count]
     )
     fresh = count - len(resumes)
+    bids = _interruptible_launches(u, fresh)
     launches = tuple(
         Launch(
             queue=u.name,
-            provider=u.auto.provider,
+            provider=open_providers[0],
+            fallbacks=open_providers[1:],
             trigger=u.trigger,
             index=i + 1,
-            reason=u.reason if fresh == 1 else f"{u.reason} (machine {i + 1} of {fresh})",
+            reason=(u.reason if fresh == 1 else f"{u.reason} (machine {i + 1} of {fresh})")
+            + (" at the queue's bid (interruptible)" if i < bids else ""),
+            interruptible=i < bids,
         )
         for i in range(fresh)
     )
@@ -631,9 +723,8 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
             for m, secs in t.idle_candidates(timeout, machines, now):
                 if m.launch_id not in idle or timeout < idle[m.launch_id][2]:
                     idle[m.launch_id] = (m, secs, timeout, how)
-    for m, secs, timeout, how in sorted(idle.values(), key=lambda x: (-x[1], x[0].launch_id)):
-        if len(drains) >= idle_budget:
-            break
+    ordered = sorted(idle.values(), key=lambda x: (-x[1], x[0].launch_id))
+    for m, secs, timeout, how in _within_share(u, ordered, idle_budget, lambda c: c[0], set()):
         drains.append(
             Drain(
                 queue=u.name,
@@ -740,9 +831,13 @@ def _serving(u: _Up) -> int:
 
 
 def _needed_for_waiting(u: _Up) -> int:
-    """Machines the jobs waiting now need, ceil(pending / target); 0 when none waits."""
-    pending = u.qs.metrics.pending if u.qs.metrics is not None else 0
-    return -(-max(0, pending) // _target_per_worker(u))
+    """Machines the jobs waiting now need, ceil(pending / target); 0 when none waits. Jobs
+    handed to a worker while the read ran count too (`delivered_during_read`: possibly in no
+    other number): the machine that just took them still looks idle until its worker reports
+    them, and draining it sent them back for another machine (the worker image's e2e)."""
+    m = u.qs.metrics
+    waiting = (m.pending + m.delivered_during_read) if m is not None else 0
+    return -(-max(0, waiting) // _target_per_worker(u))
 
 
 def _fleet_down(
@@ -756,7 +851,8 @@ def _fleet_down(
     shortest = min(tr.timeout for tr in idle_triggers)
     if shortest <= FLEET_IDLE_S:
         return []  # the idle timeout already acts sooner
-    load = u.qs.metrics.pending + u.qs.metrics.started_or_held
+    read = u.qs.metrics
+    load = read.pending + read.started_or_held + read.delivered_during_read
     target = _target_per_worker(u)
     need = max(1, -(-load // target))
     serving = [m for m in u.qs.machines if m.serving and m.launch_id not in chosen]
@@ -769,7 +865,8 @@ def _fleet_down(
         key=lambda m: (m.idle_since(), m.launch_id),
     )
     out = []
-    for m in spare[: max(0, min(budget, len(serving) - need))]:
+    room = max(0, min(budget, len(serving) - need))
+    for m in _within_share(u, spare, room, lambda c: c, chosen):
         secs = (now - m.idle_since()).total_seconds()
         out.append(
             Drain(

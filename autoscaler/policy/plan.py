@@ -14,13 +14,23 @@ DrainTrigger = Literal["idle", "schedule", "manual", "drain_requested", "baselin
 @dataclass(frozen=True)
 class Launch:
     """Rent one machine for `queue` from `provider`. `index` is 1..n within this plan's queue,
-    so (queue, evaluation, index) can key an idempotent launch intent."""
+    so (queue, evaluation, index) can key an idempotent launch intent. `fallbacks`: for a queue
+    listing several providers, the others not waiting now, in the order written; the launch
+    ranks the offers of all of them (`policy.placement`), `provider` being the first listed."""
 
     queue: str
     provider: str
     trigger: str
     reason: str
     index: int = 1
+    fallbacks: tuple[str, ...] = ()
+    interruptible: bool = False
+    """Rent it at the queue's bid (`instance.interruptible`), within its `max_share`."""
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        """Every provider this launch may rent from."""
+        return (self.provider, *self.fallbacks)
 
 
 @dataclass(frozen=True)

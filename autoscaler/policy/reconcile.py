@@ -32,7 +32,7 @@ never destroys or closes anything.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
 
@@ -106,6 +106,8 @@ class Listed:
     label: str
     status: MachineStatus
     host_id: str | None = None
+    raw_status: str | None = None
+    """The provider's own word for its state (for the events: "outbid", "exited")."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,12 @@ class Transition:
     warm: Literal["hit", "miss"] | None = None
     """A resume from the warm pool that came up (hit) or failed (miss: a fresh machine is rented
     at once, and the queue does not back off)."""
+    handback: bool = False
+    """The provider says the machine no longer runs while its worker may have held jobs: they
+    are handed back to the broker (`control.handback`), and its queue evaluated at once."""
+    preempted: bool = False
+    """The provider stopped it because it was outbid (an interruptible machine): no failure of
+    the rental nor of its host by itself; counted per queue and host."""
 
     def __post_init__(self) -> None:
         if not can_move(self.src, self.dst):
@@ -394,23 +402,51 @@ def _creating(row: Row, f: _Facts) -> Transition | None:
     return None
 
 
+HELD_JOBS = frozenset({S.READY, S.DRAINING})
+"""States in which a machine's worker may hold jobs (a drained one has finished them)."""
+
+
 def _gone_or_dead(row: Row, f: _Facts) -> Transition | None:
-    """A machine its provider no longer lists is lost; one it lists as dead is destroyed."""
+    """A machine its provider no longer lists is lost; one it lists as dead (or stopped by the
+    provider) is destroyed. Either way the provider says it no longer runs: the jobs its worker
+    held are handed back (never for a machine merely silent while its provider runs it)."""
     state = row.state
+    handback = state in HELD_JOBS
     if state in (S.BOOTING, S.READY, S.DRAINING, S.DRAINED) and f.known and f.machine is None:
-        return _move(
-            row, S.LOST, f"gone at the provider while {state.value}", rental=_failed(state)
+        return replace(
+            _move(row, S.LOST, f"gone at the provider while {state.value}", rental=_failed(state)),
+            handback=handback,
         )
     if state in (S.BOOTING, S.READY, S.DRAINING) and f.dead:
-        return _move(
-            row,
-            S.TERMINATING,
-            f"dead at the provider while {state.value} ({f.machine.status if f.machine else '?'})",
-            rental=_failed(state),
-            avoid_host=state == S.BOOTING and f.host is not None,
-            host_id=f.host,
+        status = (f.machine.raw_status or f.machine.status.value) if f.machine else "?"
+        if f.machine is not None and f.machine.raw_status == OUTBID:
+            return replace(
+                _move(
+                    row,
+                    S.TERMINATING,
+                    f"preempted while {state.value}: outbid, stopped by the provider",
+                    host_id=f.host,
+                ),
+                handback=handback,
+                preempted=True,
+            )
+        return replace(
+            _move(
+                row,
+                S.TERMINATING,
+                f"dead at the provider while {state.value} ({status})",
+                rental=_failed(state),
+                avoid_host=state == S.BOOTING and f.host is not None,
+                host_id=f.host,
+            ),
+            handback=handback,
         )
     return None
+
+
+OUTBID = "outbid"
+"""A provider's raw status for an interruptible machine it stopped because a higher bid won
+(`providers.vast.OUTBID`)."""
 
 
 def _booting(row: Row, f: _Facts, config: Config) -> Transition | None:

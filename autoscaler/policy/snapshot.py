@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
+from typing import Literal, get_args
 
 from autoscaler.lifecycle import BOOTING_STATES, LIVE_STATES, WARM_STATES, InstanceState
 from autoscaler.policy.history import NO_HISTORY, QueueHistory
@@ -56,6 +57,10 @@ class QueueMetrics:
     running: int | None = None
     reserved: int | None = None
     paused: bool = False
+    delivered_during_read: int = 0
+    """Jobs handed to a worker while the read ran (a Redis read is cut into pieces): each is
+    counted in `pending`, or - taken from its list before the list was counted - nowhere.
+    Never load (nothing is rented for them); a machine that may hold one is not idle."""
 
     @property
     def started_or_held(self) -> int:
@@ -102,6 +107,8 @@ class Machine:
     stopped_at: datetime | None = None
     storage_price_per_hour: float | None = None
     """What it bills while stopped (its kept disks), where the provider says."""
+    interruptible: bool = False
+    """Rented at a bid (Vast): the provider may stop it whenever it is outbid."""
 
     @property
     def booting(self) -> bool:
@@ -131,6 +138,13 @@ class Machine:
         return self.last_task_at or self.ready_at or self.created_at
 
 
+BackoffCause = Literal["capacity", "no_offer", "auth", "no_answer", "error", "boot"]
+"""What failed a rental, as `status` names it: no stock for any offer, no offer under the cap,
+the key refused, no answer within the placement's time limit, another error, a boot that failed."""
+
+BACKOFF_CAUSES: tuple[BackoffCause, ...] = get_args(BackoffCause)
+
+
 @dataclass(frozen=True)
 class BackoffState:
     """A (queue, provider) after failed rentals: no launch before `until`."""
@@ -139,6 +153,7 @@ class BackoffState:
     failures: int
     until: datetime
     last_error: str | None = None
+    cause: BackoffCause | None = None
 
 
 @dataclass(frozen=True)
@@ -196,11 +211,27 @@ class QueueSnapshot:
 
 
 @dataclass(frozen=True)
+class Billing:
+    """What one queue's machines in one state bill, counted by the store rather than listed:
+    the queues a sharded evaluation does not hold still count toward the account's caps.
+    `known_dollars` sums the known prices ($/h; a stopped machine's storage price), `unpriced`
+    counts the machines without one."""
+
+    queue: str
+    state: InstanceState
+    machines: int
+    known_dollars: float = 0.0
+    unpriced: int = 0
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """Every queue at one instant. Queues without config still count toward spend caps."""
+    """Every queue at one instant. Queues without config still count toward spend caps, and so
+    do the machines of queues other shards evaluate (`elsewhere`)."""
 
     queues: tuple[QueueSnapshot, ...] = ()
     rate_limits: tuple[RateLimit, ...] = ()
+    elsewhere: tuple[Billing, ...] = ()
 
     @cached_property
     def _by_name(self) -> dict[str, QueueSnapshot]:

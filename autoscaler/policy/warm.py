@@ -25,8 +25,9 @@ S = InstanceState
 
 
 def spec_key(auto: Autoscale) -> str:
-    """What a machine of the queue is rented as: its provider and what the machine is (GPU,
-    count, disk, image). Prices, triggers and the deployment do not make a machine unfit: the
+    """What a machine of the queue is rented as: its providers and what the machine is (GPUs,
+    count, disk, image), as written (one name, or a list: a list changed makes older machines
+    unfit). Prices, triggers, placement and the deployment do not make a machine unfit: the
     agent fetches the code again on every resume."""
     spec = auto.instance
     body = [auto.provider, spec.gpu, spec.gpu_count, spec.disk_gb, spec.image]
@@ -42,7 +43,7 @@ def pool_size(auto: Autoscale | None) -> int:
 
 
 def _fits(m: Machine, auto: Autoscale, key: str) -> bool:
-    return m.provider == auto.provider and m.spec_key == key
+    return m.provider in auto.providers and m.spec_key == key
 
 
 def resumable(machines: Iterable[Machine], auto: Autoscale, config: Config) -> list[Machine]:
@@ -137,7 +138,7 @@ def retirements(stopped: Iterable[Stopped], config: Config, now: datetime) -> di
                 out[m.launch_id] = (
                     f"warm pool: stopped for {age:.0f}s ≥ keep_for {auto.warm_pool.keep_for:.0f}s"
                 )
-            elif m.provider != auto.provider or m.spec_key != key:
+            elif m.provider not in auto.providers or m.spec_key != key:
                 out[m.launch_id] = (
                     "warm pool: rented as another spec than the queue rents now (provider, GPU, "
                     "image or disk changed): never resumed"

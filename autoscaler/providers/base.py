@@ -10,7 +10,7 @@ below, each of which says what to do next:
 - `RateLimitedError` / `TransientError`: nothing is known to have happened; retry later, with
   backoff (idempotent calls are already retried inside `http.HttpClient`).
 - `AmbiguousCreateError`: the create may have happened. Look the label up before any retry
-  (`Provider.find_by_label`); `create_on_first_offer` does exactly that.
+  (`Provider.find_by_label`); `create_on_best_offer` does exactly that.
 - `NotOwnedError`: refused to touch a machine that does not carry this installation's label.
 - `ProviderRequestError`: the provider refused our request as malformed — a bug or a config
   value the provider does not accept; retrying will not help.
@@ -272,6 +272,11 @@ class Provider(ABC):
     def destroy(self, provider_instance_id: str) -> None:
         """Destroy one of our machines. Already gone = success. Not ours = `NotOwnedError`."""
 
+    def find_bid_offers(self, spec: InstanceSpec, bid: float) -> list[Offer]:
+        """Offers to rent interruptible at `bid` $/h per machine (Vast's bid instances), each
+        with `details["interruptible"]` True; none where the kind has no such machines."""
+        return []
+
     # -- stop and start, for kinds that can (`can_stop`)
 
     def stop(self, provider_instance_id: str) -> None:
@@ -320,51 +325,107 @@ class Provider(ABC):
 def create_on_first_offer(
     provider: Provider, offers: Iterable[Offer], launch: LaunchSpec
 ) -> ProviderMachine:
-    """Rent the first offer that works, never two machines for one launch.
+    """Rent the first offer of one provider that works (`create_on_best_offer` with one
+    provider): its error is raised as it came when none could be rented."""
+    try:
+        return create_on_best_offer(list(offers), {provider.name: provider}, launch).machine
+    except NotPlacedError as exc:
+        error = exc.errors.get(provider.name)
+        if error is None:
+            raise CapacityError(
+                f"{provider.name}: no offer matches the instance spec", provider=provider.name
+            ) from None
+        if isinstance(error, CapacityError):
+            raise CapacityError(f"{provider.name}: {exc}", provider=provider.name) from error
+        raise error from None
 
-    1. A machine with this label already exists (a redelivered task, a restart mid-launch):
-       return it.
-    2. Try the offers in order, moving on after a capacity error (no stock, offer gone).
-    3. An ambiguous create is looked up by label once more; if still not found it is raised
-       rather than trying the next offer, since the first create may yet appear.
-    Auth, rate-limit and transient errors are raised as they come, except on the lookup
-    after an ambiguous create: the create may have happened, so the launch stays ambiguous.
+
+@dataclass(frozen=True)
+class Placed:
+    """The machine one launch rented, the offer it came from, and what the providers tried
+    before it said (they back off; the one that rented does not)."""
+
+    machine: ProviderMachine
+    offer: Offer
+    errors: Mapping[str, ProviderError]
+
+
+class NotPlacedError(ProviderError):
+    """No offer of any provider could be rented, and nothing was created: `errors` holds each
+    provider's last error (capacity, auth, a refused request, a 429, no stock)."""
+
+    def __init__(self, message: str, errors: Mapping[str, ProviderError]) -> None:
+        super().__init__(message)
+        self.errors = dict(errors)
+
+
+def _placed(machine: ProviderMachine, offer: Offer, errors: dict[str, ProviderError]) -> Placed:
+    """The launch's machine; the provider that rented it is no failure of this launch."""
+    return Placed(machine, offer, {n: e for n, e in errors.items() if n != offer.provider})
+
+
+def create_on_best_offer(
+    ranked: Iterable[Offer],
+    providers: Mapping[str, Provider],
+    launch: LaunchSpec,
+    before_create: Callable[[str], bool] = lambda name: True,
+) -> Placed:
+    """Rent the first of `ranked` (offers of several providers, best first) that works, never
+    two machines for one launch.
+
+    1. Before the first create on a provider, its machine with this label is looked up (a
+       redelivered task, a restart mid-launch): found, it is the launch's machine.
+    2. `before_create(provider)` runs before every create (the store names the provider on the
+       launch's row, so reconcile looks an ambiguous create up there); False stops the launch.
+    3. A capacity error (no stock, offer gone) moves to the next offer, on any provider. An
+       auth error, a 429 or a refused request sets that provider aside for this launch (its
+       other offers are skipped) and moves to the next provider's: nothing was created.
+    4. An ambiguous create is looked up by label once more; if still not found it is raised
+       rather than trying any other offer, on any provider: the first create may yet appear.
+    Raises `NotPlacedError` when no offer could be rented.
     """
-    with provider.redacting(launch.secrets):
-        return _create_on_first_offer(provider, offers, launch)
-
-
-def _create_on_first_offer(
-    provider: Provider, offers: Iterable[Offer], launch: LaunchSpec
-) -> ProviderMachine:
-    existing = provider.find_by_label(launch.label)
-    if existing is not None:
-        return existing
-    last: CapacityError | None = None
+    errors: dict[str, ProviderError] = {}
+    looked: set[str] = set()
+    aside: set[str] = set()
     tried = 0
-    for offer in offers:
-        tried += 1
-        try:
-            return provider.create(offer, launch)
-        except CapacityError as exc:
-            last = exc
+    for offer in ranked:
+        name = offer.provider
+        if name in aside:
             continue
-        except AmbiguousCreateError:
+        provider = providers[name]
+        with provider.redacting(launch.secrets):
             try:
-                found = provider.find_by_label(launch.label)
-            except ProviderError:  # a 429 or an outage on the lookup: still unknown
-                found = None
-            if found is not None:
-                return found
-            raise
-    if last is None:
-        raise CapacityError(
-            f"{provider.name}: no offer matches the instance spec", provider=provider.name
-        )
-    raise CapacityError(
-        f"{provider.name}: none of {tried} offer(s) could be rented; last: {last}",
-        provider=provider.name,
-    ) from last
+                if name not in looked:
+                    looked.add(name)
+                    existing = provider.find_by_label(launch.label)
+                    if existing is not None:
+                        return _placed(existing, offer, errors)
+                if not before_create(name):
+                    why = f"launch {launch.launch_id} stopped before its create"
+                    raise NotPlacedError(why, errors)
+                tried += 1
+                machine = provider.create(offer, launch)
+            except CapacityError as exc:
+                errors[name] = exc
+                continue
+            except AmbiguousCreateError:
+                try:
+                    found = provider.find_by_label(launch.label)
+                except ProviderError:  # a 429 or an outage on the lookup: still unknown
+                    found = None
+                if found is not None:
+                    return _placed(found, offer, errors)
+                raise
+            except NotPlacedError:
+                raise
+            except ProviderError as exc:  # auth, 429, a refused request: nothing was created
+                errors[name] = exc
+                aside.add(name)
+                continue
+        return _placed(machine, offer, errors)
+    what = f"none of {tried} offer(s) could be rented" if tried else "no offer could be rented"
+    last = "; ".join(f"{n}: {e}" for n, e in errors.items())
+    raise NotPlacedError(f"{what}" + (f" ({last})" if last else ""), errors)
 
 
 def find_after_ambiguous_create(

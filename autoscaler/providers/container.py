@@ -39,6 +39,7 @@ from docker.tls import TLSConfig
 from docker.types import DeviceRequest
 from docker.utils import kwargs_from_env
 
+from autoscaler.config.gpus import canonical
 from autoscaler.config.models import ContainerProvider as ContainerConfig
 from autoscaler.config.models import InstanceSpec, is_loopback_host
 from autoscaler.providers.base import (
@@ -101,6 +102,10 @@ _CALL_SECRETS: ContextVar[frozenset[str]] = ContextVar("container_secrets", defa
 
 
 def _same_gpu(a: str, b: str) -> bool:
+    """One GPU: by the table's spellings ("NVIDIA GeForce RTX 4090" is "RTX 4090"), else by
+    the names written, whatever their case and spaces (the team's own hardware may be any)."""
+    if canonical(a) == canonical(b):
+        return True
     return " ".join(a.lower().split()) == " ".join(b.lower().split())
 
 
@@ -386,7 +391,7 @@ class ContainerProvider(Provider):
         cfg = self.config
         if cfg.price_per_hour > spec.max_price_per_hour:
             return []
-        if cfg.gpu is not None and not _same_gpu(cfg.gpu, spec.gpu):
+        if cfg.gpu is not None and not any(_same_gpu(cfg.gpu, g) for g in spec.gpus):
             return []
         if cfg.gpus and spec.gpu_count > cfg.gpus:
             return []
@@ -412,7 +417,7 @@ class ContainerProvider(Provider):
             Offer(
                 provider=self.name,
                 offer_id=f"container:{host}",
-                gpu=cfg.gpu or spec.gpu,
+                gpu=cfg.gpu or spec.gpus[0],
                 gpu_count=spec.gpu_count if cfg.gpus else 0,
                 price_per_hour=cfg.price_per_hour,
                 spec=spec,

@@ -157,7 +157,7 @@ class LocalProvider(Provider):
             Offer(
                 provider=self.name,
                 offer_id="local",
-                gpu=spec.gpu,
+                gpu=spec.gpus[0],  # this machine: whatever GPU is asked, the first one
                 gpu_count=spec.gpu_count,
                 price_per_hour=price,
                 spec=spec,

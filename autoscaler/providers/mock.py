@@ -110,8 +110,8 @@ class MockProvider(Provider):
         return [
             Offer(
                 provider=self.name,
-                offer_id=f"mock:{spec.gpu}",
-                gpu=spec.gpu,
+                offer_id=f"mock:{spec.gpus[0]}",
+                gpu=spec.gpus[0],  # simulated: any GPU is offered, the first one asked
                 gpu_count=spec.gpu_count,
                 price_per_hour=price,
                 spec=spec,

@@ -27,6 +27,7 @@ from typing import Any, Unpack
 
 import requests
 
+from autoscaler.config.gpus import lookup
 from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec
 from autoscaler.config.models import RunPodProvider as RunPodConfig
 from autoscaler.providers.api import ApiOptions, ApiProvider
@@ -115,7 +116,7 @@ class RunPodProvider(ApiProvider):
             raise ProviderError(
                 f"{self.name}: catalog answer has no 'gpus' list", provider=self.name
             )
-        wanted = self.config.gpu_types or (spec.gpu,)
+        wanted = runpod_ids(self.config.gpu_types or spec.gpus)
         secure = self.config.cloud_type == "SECURE"
         offers: list[Offer] = []
         for want in wanted:
@@ -427,6 +428,19 @@ def _gpu_count(pod: dict[str, Any]) -> int:
         return 0
     count = gpu.get("count", 1)
     return count if isinstance(count, int) else 1
+
+
+def runpod_ids(names: tuple[str, ...]) -> list[str]:
+    """RunPod's GPU ids for `names` (the table's, RunPod's or Vast's spellings), in order, once
+    each; a name the table does not know is passed as written (the catalog decides), a GPU the
+    table says RunPod does not offer is left out."""
+    ids: list[str] = []
+    for name in names:
+        gpu = lookup(name)
+        want = name if gpu is None else gpu.runpod
+        if want is not None and want not in ids:
+            ids.append(want)
+    return ids
 
 
 def _match_gpu(gpus: list[Any], want: str) -> dict[str, Any] | None:

@@ -19,12 +19,22 @@
   storage price); a start waits for the GPU (`scheduling`, STARTING here — the caller's
   `resume_timeout` ends a wait that lasts) or is refused when the machine cannot give it
   (`ResumeRefusedError`).
+- Interruptible (bid) instances: `find_bid_offers` searches with `type: bid` and keeps the offers
+  whose live `min_bid` (the whole offer's current minimum bid, $/h, storage not included) is at
+  most our bid; they are priced at the bid. `create` sends the bid as `price` ("bid price per
+  machine"; without it Vast rents on demand), still with `cancel_unavail` (else a bid that
+  cannot run now leaves a stopped instance that bills storage). Listed instances say `is_bid`.
+  Outbid, Vast stops the instance (processes killed, disk kept and billed); it may run again by
+  itself once its bid leads. It reads STOPPED (stopped, disk kept, not by a fault of the host),
+  its `raw_status` "outbid". Vast shows it like a stop (dstack saw `intended_status` stopped
+  too): an interruptible instance we stopped reads the same.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -32,9 +42,11 @@ from typing import Any, Unpack
 
 import requests
 
+from autoscaler.config.gpus import lookup
 from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec
 from autoscaler.config.models import VastProvider as VastConfig
 from autoscaler.digits import ascii_whole, is_ascii_whole
+from autoscaler.policy import reconcile
 from autoscaler.providers.api import ApiOptions, ApiProvider
 from autoscaler.providers.base import (
     AmbiguousCreateError,
@@ -57,6 +69,10 @@ log = logging.getLogger("autoscaler.providers.vast")
 
 PAGE_SIZE = 25  # the v1 list's maximum
 SEARCH_LIMIT = 20
+MIN_BID, MAX_BID = 0.001, 128.0
+"""The bid (`price`) a create takes, $/h per machine (the spec's bounds)."""
+OUTBID = reconcile.OUTBID
+"""`raw_status` of an interruptible instance Vast stopped (Vast has no status of that name)."""
 
 _STATUS = {
     None: MachineStatus.STARTING,
@@ -82,6 +98,19 @@ _UNAVAILABLE_RE = re.compile(
 """A start refused because the machine cannot give the instance its GPU back (or it is gone)."""
 
 
+def vast_names(names: tuple[str, ...]) -> list[str]:
+    """Vast's `gpu_name` values for `names` (the table's, RunPod's or Vast's spellings), in
+    order, once each; a name the table does not know is passed as written, a GPU the table says
+    Vast does not list is left out."""
+    found: list[str] = []
+    for name in names:
+        gpu = lookup(name)
+        want = name if gpu is None else gpu.vast
+        if want is not None and want not in found:
+            found.append(want)
+    return found
+
+
 def _country(geolocation: Any) -> str:
     """'Paris, FR' or 'FR' → 'FR'."""
     text = str(geolocation or "")
@@ -95,12 +124,26 @@ def _error_text(body: Any) -> str:
     return ""
 
 
+def outbid(instance: dict[str, Any]) -> bool:
+    """An interruptible (`is_bid`) instance that Vast stopped: its GPU allocation (`cur_state`)
+    or its container (`actual_status`) stopped while not running. Vast shows it like a stop
+    (`intended_status` stopped too, as dstack observed), or at rest with running intended while
+    it waits for its bid to lead again; a stop of ours looks the same."""
+    return (
+        instance.get("is_bid") is True
+        and instance.get("actual_status") != "running"
+        and "stopped" in (instance.get("cur_state"), instance.get("actual_status"))
+    )
+
+
 def machine_status(instance: dict[str, Any]) -> MachineStatus:
     """Normalise Vast's statuses. An OCI runtime error in status_msg, or a host that stopped
     reporting, means the box is dead. `intended_status` says what was asked: stopped (by us)
     reads STOPPED whatever the container says now (Vast shows a stopped one as `exited` too),
     and a container at rest while running is intended is a start waiting for its GPU (Vast's
-    `scheduling`), which reads STARTING."""
+    `scheduling`), which reads STARTING. An interruptible instance Vast stopped (`outbid`)
+    reads STOPPED whatever is intended: its disk is kept, it runs again only when its bid
+    leads, never because a start waits."""
     actual = instance.get("actual_status")
     intended = instance.get("intended_status")
     if actual != "running" and _OCI_ERROR_RE.search(str(instance.get("status_msg") or "")):
@@ -109,11 +152,48 @@ def machine_status(instance: dict[str, Any]) -> MachineStatus:
         return MachineStatus.DEAD
     if actual == "running":
         return MachineStatus.RUNNING  # still running while a stop is on its way
-    if intended == "stopped":
+    if intended == "stopped" or outbid(instance):
         return MachineStatus.STOPPED
     if actual == "stopped" and intended == "running":
         return MachineStatus.STARTING
     return _STATUS.get(actual, MachineStatus.DEAD if actual else MachineStatus.STARTING)
+
+
+def raw_status(instance: dict[str, Any]) -> str | None:
+    """Vast's `actual_status`, or "outbid" for an interruptible instance it stopped (`outbid`;
+    a stop of ours of an interruptible one reads the same)."""
+    if outbid(instance) and machine_status(instance) is MachineStatus.STOPPED:
+        return OUTBID
+    actual = instance.get("actual_status")
+    return str(actual) if actual is not None else None
+
+
+def _price(value: Any) -> float | None:
+    """A price Vast gave ($/h, finite, not negative), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def check_bid(spec: InstanceSpec, bid: object) -> float:
+    """The bid, $/h per machine, as a create sends it; ValueError when Vast would refuse it or
+    it is above the spec's price cap."""
+    if isinstance(bid, bool) or not isinstance(bid, int | float) or not math.isfinite(bid):
+        raise ValueError(f"bid {bid!r} is not a price in $/h")
+    if not MIN_BID <= bid <= MAX_BID:
+        raise ValueError(f"bid {bid:g} $/h is outside what Vast takes ({MIN_BID:g} to {MAX_BID:g})")
+    if bid > spec.max_price_per_hour:
+        raise ValueError(
+            f"bid {bid:g} $/h is above max_price_per_hour ({spec.max_price_per_hour:g})"
+        )
+    return float(bid)
+
+
+def offer_bid(offer: Offer) -> float | None:
+    """The bid an interruptible offer (`find_bid_offers`) is rented at, None for on demand."""
+    if offer.details.get("interruptible") is not True:
+        return None
+    return check_bid(offer.spec, offer.details.get("bid"))
 
 
 def storage_price(instance: dict[str, Any]) -> float | None:
@@ -153,10 +233,11 @@ class VastProvider(ApiProvider):
 
     def search_query(self, spec: InstanceSpec, avoid: list[str]) -> dict[str, Any]:
         """The search body (public so its shape can be inspected and tested)."""
+        names = vast_names(spec.gpus)
         q: dict[str, Any] = {
             "rentable": {"eq": True},
             "rented": {"eq": False},
-            "gpu_name": {"eq": spec.gpu},
+            "gpu_name": {"eq": names[0]} if len(names) == 1 else {"in": names},
             "num_gpus": {"eq": spec.gpu_count},
             "dph_total": {"lte": spec.max_price_per_hour},
             "disk_space": {"gte": spec.disk_gb},
@@ -179,9 +260,36 @@ class VastProvider(ApiProvider):
             q["machine_id"] = {"notin": ids}
         return q
 
+    def bid_query(self, spec: InstanceSpec, avoid: list[str], bid: float) -> dict[str, Any]:
+        """The search body for interruptible offers at `bid` $/h a machine: the on-demand one
+        with `type: bid`, and the price cap replaced by `min_bid <= bid`, the lowest minimum bid
+        first (all are rented at our bid: the most headroom before another bid beats ours)."""
+        q = self.search_query(spec, avoid)
+        del q["dph_total"]
+        q["min_bid"] = {"lte": bid}
+        q["order"] = [["min_bid", "asc"]]
+        q["type"] = "bid"
+        return q
+
     def find_offers(self, spec: InstanceSpec) -> list[Offer]:
+        return self._find(spec, None)
+
+    def find_bid_offers(self, spec: InstanceSpec, bid: float) -> list[Offer]:
+        """Offers to rent interruptible at `bid` $/h per machine (within the spec's cap), best
+        first. Each is priced at the bid, its `details` say `interruptible` True, the `bid` and
+        the offer's `min_bid`; `create` rents it at that bid. An offer whose live minimum bid is
+        above ours, or unknown, is skipped. ValueError for a bid Vast would refuse or above the
+        cap (nothing is searched)."""
+        return self._find(spec, check_bid(spec, bid))
+
+    def _find(self, spec: InstanceSpec, bid: float | None) -> list[Offer]:
+        """On-demand offers (`bid` None) or interruptible ones at `bid`."""
+        names = vast_names(spec.gpus)
+        if not names:
+            log.info("%s: Vast lists none of %s; no search", self.name, ", ".join(spec.gpus))
+            return []
         avoid = self.hosts.active(self.name, self._clock())
-        query = self.search_query(spec, avoid)
+        query = self.search_query(spec, avoid) if bid is None else self.bid_query(spec, avoid, bid)
         resp = self._http.request("POST", "/api/v0/bundles/", json=query)
         body = self._ok_json(resp, "search offers")
         offers = body.get("offers")
@@ -195,38 +303,53 @@ class VastProvider(ApiProvider):
         for o in offers:
             if not isinstance(o, dict) or "id" not in o:
                 continue
-            price = o.get("dph_total")
-            if not isinstance(price, int | float) or price > spec.max_price_per_hour:
-                continue
+            min_bid = _price(o.get("min_bid"))
+            if bid is None:
+                price = o.get("dph_total")
+                if not isinstance(price, int | float) or price > spec.max_price_per_hour:
+                    continue
+            elif min_bid is None or min_bid > bid:
+                continue  # our bid would not run there now (or cannot be told)
+            else:
+                price = bid
             if str(o.get("machine_id")) in avoided:
                 continue
             if self.config.verified and o.get("verified") is False:
                 continue
             if countries and _country(o.get("geolocation")) not in countries:
                 continue
+            gpu = o.get("gpu_name") or (names[0] if len(names) == 1 else None)
+            if gpu is None:  # several GPUs asked: which one this is cannot be told
+                continue
+            details = {
+                k: o.get(k)
+                for k in (
+                    "host_id",
+                    "geolocation",
+                    "reliability",
+                    "cuda_max_good",
+                    "inet_down",
+                    "disk_space",
+                )
+            }
+            if bid is not None:
+                details.update(interruptible=True, bid=bid, min_bid=min_bid)
             result.append(
                 Offer(
                     provider=self.name,
                     offer_id=str(o["id"]),
-                    gpu=str(o.get("gpu_name") or spec.gpu),
+                    gpu=str(gpu),
                     gpu_count=int(o.get("num_gpus") or spec.gpu_count),
                     price_per_hour=float(price),
                     spec=spec,
                     host_id=str(o["machine_id"]) if o.get("machine_id") is not None else None,
-                    details={
-                        k: o.get(k)
-                        for k in (
-                            "host_id",
-                            "geolocation",
-                            "reliability",
-                            "cuda_max_good",
-                            "inet_down",
-                            "disk_space",
-                        )
-                    },
+                    details=details,
                 )
             )
-        result.sort(key=lambda offer: offer.price_per_hour)
+        if bid is None:
+            result.sort(key=lambda offer: offer.price_per_hour)
+        else:  # all at our bid: the lowest minimum bid first
+            result.sort(key=lambda offer: offer.details["min_bid"])
         return result
 
     def avoid_host(self, host_id: str, reason: str) -> None:
@@ -240,6 +363,7 @@ class VastProvider(ApiProvider):
         self._check_launch(launch)
         if not is_ascii_whole(offer.offer_id):
             raise ValueError(f"{offer.offer_id!r} is not a Vast offer id")
+        bid = offer_bid(offer)
         spec = offer.spec
         body: dict[str, Any] = {
             "client_id": "me",
@@ -250,6 +374,8 @@ class VastProvider(ApiProvider):
             "runtype": "args",
             "cancel_unavail": True,
         }
+        if bid is not None:
+            body["price"] = bid  # interruptible at this bid per machine; without it on demand
         path = f"/api/v0/asks/{offer.offer_id}/"
         try:
             resp = self._http.request("PUT", path, json=body, idempotent=False)
@@ -260,7 +386,13 @@ class VastProvider(ApiProvider):
         contract = data.get("new_contract") if isinstance(data, dict) else None
         success = isinstance(data, dict) and data.get("success") is True
         if status == 200 and success and contract is not None:
-            log.info("%s: created instance %s (%s)", self.name, contract, launch.label)
+            log.info(
+                "%s: created instance %s (%s)%s",
+                self.name,
+                contract,
+                launch.label,
+                f", interruptible at {bid:g} $/h" if bid is not None else "",
+            )
             return ProviderMachine(
                 provider_instance_id=str(contract),
                 label=launch.label,
@@ -491,9 +623,7 @@ class VastProvider(ApiProvider):
             provider_instance_id=str(inst["id"]),
             label=str(inst.get("label") or ""),
             status=machine_status(inst),
-            raw_status=(
-                str(inst.get("actual_status")) if inst.get("actual_status") is not None else None
-            ),
+            raw_status=raw_status(inst),
             price_per_hour=float(price) if isinstance(price, int | float) else None,
             host_id=str(inst["machine_id"]) if inst.get("machine_id") is not None else None,
             gpu=inst.get("gpu_name"),

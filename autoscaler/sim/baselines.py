@@ -31,7 +31,10 @@ stabilization), and to zero only 300 s after the queue was last active (cooldown
 Kubernetes removes not-ready replicas first, then the newest ready ones, and nothing protects
 a busy replica: its job is killed and re-queued (the simulator counts it).
 
-Both read their numbers from the same config block; both respect the rental backoff.
+Both read their numbers from the same config block; both respect the rental backoff. A queue
+listing several providers rents from those not in backoff (`_launch`), placed as ours are: the
+simulator ranks their offers by the queue's `placement`; a baseline waits only when every
+listed provider is in backoff.
 """
 
 from __future__ import annotations
@@ -68,6 +71,18 @@ def _queue(snapshot: Snapshot, config: Config) -> tuple[str, Autoscale, QueueSna
             if qs is not None and qs.metrics is not None:
                 return name, q.autoscale, qs
     return None
+
+
+def _open(auto: Autoscale, qs: QueueSnapshot, now: datetime) -> tuple[str, ...]:
+    """The listed providers not in backoff now, in the order written (none: the queue waits)."""
+    return tuple(p for p in auto.providers if active_backoff(qs.backoff_for(p), now) is None)
+
+
+def _launch(
+    name: str, providers: tuple[str, ...], trigger: str, why: str, index: int = 1
+) -> Launch:
+    """One launch on the first open provider, the others its fallbacks (as decide() gives)."""
+    return Launch(name, providers[0], trigger, why, index, fallbacks=providers[1:])
 
 
 def _plan(
@@ -130,9 +145,9 @@ class RunqyOriginal:
             if why:
                 break
         launches: tuple[Launch, ...] = ()
-        backoff = active_backoff(qs.backoff_for(auto.provider), now)
-        if why and len(live) < auto.max_workers and backoff is None:
-            launches = (Launch(name, auto.provider, "runqy-original", why),)
+        open_ = _open(auto, qs, now)
+        if why and len(live) < auto.max_workers and open_:
+            launches = (_launch(name, open_, "runqy-original", why),)
         drains: list[Drain] = []
         timeouts = [t.timeout for t in auto.scale_down if isinstance(t, IdleTrigger)]
         if not launches and timeouts and m.pending == 0 and m.in_flight == 0 and ready:
@@ -185,9 +200,9 @@ class Runqy:
             if why:
                 break
         launches: tuple[Launch, ...] = ()
-        backoff = active_backoff(qs.backoff_for(auto.provider), now)
-        if why and not booting and len(live) < auto.max_workers and backoff is None:
-            launches = (Launch(name, auto.provider, "runqy", why),)
+        open_ = _open(auto, qs, now)
+        if why and not booting and len(live) < auto.max_workers and open_:
+            launches = (_launch(name, open_, "runqy", why),)
         drains: list[Drain] = []
         timeouts = [t.timeout for t in auto.scale_down if isinstance(t, IdleTrigger)]
         if not launches and timeouts and m.pending == 0:
@@ -265,13 +280,14 @@ class Keda:
         why: str,
     ) -> list[Launch]:
         """Scale up at once, within max_workers (graceful: counting the pods still leaving)."""
-        if active_backoff(qs.backoff_for(auto.provider), now) is not None:
+        open_ = _open(auto, qs, now)
+        if not open_:
             return []
         count = desired - current
         if self.graceful:
             going = sum(1 for x in qs.machines if x.billing) - current
             count = min(count, max(0, auto.max_workers - current - going))
-        return [Launch(name, auto.provider, self.name, why, i + 1) for i in range(count)]
+        return [_launch(name, open_, self.name, why, i + 1) for i in range(count)]
 
     def _drains(
         self, replicas: Sequence[Machine], name: str, current: int, now: datetime

@@ -124,8 +124,10 @@ class Hedge:
                 and billing < auto.max_workers
                 and not any(w.kind in ("backoff", "spend_cap") for w in qp.waits)
             ):
-                hedge = Launch(qp.queue, auto.provider, "hedge",
-                               f"every booting machine is past {late:.0f}s", 1)
+                first, *others = auto.providers
+                hedge = Launch(qp.queue, first, "hedge",
+                               f"every booting machine is past {late:.0f}s", 1,
+                               fallbacks=tuple(others))
                 qp = replace(qp, launches=(hedge,))
             out.append(qp)
         return replace(plan, queues=tuple(out))

@@ -26,6 +26,24 @@ come from: `sim/provider.py`. A resumed machine appears to decide() as productio
 it (`store.fleet.start_resumes`): rented at its first rental, its last task forgotten at the
 resume (idle since it is ready again); only cold boots feed the queue's boot estimate (a resume
 is not a boot), as `store.fleet.boot_estimates` counts them.
+
+Several providers (`autoscale.provider: [a, b]`, `placement`): one `SimProvider` per listed
+provider, each with its price, boot-time distribution, failure rates and capacity windows
+(`World.outages`). A launch ranks the offers of `Launch.providers` not in backoff when decide()
+planned it with `policy.placement.rank` — production's ranking — and rents the first that has
+capacity: a failed rental moves to the next, and each provider that failed gets its own
+(queue, provider) backoff, all of which the snapshot shows decide(). Machines remember their
+provider: they bill its price, stop and resume at its numbers, and a machine that comes up ends
+that provider's backoff. One listed provider: the run is the one before placement.
+
+Interruptible machines (`instance.interruptible`): a launch decide() marked `interruptible`
+rents at the bid (`Interruptible.price` of its provider's on-demand price) and the snapshot
+says so (`Machine.interruptible`). While rented it is preempted after an exponential time at
+`World.preemption_rate` per machine-hour (a generator of its own, so the other draws stay as
+they were): it stops billing and counting as capacity at once and is destroyed, the queue is
+evaluated at once, and its jobs come back to the broker `World.handback_s` later — run again
+from the start, first in line, under `acks: late` (`Result.reruns`), lost under `acks: early`
+(`Result.lost`: never run). The assumptions: `sim/provider.py`.
 """
 
 from __future__ import annotations
@@ -35,16 +53,18 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 
 from autoscaler.config.models import Autoscale, Config
 from autoscaler.control.executor import execute
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy import warm
-from autoscaler.policy.backoff import after_failure
+from autoscaler.policy.backoff import active_backoff, after_failure
 from autoscaler.policy.history import QueueHistory, observe_load
+from autoscaler.policy.placement import Candidate, rank
 from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Resume
 from autoscaler.policy.snapshot import (
     BackoffState,
@@ -53,7 +73,13 @@ from autoscaler.policy.snapshot import (
     QueueSnapshot,
     Snapshot,
 )
-from autoscaler.sim.provider import ProviderParams, SimProvider
+from autoscaler.sim.provider import (
+    DEFAULT_BOOT_S,
+    HANDBACK_S,
+    Outage,
+    ProviderParams,
+    SimProvider,
+)
 from autoscaler.sim.trace import Job
 
 Policy = Callable[[Snapshot, Config, datetime], Plan]
@@ -72,7 +98,21 @@ RUNTIME_WINDOW_S = 86400.0
 BOOT_HISTORY = 5
 """The boot estimate is the longest of the last this many boots (as the loop's)."""
 
-_ARRIVE, _BOOTED, _BOOT_FAILED, _FINISH, _TICK, _DRAINED, _STOPPED, _RESUMED, _MISSED = range(9)
+(
+    _ARRIVE,
+    _BOOTED,
+    _BOOT_FAILED,
+    _FINISH,
+    _TICK,
+    _DRAINED,
+    _STOPPED,
+    _RESUMED,
+    _MISSED,
+    _PREEMPTED,
+    _HANDED_BACK,
+) = range(11)
+
+Acks = Literal["late", "early"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +129,15 @@ class World:
     release_delay_s: float = 0.0
     destroy_billing_s: float = 0.0
     """A destroyed machine bills this much longer (the provider's terminate takes time)."""
+    outages: tuple[Outage, ...] = ()
+    """Capacity windows: a provider with no capacity for an interval (`sim.provider.Outage`)."""
+    preemption_rate: float = 0.0
+    """Interruptible machines preempted per machine-hour (0.05: 5 % per hour), exponential."""
+    acks: Acks = "late"
+    """The workers' Celery acks: "late" (`task_acks_late`: a preempted machine's job runs again)
+    or "early" (Celery's default: it is lost)."""
+    handback_s: float = HANDBACK_S
+    """From a preemption to its jobs back in the broker (reconcile's poll, the hand-back)."""
 
     @classmethod
     def realistic(cls) -> World:
@@ -128,6 +177,12 @@ class SimMachine:
     resumes: int = 0
     epoch: int = 0
     """Counts its stops and resumes: an event of an earlier one is stale."""
+    provider: str = ""
+    """The provider it was rented from."""
+    interruptible: bool = False
+    """Rented at the queue's bid: the provider may preempt it."""
+    preempted_s: float | None = None
+    """When it was preempted (it ended then)."""
 
     def stopped_seconds(self, end: float) -> float:
         """Seconds it was stopped up to its end (or `end` while it lives)."""
@@ -155,6 +210,7 @@ class Result:
     machines: list[SimMachine]
     end_s: float
     price_per_hour: float
+    """The cheapest listed provider's price: the lower bound's (and undone work's) price."""
     killed: int = 0
     failed_rentals: int = 0
     waits_by_cap: int = 0
@@ -168,6 +224,15 @@ class Result:
     warm_misses: int = 0
     stops: int = 0
     retired: int = 0
+    interruptible: bool = False
+    """The queue rents part of its machines interruptible (`instance.interruptible`)."""
+    preemptions: int = 0
+    reruns: int = 0
+    """Jobs handed back after a preemption and run again from the start (`acks: late`)."""
+    rerun_work_s: float = 0.0
+    """The work those reruns threw away: seconds each had run when its machine was preempted."""
+    lost: list[int] = field(default_factory=list)
+    """Jobs lost with a preempted machine (`acks: early`): never run again."""
 
 
 class Simulation:
@@ -201,8 +266,19 @@ class Simulation:
         self.tail_s = tail_s
         self.world = world or World()
         self.rng = random.Random(seed)
-        self.params = ProviderParams.for_queue(config, self.auto)
-        self.provider = SimProvider(self.params, random.Random(seed + 1))
+        self.providers: dict[str, SimProvider] = {}
+        """One simulated provider per provider the queue lists, in the order written. The
+        first draws from the generator one provider always had (seed + 1), so a one-provider
+        run is the run before placement; the others from their own, seeded by their name."""
+        for i, pname in enumerate(self.auto.providers):
+            self.providers[pname] = SimProvider(
+                ProviderParams.for_provider(config, self.auto, pname),
+                random.Random(seed + 1) if i == 0 else random.Random(f"{seed}:{pname}"),
+                [o for o in self.world.outages if o.provider == pname],
+            )
+        self.provider = next(iter(self.providers.values()))
+        """The first listed provider."""
+        self.params = self.provider.params
         self.poll = self.auto.poll_interval or config.poll_interval
         self.boot_timeout = self.auto.boot_timeout or config.boot_timeout
         self.spec_key = warm.spec_key(self.auto)
@@ -224,7 +300,10 @@ class Simulation:
         self.samples: list[tuple[float, int, int, int]] = []
         """(time, pending, index of the oldest pending job or -1, running) at each change,
         for metrics read late."""
-        self.backoff: BackoffState | None = None
+        self.backoffs: dict[str, BackoffState] = {}
+        """Per listed provider, its (queue, provider) backoff after failed rentals."""
+        self.held: frozenset[str] = frozenset()
+        """The providers in backoff when decide() last planned: its launches skip them."""
         self.launch_seq = 0
         self.history = QueueHistory()
         """What the loop would have learned: quiet gaps from the readings, runtimes of
@@ -233,15 +312,37 @@ class Simulation:
         """(finished at, runtime) of the jobs finished within RUNTIME_WINDOW_S."""
         self.runtime_sum = 0.0
         self.boots: deque[float] = deque(maxlen=BOOT_HISTORY)
+        self.bid = self.auto.instance.interruptible
+        """The queue's bid (None: every machine on demand)."""
+        self.preempt_rng = random.Random(f"{seed}:preempt")
+        """Draws preemptions only, so a run without them draws what it always drew."""
+        self.handing_back = 0
+        """Jobs of preempted machines not yet back in the broker (counted in flight)."""
+        prices = [p.params.price_per_hour for p in self.providers.values()]
+        if self.bid is not None:  # the lower bound at the cheapest hour on offer: the bid
+            prices += [self.bid.price(p) for p in prices]
         self.result = Result(
             name,
             jobs,
             {},
             [],
             0.0,
-            self.params.price_per_hour,
+            min(prices),
             per_rental_dollars=self.world.per_rental_dollars,
+            interruptible=self.bid is not None,
         )
+
+    @property
+    def backoff(self) -> BackoffState | None:
+        """The first listed provider's backoff (the only one of a one-provider queue)."""
+        return self.backoffs.get(self.auto.providers[0])
+
+    def _params(self, m: SimMachine) -> ProviderParams:
+        """The numbers of the provider `m` came from."""
+        return self.providers[m.provider].params if m.provider in self.providers else self.params
+
+    def _provider_of(self, m: SimMachine) -> SimProvider:
+        return self.providers.get(m.provider, self.provider)
 
     # ------------------------------------------------------------------ events
     def _push(self, at: float, kind: int, payload: int | str) -> None:
@@ -297,10 +398,19 @@ class Simulation:
             self._resumed(str(payload))
         elif kind == _MISSED:
             self._missed(str(payload))
+        elif kind == _PREEMPTED:
+            self._preempted(str(payload))
+        elif kind == _HANDED_BACK:
+            self._handed_back(str(payload))
         elif kind == _TICK:
             self._retire()
             self._evaluate()
-            if self.arrivals_left == 0 and not self.pending and not self.live:
+            if (
+                self.arrivals_left == 0
+                and not self.pending
+                and not self.live
+                and not self.handing_back
+            ):
                 self.done = True
                 return False
             self._push(self.now + self.poll, _TICK, 0)
@@ -331,7 +441,7 @@ class Simulation:
         return sum(1 for m in self.live.values() if m.state != InstanceState.STOPPED)
 
     def _running(self) -> int:
-        return sum(len(m.jobs) for m in self.live.values())
+        return sum(len(m.jobs) for m in self.live.values()) + self.handing_back
 
     def _sample(self) -> None:
         if self.world.metric_lag_s <= 0:
@@ -364,7 +474,7 @@ class Simulation:
         m.state = InstanceState.READY
         m.ready_s = self.now
         self.boots.append(self.now - m.created_s)
-        self.backoff = None  # a machine came up: the provider works again
+        self.backoffs.pop(m.provider, None)  # a machine came up: its provider works again
         self._dispatch()
 
     def _boot_failed(self, launch_id: str) -> None:
@@ -373,17 +483,19 @@ class Simulation:
             return
         self._destroy(m)
         self._rental_failed(
+            m.provider or self.auto.providers[0],
             "the provider reports the machine dead"
             if self.world.failure_seen_at_boot
-            else "machine never became ready before the boot timeout"
+            else "machine never became ready before the boot timeout",
         )
 
-    def _rental_failed(self, error: str) -> None:
+    def _rental_failed(self, provider: str, error: str) -> None:
+        """A rental from `provider` failed: its own (queue, provider) backoff grows."""
         self.result.failed_rentals += 1
-        self.backoff = after_failure(
-            self.backoff,
+        self.backoffs[provider] = after_failure(
+            self.backoffs.get(provider),
             self.queue,
-            self.auto.provider,
+            provider,
             self._at(self.now),
             self.config.backoff,
             error,
@@ -416,7 +528,7 @@ class Simulation:
     def _release(self, m: SimMachine) -> None:
         """A drained machine: stopped for the warm pool when decide() gave it a place there (and
         the provider can stop), else destroyed."""
-        if m.keep_warm and not m.jobs and self.params.can_stop:
+        if m.keep_warm and not m.jobs and self._params(m).can_stop:
             self._stop(m)
         else:
             self._destroy(m, released=True)
@@ -428,7 +540,7 @@ class Simulation:
         self.racing.discard(m.launch_id)
         m.epoch += 1
         self.result.stops += 1
-        self._push(self.now + self.params.stop_s, _STOPPED, f"{m.launch_id}#{m.epoch}")
+        self._push(self.now + self._params(m).stop_s, _STOPPED, f"{m.launch_id}#{m.epoch}")
 
     def _current(self, payload: str, state: InstanceState) -> SimMachine | None:
         """The machine of a stop or resume event still in `state` since it (else stale)."""
@@ -460,7 +572,8 @@ class Simulation:
         m.resumes += 1
         m.epoch += 1
         self.result.resumes += 1
-        outcome = self.provider.resume(self.auto.warm_pool.resume_timeout)
+        self._arm_preemption(m)  # billing again: outbid again at any time
+        outcome = self._provider_of(m).resume(self.auto.warm_pool.resume_timeout)
         kind = _RESUMED if outcome.ok else _MISSED
         self._push(self.now + outcome.after_s, kind, f"{m.launch_id}#{m.epoch}")
 
@@ -489,7 +602,7 @@ class Simulation:
             warm.Stopped(
                 m.launch_id,
                 self.queue,
-                self.auto.provider,
+                m.provider,
                 m.spec_key,
                 self._at(m.stopped_s if m.stopped_s is not None else m.created_s),
             )
@@ -501,6 +614,62 @@ class Simulation:
         for launch_id in warm.retirements(stopped, self.config, self._at(self.now)):
             self.result.retired += 1
             self._destroy(self.machines[launch_id])
+
+    # ------------------------------------------------------------------ interruptible
+    def _arm_preemption(self, m: SimMachine) -> None:
+        """Draw when an interruptible machine billing from now is outbid (memoryless: a stop
+        and a resume draw again; the event of an earlier epoch is stale)."""
+        rate = self.world.preemption_rate
+        if not m.interruptible or rate <= 0:
+            return
+        after = self.preempt_rng.expovariate(rate / 3600.0)
+        self._push(self.now + after, _PREEMPTED, f"{m.launch_id}#{m.epoch}")
+
+    def _preempted(self, payload: str) -> None:
+        """Outbid: the provider stops it. No more billing (Vast bills no GPU time while
+        stopped; the disk until the destroy is left out) and no capacity; its jobs come back
+        to the broker `handback_s` later (acks late) or are lost (early acks); the queue is
+        evaluated at once, and the machine destroyed."""
+        launch_id, _, epoch = payload.rpartition("#")
+        m = self.machines[launch_id]
+        if m.ended_s is not None or m.epoch != int(epoch) or m.state not in (
+            InstanceState.BOOTING,
+            InstanceState.RESUMING,
+            InstanceState.READY,
+        ):
+            return
+        self.result.preemptions += 1
+        jobs = sorted(m.jobs)
+        for job in jobs:
+            self.result.starts.pop(job, None)
+            if self.world.acks == "early":
+                self.result.lost.append(job)
+            else:
+                self.result.rerun_work_s += self.now - m.jobs[job]
+        m.jobs = {}
+        m.state = InstanceState.TERMINATED
+        m.preempted_s = self.now
+        m.ended_s = self.now
+        self.live.pop(m.launch_id, None)
+        self.racing.discard(m.launch_id)
+        if jobs and self.world.acks != "early":
+            self.handing_back += len(jobs)
+            back = ",".join(str(j) for j in jobs)
+            self._push(self.now + self.world.handback_s, _HANDED_BACK, back)
+        self._sample()
+        self._evaluate()
+
+    def _handed_back(self, payload: str) -> None:
+        """A preempted machine's jobs are in the broker again, first in line (kombu restores
+        them where consumers take next; RabbitMQ requeues them in place)."""
+        jobs = [int(j) for j in payload.split(",")]
+        self.handing_back -= len(jobs)
+        self.result.reruns += len(jobs)
+        for job in reversed(jobs):
+            self.pending.appendleft(job)
+        self._dispatch()
+        if self.fast_path and self._capacity() == 0:
+            self._evaluate()
 
     def _destroy(self, m: SimMachine, released: bool = False) -> None:
         for job in sorted(m.jobs, reverse=True):
@@ -552,7 +721,7 @@ class Simulation:
                 launch_id=m.launch_id,
                 state=m.state,
                 created_at=self._at(m.created_s),
-                provider=self.auto.provider,
+                provider=m.provider,
                 ready_at=self._at(m.ready_s) if m.ready_s is not None else None,
                 running_tasks=len(m.jobs),
                 last_task_at=self._at(m.last_task_s) if m.last_task_s is not None else None,
@@ -563,10 +732,11 @@ class Simulation:
                 keep_warm=m.keep_warm,
                 stopped_at=self._at(m.stopped_s) if m.stopped_s is not None else None,
                 storage_price_per_hour=m.storage_price,
+                interruptible=m.interruptible,
             )
             for m in live
         )
-        backoffs = (self.backoff,) if self.backoff is not None else ()
+        backoffs = tuple(self.backoffs[p] for p in self.auto.providers if p in self.backoffs)
         while self.runtimes and self.runtimes[0][0] < self.now - RUNTIME_WINDOW_S:
             self.runtime_sum -= self.runtimes.popleft()[1]
         self.history = replace(
@@ -595,6 +765,8 @@ class Simulation:
         if self.keep_log and (qp.launches or qp.reclaims or qp.drains or qp.resumes):
             self.result.log.append(f"t={self.now:.0f}s\n{plan.describe()}")
         self.result.waits_by_cap += sum(1 for w in qp.waits if w.kind == "spend_cap")
+        at = self._at(self.now)
+        self.held = frozenset(p for p, b in self.backoffs.items() if active_backoff(b, at))
         execute(plan, _SimActions(self), lambda: "", (self.queue,))
         self.result.peak_machines = max(self.result.peak_machines, self.running_machines())
         self.result.max_over_limit = max(
@@ -602,28 +774,73 @@ class Simulation:
         )
         self._dispatch()
 
-    def _launch(self, reason: str) -> None:
-        """Rent one simulated machine (the executor's `launch`, on the virtual provider)."""
+    def _ranked(self, providers: Sequence[str]) -> list[str]:
+        """The providers a launch tries, in order: those of `providers` the queue lists and
+        that were not in backoff when decide() planned the launch (`held`), ranked by
+        `policy.placement.rank` on the queue's rule, one offer per provider (its price, its
+        mean boot). A launch naming none of the queue's providers (a `provider` that is the
+        queue's whole tuple, as a policy unaware of placement writes it) may rent from any."""
+        listed = [p for p in providers if p in self.providers] or list(self.providers)
+        open_ = [p for p in listed if p not in self.held]
+        if len(open_) <= 1:
+            return open_
+        gpus = self.auto.instance.gpus
+        offers = [Candidate(p, gpus[0], self.providers[p].params.price_per_hour) for p in open_]
+        boots = {(p, gpus[0]): self.providers[p].params.boot_s for p in open_}
+        ranked = rank(offers, self.auto.placement, self.auto.providers, gpus, boots, DEFAULT_BOOT_S)
+        return [c.provider for c in ranked]
+
+    def _launch(
+        self, reason: str, providers: Sequence[str] = (), interruptible: bool = False
+    ) -> None:
+        """Rent one simulated machine (the executor's `launch`, on the virtual providers): the
+        ranked offers in turn until one has capacity; `interruptible`: at the queue's bid."""
         self.launch_seq += 1
-        outcome = self.provider.rent()
-        if not outcome.rented:
-            self._rental_failed(outcome.error or "rental failed")
-            return
+        for name in self._ranked(providers):
+            source = self.providers[name]
+            outcome = source.rent(self.now)
+            if outcome.rented:
+                self._rented(
+                    reason,
+                    name,
+                    source.params,
+                    outcome.boot_s,
+                    outcome.boots,
+                    interruptible and self.bid is not None,
+                )
+                return
+            self._rental_failed(name, outcome.error or "rental failed")
+
+    def _rented(
+        self,
+        reason: str,
+        provider: str,
+        params: ProviderParams,
+        boot_s: float,
+        boots: bool,
+        interruptible: bool = False,
+    ) -> None:
         launch_id = f"{self.queue}-{self.launch_seq}"
+        price = params.price_per_hour
+        if interruptible and self.bid is not None:
+            price = self.bid.price(price)
         m = SimMachine(
             launch_id,
             self.now,
-            self.params.price_per_hour,
+            price,
             launched_for=reason,
             spec_key=self.spec_key,
-            storage_price=self.params.storage_price_per_hour,
+            storage_price=params.storage_price_per_hour,
+            provider=provider,
+            interruptible=interruptible,
         )
         self.machines[launch_id] = m
         self.live[launch_id] = m
-        if outcome.boots:
-            self._push(self.now + outcome.boot_s, _BOOTED, launch_id)
+        self._arm_preemption(m)
+        if boots:
+            self._push(self.now + boot_s, _BOOTED, launch_id)
         elif self.world.failure_seen_at_boot:
-            self._push(self.now + min(outcome.boot_s, self.boot_timeout), _BOOT_FAILED, launch_id)
+            self._push(self.now + min(boot_s, self.boot_timeout), _BOOT_FAILED, launch_id)
         else:
             self._push(self.now + self.boot_timeout, _BOOT_FAILED, launch_id)
 
@@ -676,7 +893,10 @@ class _SimActions:
         self.sim._resume(action.launch_id)
 
     def launch(self, action: Launch, launch_id: str) -> None:
-        self.sim._launch(action.reason)
+        if action.interruptible:
+            self.sim._launch(action.reason, action.providers, interruptible=True)
+        else:
+            self.sim._launch(action.reason, action.providers)
 
     def queue_done(self, plan: QueuePlan) -> None:
         return None

@@ -25,11 +25,42 @@ pages; a mock provider's own numbers win where its config sets them):
   `known_storage_price`: `volume_gb` × `storage_price_per_gb_month`; the instance's disk when no
   volume is declared); Vast hosts set their own storage price, assumed the same $0.20/GB-month
   of the instance's disk. 50 GB → $0.0137/h, 2.3 % of a $0.60/h machine.
+
+Interruptible machines (`instance.interruptible`: a bid, a `max_share`): a launch decide()
+marked interruptible rents at the bid (`Interruptible.price` of the provider's on-demand price)
+from the same offers, with the same boot and failure numbers (a bid is never refused for being
+low: the simulator has no market). While rented, it is preempted — outbid and stopped by the
+provider — after an exponential time at `World.preemption_rate` per machine-hour (its own
+seeded generator; the rate does not depend on the bid, which in a real market it does):
+
+- it stops billing at once: Vast bills no GPU time for a stopped instance; its disk bills on
+  until reconcile destroys it (within a poll: 50 GB at $0.20/GB-month for 30 s is $0.0001,
+  left out), and it is destroyed;
+- it is no capacity from that moment, and the queue is evaluated at once (production's
+  reconcile enqueues an evaluation when it sees the machine lost: up to a reconcile poll after
+  the preemption, 15 s on average at the default 30 s poll — optimistic by that much);
+- the jobs it ran come back after HANDBACK_S, 20 s: reconcile sees the stop (on average half
+  of its 30 s poll), waits `control.handback.GRACE` (5 s) and hands them back to the broker
+  (kombu's unacked entries restored, or RabbitMQ's connection closed: under a second). Under
+  `acks_late` each runs again from its start, first in line, its work so far lost (paid, done
+  again); the broker counts it in flight meanwhile, so decide() sees it as running. Under
+  Celery's default early acks the running job was acknowledged when it started: it is lost,
+  counted, never run.
+
+Several providers (`autoscale.provider: [a, b]`): one `SimProvider` each, with its own
+numbers (a declared mock provider's price, boot, failure rates; any other kind the defaults
+above at the queue's price cap) and its own **capacity windows** (`Outage`: from `start_s` to
+`end_s` seconds into the trace every rental from it fails with a capacity error, as a sold-out
+GPU type does — `simulate --outage PROVIDER@10:00-12:00`). A simulated provider answers a
+launch with one offer for the queue's GPU list: one price and one boot distribution whatever
+the GPU (see `engine.Simulation._ranked`).
 """
 
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autoscaler.config.models import (
@@ -48,6 +79,8 @@ RESUME_S = 40.0
 STOP_S = 30.0
 RESUME_FAILURE_RATE = 0.10
 STORAGE_PER_GB_MONTH = 0.20
+HANDBACK_S = 20.0
+"""From an interruptible machine's preemption to its jobs back in the broker (see above)."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +101,15 @@ class ProviderParams:
 
     @classmethod
     def for_queue(cls, config: Config, auto: Autoscale) -> ProviderParams:
-        """A declared mock provider's numbers; otherwise ~3 min boots at the queue's price cap.
-        The warm pool's numbers: the provider's where its config says, else the assumptions
-        above."""
-        prov = config.providers.get(auto.provider)
+        """The numbers of the queue's first listed provider (`for_provider`)."""
+        return cls.for_provider(config, auto, auto.providers[0])
+
+    @classmethod
+    def for_provider(cls, config: Config, auto: Autoscale, name: str) -> ProviderParams:
+        """Provider `name` renting for `auto`: a declared mock provider's numbers; otherwise
+        ~3 min boots at the queue's price cap. The warm pool's numbers: the provider's where
+        its config says, else the assumptions above."""
+        prov = config.providers.get(name)
         storage = _storage_price(prov, auto)
         if isinstance(prov, MockProvider):
             mine = prov.model_fields_set
@@ -127,16 +165,90 @@ class ResumeOutcome:
     """Seconds from the start to a ready worker (ok), or to the failure being seen."""
 
 
+@dataclass(frozen=True)
+class Outage:
+    """A capacity window: provider `provider` has no capacity from `start_s` to `end_s`
+    (seconds into the trace, end excluded): every rental from it fails with a capacity error.
+    Machines it already runs are untouched (resumes too: a stopped machine keeps its host)."""
+
+    provider: str
+    start_s: float
+    end_s: float
+
+    def covers(self, at: float) -> bool:
+        return self.start_s <= at < self.end_s
+
+    def describe(self) -> str:
+        return f"{self.provider}@{clock(self.start_s)}-{clock(self.end_s)}"
+
+
+OUTAGE_FORMS = (
+    "PROVIDER@START-END, START and END as hours:minutes[:seconds] into the trace (10:00-12:00; "
+    "past 24:00 for the days after the first) or seconds (36000-43200)"
+)
+_CLOCK = re.compile(r"^([0-9]{1,4}):([0-5][0-9])(?::([0-5][0-9](?:\.[0-9]+)?))?$")
+_SECONDS = re.compile(r"^[0-9]+(?:\.[0-9]+)?$")
+
+
+def clock(seconds: float) -> str:
+    """Seconds into the trace as hours:minutes (and seconds when not whole minutes)."""
+    whole = round(seconds)
+    h, rest = divmod(whole, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h:02d}:{m:02d}" + (f":{s:02d}" if s else "")
+
+
+def _time_of(text: str, whole: str) -> float:
+    t = text.strip()
+    if _SECONDS.match(t):
+        return float(t)
+    found = _CLOCK.match(t)
+    if found is None:
+        raise ValueError(f"outage {whole!r}: {t!r} is no time; write {OUTAGE_FORMS}")
+    h, m, s = found.groups()
+    return int(h) * 3600.0 + int(m) * 60.0 + (float(s) if s else 0.0)
+
+
+def parse_outage(text: str) -> Outage:
+    """`gpu-vast@10:00-12:00` → Outage("gpu-vast", 36000, 43200); ValueError naming the form."""
+    provider, at, span = text.rpartition("@")
+    start, dash, end = span.partition("-")
+    if not at or not provider.strip() or not dash:
+        raise ValueError(f"outage {text!r}: write {OUTAGE_FORMS}")
+    outage = Outage(provider.strip(), _time_of(start, text), _time_of(end, text))
+    if outage.end_s <= outage.start_s:
+        raise ValueError(
+            f"outage {text!r} ends before it starts; an outage across midnight runs past 24:00 "
+            "(23:00-25:00)"
+        )
+    return outage
+
+
 class SimProvider:
-    def __init__(self, params: ProviderParams, rng: random.Random) -> None:
+    def __init__(
+        self,
+        params: ProviderParams,
+        rng: random.Random,
+        outages: Sequence[Outage] = (),
+    ) -> None:
         self.params = params
         self.rng = rng
+        self.outages = tuple(outages)
+        """Its capacity windows."""
+
+    def out_of_capacity(self, at: float) -> bool:
+        return any(o.covers(at) for o in self.outages)
 
     def _jitter(self) -> float:
         return 1.0 + self.params.boot_jitter * (2.0 * self.rng.random() - 1.0)
 
-    def rent(self) -> RentalOutcome:
+    def rent(self, at: float | None = None) -> RentalOutcome:
+        """One rental at `at` seconds into the trace. Inside a capacity window it fails at
+        once, drawing nothing from the generator (the rest of the day's draws stay as they
+        were without the window)."""
         p = self.params
+        if at is not None and self.out_of_capacity(at):
+            return RentalOutcome(False, error="no offer available (simulated capacity window)")
         if self.rng.random() < p.capacity_error_rate:
             return RentalOutcome(False, error="no offer available (simulated capacity error)")
         jitter = self._jitter()

@@ -15,6 +15,12 @@ The figures are built so that no policy can look better than it is by not doing 
 - A warm pool's stopped machine bills its storage price, not the machine's: `machine_hours`
   are the hours billed at the full price, `stopped_hours` / `storage_dollars` the rest (in
   `dollars` too). A resume pays no rental fee; `launches` counts fresh rentals only.
+- Interruptible machines (`instance.interruptible`): they bill the bid, so the lower bound's
+  price is the cheapest hour on offer, the bid (the ratio stays ≥ 1). A job handed back after
+  a preemption and run again (acks late) waited until its last start, and its lost run was
+  paid (`rerun_hours`). A job lost with its machine (early acks) is never served: it waits to
+  the end of the run like an unserved job, and its whole runtime is undone work; it is counted
+  in `lost`, not in `never_served`.
 - Saturation: at each evaluation with jobs pending, was every machine slot under max_workers
   taken (machines that may still bill count)? When that holds for a large share of those
   evaluations, waits measure the cap rather than the policy.
@@ -80,9 +86,32 @@ class Report:
     warm_misses: int = 0
     stopped_hours: float = 0.0
     storage_dollars: float = 0.0
+    interruptible: bool = False
+    """The queue rents part of its machines interruptible: the fields below are its figures."""
+    preemptions: int = 0
+    reruns: int = 0
+    rerun_hours: float = 0.0
+    lost: int = 0
+    interruptible_hours: float = 0.0
+    interruptible_dollars: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.interruptible:  # the report as it was before interruptible machines
+            for key in INTERRUPTIBLE_FIELDS:
+                del out[key]
+        return out
+
+
+INTERRUPTIBLE_FIELDS = (
+    "interruptible",
+    "preemptions",
+    "reruns",
+    "rerun_hours",
+    "lost",
+    "interruptible_hours",
+    "interruptible_dollars",
+)
 
 
 def undone_seconds(result: Result) -> float:
@@ -107,6 +136,14 @@ def summarize(result: Result, saturation: Saturation | None = None) -> Report:
     running = sum(
         sum(b - a for a, b in m.running_spans(end_s)) / 3600.0 * m.price for m in result.machines
     )
+    bids = [m for m in result.machines if m.interruptible]
+    bid_hours = sum(b - a for m in bids for a, b in m.running_spans(end_s)) / 3600.0
+    bid_dollars = sum(
+        sum(b - a for a, b in m.running_spans(end_s)) / 3600.0 * m.price
+        + m.stopped_seconds(end_s) / 3600.0 * m.storage_price
+        + result.per_rental_dollars
+        for m in bids
+    )
     dollars = running + storage + len(result.machines) * result.per_rental_dollars
     bound = sum(j.runtime_s for j in result.jobs) / 3600.0 * price
     undone = undone_seconds(result) / 3600.0
@@ -126,7 +163,7 @@ def summarize(result: Result, saturation: Saturation | None = None) -> Report:
         wait_p95=percentile(waits, 95),
         wait_p99=percentile(waits, 99),
         wait_max=waits[-1] if waits else 0.0,
-        never_served=len(result.jobs) - len(result.starts),
+        never_served=len(result.jobs) - len(result.starts) - len(result.lost),
         killed=result.killed,
         launches=len(result.machines),
         failed_rentals=result.failed_rentals,
@@ -139,6 +176,13 @@ def summarize(result: Result, saturation: Saturation | None = None) -> Report:
         warm_misses=result.warm_misses,
         stopped_hours=stopped,
         storage_dollars=storage,
+        interruptible=result.interruptible,
+        preemptions=result.preemptions,
+        reruns=result.reruns,
+        rerun_hours=result.rerun_work_s / 3600.0,
+        lost=len(result.lost),
+        interruptible_hours=bid_hours,
+        interruptible_dollars=bid_dollars,
     )
 
 
@@ -189,6 +233,18 @@ def fmt_warm(r: Report) -> str | None:
     )
 
 
+def fmt_interruptible(r: Report) -> str | None:
+    """What interruptible machines did in a run, one line (None when it rented none)."""
+    if not r.interruptible or (not r.interruptible_hours and not r.preemptions):
+        return None
+    return (
+        f"  {r.policy}: {r.interruptible_hours:.1f} of {r.machine_hours:.1f} machine-h "
+        f"interruptible for ${r.interruptible_dollars:.2f}; {r.preemptions} preemptions, "
+        f"{r.reruns} jobs run again ({r.rerun_hours:.2f} h of work lost and redone), "
+        f"{r.lost} jobs lost"
+    )
+
+
 def fmt_bound(r: Report, price: float) -> str:
     hours = r.lower_bound_dollars / price if price > 0 else 0.0
     return (
@@ -222,4 +278,20 @@ def saturation_warning(reports: list[Report], max_workers: int) -> str | None:
         f"warning: jobs waited while the queue was already at max_workers ({max_workers}) in "
         f"{shares} of the evaluations with jobs pending: waits and unserved jobs measure the "
         "cap, not the policy; raise max_workers to compare the policies"
+    )
+
+
+PLACEMENT_COLUMNS = (
+    f"{'jobs':>6}{'p50 s':>8}{'p95 s':>8}{'p99 s':>8}{'max s':>8}{'$':>9}{'mach-h':>8}"
+    f"{'rentals':>8}{'failed':>7}{'unserved':>9}"
+)
+"""The columns of a provider list beside each provider alone (`sim.placement`)."""
+
+
+def fmt_placement_row(r: Report, width: int) -> str:
+    """Our policy on one provider list (`r.policy` names it), in PLACEMENT_COLUMNS."""
+    return (
+        f"{r.policy:<{width}}{r.jobs:>6}{r.wait_p50:>8.0f}{r.wait_p95:>8.0f}{r.wait_p99:>8.0f}"
+        f"{r.wait_max:>8.0f}{r.dollars:>9.2f}{r.machine_hours:>8.1f}{r.launches:>8}"
+        f"{r.failed_rentals:>7}{r.never_served:>9}"
     )

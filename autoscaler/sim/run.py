@@ -117,6 +117,52 @@ def warm_assumptions(config: Config, queue: str) -> str:
     )
 
 
+ON_DEMAND = "ours-on-demand"
+"""Our policy beside itself on a queue with `instance.interruptible`: every machine on demand."""
+
+
+def without_interruptible(config: Config, queue: str) -> Config:
+    """`config` with `queue` renting every machine on demand."""
+    q = config.queues[queue]
+    assert q.autoscale is not None
+    instance = q.autoscale.instance.model_copy(update={"interruptible": None})
+    auto = q.autoscale.model_copy(update={"instance": instance})
+    queues = {**config.queues, queue: q.model_copy(update={"autoscale": auto})}
+    return config.model_copy(update={"queues": queues})
+
+
+def bound_price(config: Config, queue: str) -> float:
+    """The lower bound's price: the cheapest listed provider's, or the queue's bid on it when
+    that is lower (interruptible machines bill the bid)."""
+    auto = config.queues[queue].autoscale
+    assert auto is not None
+    price = cheapest(config, queue).price_per_hour
+    bid = auto.instance.interruptible
+    return min(price, bid.price(price)) if bid is not None else price
+
+
+def interruptible_assumptions(config: Config, queue: str, world: World) -> str | None:
+    """The simulated interruptible machines, one line (None when the queue rents none)."""
+    auto = config.queues[queue].autoscale
+    assert auto is not None
+    bid = auto.instance.interruptible
+    if bid is None:
+        return None
+    on_demand = cheapest(config, queue).price_per_hour
+    back = (
+        f"their jobs handed back {world.handback_s:g} s later and run again (acks late)"
+        if world.acks == "late"
+        else "their running jobs lost (early acks)"
+    )
+    return (
+        f"interruptible model: bid {bid.bid if isinstance(bid.bid, str) else f'${bid.bid:g}/h'}"
+        f" (${bid.price(on_demand):.2f}/h of ${on_demand:.2f}/h on demand) on at most "
+        f"{bid.max_share:.0%} of the machines; {world.preemption_rate:.1%} preempted per "
+        f"machine-hour, billing and capacity ending at once, {back}; the queue evaluated at "
+        "once (sim/provider.py)"
+    )
+
+
 MAX_SIM_TICKS = 200_000
 """Evaluations per policy a simulation may take (span of the trace / poll interval): about
 20 s for the three policies. A trace spanning a year polled every second would take hours."""
@@ -127,7 +173,8 @@ class SimulationTooLong(ValueError):
 
 
 def load_sim_config(path: str | Path) -> Config:
-    """The normal YAML config; a provider it names but does not declare is simulated.
+    """The normal YAML config; a provider it names but does not declare is simulated (a
+    mock provider's defaults; a queue may list several, `provider: [a, b]`).
 
     Read and parsed with the same limits and refusals as `autoscaler validate`; the peek at
     which providers are named tolerates any shape (the schema then refuses it)."""
@@ -141,8 +188,10 @@ def load_sim_config(path: str | Path) -> Config:
         for q in queues.values() if isinstance(queues, dict) else ():
             auto = q.get("autoscale") if isinstance(q, dict) else None
             prov = auto.get("provider") if isinstance(auto, dict) else None
-            if isinstance(prov, str) and prov not in declared:
-                named[prov] = MockProvider(kind="mock")
+            names = [prov] if isinstance(prov, str) else prov if isinstance(prov, list) else []
+            for one in names:
+                if isinstance(one, str) and one not in declared:
+                    named[one] = MockProvider(kind="mock")
     return load_config_text(text, str(path), registered_providers=named, runnable=True)
 
 
@@ -251,13 +300,24 @@ def compare(
     variant, variant_config, _ = pool_variant(config, queue)
     pooled = summarize(*run_watched(variant_config, queue, jobs, variant, seed, world=world))
     reports.insert(1, pooled)  # beside ours
+    auto = config.queues[queue].autoscale
+    if auto is not None and auto.instance.interruptible is not None:
+        plain = without_interruptible(config, queue)
+        reports.insert(2, summarize(*run_watched(plain, queue, jobs, ON_DEMAND, seed, world=world)))
     for name, factory in (extra or {}).items():
         reports.append(
             summarize(*run_watched(config, queue, jobs, name, seed, world=world, factory=factory))
         )
+    return reports, bound_price(config, queue)
+
+
+def cheapest(config: Config, queue: str) -> ProviderParams:
+    """The numbers of the queue's cheapest listed provider (the first of equal prices): the
+    lower bound's and the references' price and boot. One provider: its own."""
     auto = config.queues[queue].autoscale
     assert auto is not None
-    return reports, ProviderParams.for_queue(config, auto).price_per_hour
+    listed = [ProviderParams.for_provider(config, auto, p) for p in auto.providers]
+    return min(listed, key=lambda p: p.price_per_hour)
 
 
 def unfed_metric_queries(config: Config, queue: str) -> list[str]:
@@ -308,7 +368,7 @@ def reference_rows(
     auto = config.queues[queue].autoscale
     assert auto is not None
     w = world or World()
-    params = ProviderParams.for_queue(config, auto)
+    params = cheapest(config, queue)
     oracle = zero_wait_oracle(
         jobs, params.boot_s, params.price_per_hour, w.per_rental_dollars, w.worker_concurrency
     )
@@ -329,7 +389,7 @@ def table(
     world: World | None = None,
 ) -> list[str]:
     """The cost table: every policy, then the references, then what each baseline is."""
-    from autoscaler.sim.report import HEADER, fmt_bound, fmt_row, fmt_warm
+    from autoscaler.sim.report import HEADER, fmt_bound, fmt_interruptible, fmt_row, fmt_warm
 
     lines = [HEADER, *(fmt_row(r) for r in reports)]
     lines += reference_rows(config, queue, jobs, world)
@@ -338,8 +398,14 @@ def table(
     lines += [f"  {name}: {note}" for name, note in BASELINE_NOTES.items()]
     variant, _, note = pool_variant(config, queue)
     lines.append(f"  {variant}: {note}")
+    if any(r.policy == ON_DEMAND for r in reports):
+        lines.append(f"  {ON_DEMAND}: ours with every machine on demand (no interruptible)")
     lines += [line for r in reports if (line := fmt_warm(r)) is not None]
     lines.append(f"  {warm_assumptions(config, queue)}")
+    lines += [line for r in reports if (line := fmt_interruptible(r)) is not None]
+    bids = interruptible_assumptions(config, queue, world or World())
+    if bids is not None:
+        lines.append(f"  {bids}")
     return lines
 
 
@@ -405,12 +471,17 @@ def baseline_accounts(
     return out
 
 
-def _account_queues(config: Config, jobs: list[Job]) -> list[tuple[str, list[Job]]]:
-    names = [
+def autoscaled_queues(config: Config) -> list[str]:
+    """The queues with an enabled autoscale block, by name."""
+    return [
         n
         for n, q in sorted(config.queues.items())
         if q.autoscale is not None and q.autoscale.enabled
     ]
+
+
+def _account_queues(config: Config, jobs: list[Job]) -> list[tuple[str, list[Job]]]:
+    names = autoscaled_queues(config)
     if not names:
         raise ValueError("the config has no queue with an enabled autoscale block")
     out = []

@@ -9,7 +9,7 @@ win, and a redelivered task finds nothing left to do.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -17,11 +17,22 @@ from typing import Any, NamedTuple
 from sqlalchemy import case, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
+from autoscaler.config import gpus
 from autoscaler.config.models import Backoff
 from autoscaler.lifecycle import BOOTING_STATES, LIVE_STATES, InstanceState, can_move
 from autoscaler.policy.backoff import after_failure
+from autoscaler.policy.boots import BootStat, boot_stat, judge_boot
 from autoscaler.policy.reconcile import Row
-from autoscaler.policy.snapshot import BackoffState, Machine, ManualTarget
+from autoscaler.policy.snapshot import (
+    BACKOFF_CAUSES,
+    BackoffCause,
+    BackoffState,
+    Billing,
+    Machine,
+    ManualTarget,
+)
+from autoscaler.policy.triggers import DEFAULT_BOOT_ESTIMATE
+from autoscaler.store.db import keyed_values
 from autoscaler.store.models import Instance, RentalBackoff, ScaleEvent
 from autoscaler.store.models import ManualTarget as ManualTargetRow
 
@@ -71,6 +82,7 @@ class InstanceRecord:
     keep_warm: bool = False
     stopped_at: datetime | None = None
     storage_price_per_hour: float | None = None
+    interruptible: bool = False
 
 
 _RECORD_COLUMNS = (
@@ -93,7 +105,14 @@ _RECORD_COLUMNS = (
     Instance.spec_key,
     Instance.keep_warm,
     Instance.storage_price_per_hour,
-    *(getattr(Instance, column) for column in dict.fromkeys(STATE_SINCE.values())),
+    Instance.interruptible,
+    Instance.stopped_at,
+    # the one timestamp of the row's state, not all thirteen: reading 20,000 rows spent a third
+    # of its time converting timestamps it did not use (`benchmarks/tick.py`)
+    case(
+        {state: getattr(Instance, column) for state, column in STATE_SINCE.items()},
+        value=Instance.state,
+    ).label("state_since"),
 )
 
 
@@ -108,7 +127,7 @@ def _records(session: Session, where: Any) -> list[InstanceRecord]:
                 provider=r.provider,
                 state=state,
                 created_at=r.created_at,
-                since=getattr(r, STATE_SINCE[state]) or r.created_at,
+                since=r.state_since or r.created_at,
                 provider_instance_id=r.provider_instance_id,
                 host_id=r.host_id,
                 worker_name=r.worker_name,
@@ -124,14 +143,49 @@ def _records(session: Session, where: Any) -> list[InstanceRecord]:
                 keep_warm=r.keep_warm,
                 stopped_at=r.stopped_at,
                 storage_price_per_hour=r.storage_price_per_hour,
+                interruptible=bool(r.interruptible),
             )
         )
     return out
 
 
-def live_rows(session: Session) -> list[InstanceRecord]:
-    """Every row that may still bill (one query, only the columns the loop reads)."""
-    return _records(session, Instance.state.in_(LIVE_STATES))
+def live_rows(session: Session, queues: Collection[str] | None = None) -> list[InstanceRecord]:
+    """Every row that may still bill (one query, only the columns the loop reads); only those
+    of `queues` where given (one shard's)."""
+    live = Instance.state.in_(LIVE_STATES)
+    return _records(session, live if queues is None else live & Instance.queue.in_(list(queues)))
+
+
+def billing_elsewhere(session: Session, queues: Collection[str]) -> tuple[Billing, ...]:
+    """What the live machines of every queue *not* in `queues` bill, per (queue, state): the
+    other shards' part of the account-wide caps, counted in the database (one query, a row per
+    queue and state instead of one per machine)."""
+    rows = session.execute(
+        select(
+            Instance.queue,
+            Instance.state,
+            func.count(),
+            func.coalesce(func.sum(Instance.price_per_hour), 0.0),
+            func.count(Instance.price_per_hour),
+            func.coalesce(func.sum(Instance.storage_price_per_hour), 0.0),
+        )
+        .where(Instance.state.in_(LIVE_STATES), Instance.queue.not_in(list(queues)))
+        .group_by(Instance.queue, Instance.state)
+        .order_by(Instance.queue, Instance.state)  # two counts of the same rows compare equal
+    )
+    out = []
+    for queue, state, n, priced, n_priced, storage in rows:
+        stopped = state == InstanceState.STOPPED
+        out.append(
+            Billing(
+                queue,
+                InstanceState(state),
+                n,
+                float((storage if stopped else priced) or 0.0),
+                0 if stopped else n - n_priced,
+            )
+        )
+    return tuple(out)
 
 
 def rows_of(session: Session, launch_ids: Collection[str]) -> list[InstanceRecord]:
@@ -154,6 +208,7 @@ def as_machine(row: InstanceRecord) -> Machine:
         keep_warm=row.keep_warm,
         stopped_at=row.stopped_at,
         storage_price_per_hour=row.storage_price_per_hour,
+        interruptible=row.interruptible,
     )
 
 
@@ -187,7 +242,9 @@ def machines_by_queue(rows: Iterable[InstanceRecord]) -> dict[str, tuple[Machine
 def backoffs(session: Session) -> dict[str, tuple[BackoffState, ...]]:
     out: dict[str, list[BackoffState]] = defaultdict(list)
     for b in session.scalars(select(RentalBackoff)):
-        out[b.queue].append(BackoffState(b.provider, b.failures, b.until, b.last_error))
+        out[b.queue].append(
+            BackoffState(b.provider, b.failures, b.until, b.last_error, _cause(b.cause))
+        )
     return {q: tuple(bs) for q, bs in out.items()}
 
 
@@ -224,29 +281,170 @@ def queues_served(session: Session) -> set[str]:
 BOOT_HISTORY = 5
 """The boot time of a queue is the longest of its last this many boots (ready in time)."""
 
+BOOT_STATS_WINDOW = timedelta(days=7)
+"""Boot statistics (`boot_stats`, the slow-host rule) count cold boots ready this recently."""
+
+BOOT_STATS_SAMPLES = 50
+"""… and at most this many of the newest per key."""
+
+_BOOT_KEYS = {"queue": Instance.queue, "provider": Instance.provider, "gpu": Instance.gpu}
+
+
+class ColdBoot(NamedTuple):
+    """One cold boot: seconds from the decision (the intent row's `created_at`) to ready
+    (`ready_at`), both on the store's clock, and its rank among the newest of each key."""
+
+    launch_id: str
+    queue: str
+    provider: str
+    gpu: str | None
+    host_id: str | None
+    seconds: float
+    ranks: tuple[int, ...]
+
+
+def cold_boots(
+    session: Session,
+    since: datetime,
+    *,
+    per: Sequence[Sequence[str]],
+    latest: int,
+    where: Sequence[Any] = (),
+) -> list[ColdBoot]:
+    """Cold boots (`resumes == 0`: a resumed machine is ready hours after its intent) ready
+    since `since`, newest first: those among the `latest` newest of their key for any key of
+    `per` (column names of `queue`, `provider`, `gpu`), `where` further SQL conditions. One
+    query (a window function per key, on PostgreSQL and SQLite alike). Control-plane times
+    only: what a machine reports never enters here."""
+    ranks = [
+        func.row_number()
+        .over(
+            partition_by=[_BOOT_KEYS[c] for c in key],
+            order_by=(Instance.ready_at.desc(), Instance.id.desc()),
+        )
+        .label(f"rank{i}")
+        for i, key in enumerate(per)
+    ]
+    found = (
+        select(
+            Instance.launch_id,
+            Instance.queue,
+            Instance.provider,
+            Instance.gpu,
+            Instance.host_id,
+            Instance.created_at,
+            Instance.ready_at,
+            *ranks,
+        )
+        .where(
+            Instance.ready_at.is_not(None),
+            Instance.ready_at >= since,
+            Instance.ready_at >= Instance.created_at,
+            Instance.resumes == 0,
+            *where,
+        )
+        .subquery()
+    )
+    kept = or_(*(found.c[f"rank{i}"] <= latest for i in range(len(per))))
+    out = []
+    for r in session.execute(select(found).where(kept).order_by(found.c.ready_at.desc())):
+        out.append(
+            ColdBoot(
+                r.launch_id,
+                r.queue,
+                r.provider,
+                r.gpu,
+                r.host_id,
+                max(0.0, (r.ready_at - r.created_at).total_seconds()),
+                tuple(int(getattr(r, f"rank{i}")) for i in range(len(per))),
+            )
+        )
+    return out
+
 
 def boot_estimates(session: Session, queues: list[str], now: datetime) -> dict[str, float]:
-    """Seconds from decision (the intent row) to ready of each queue's recent machines (one
-    query over the last 30 days' cold boots: a machine resumed from a warm pool was ready long
-    after its intent, which would read as a boot of hours and stop the burst rule renting)."""
+    """Seconds from decision (the intent row) to ready of each queue's machines, for the
+    (provider, GPU) it rents from now — its newest cold boot's: with placement across providers
+    a queue may move to a provider whose machines boot in a third of the time — the longest of
+    its last BOOT_HISTORY cold boots there, else over all its boots (the last 30 days). One
+    query; cold boots only (a machine resumed from a warm pool was ready long after its
+    intent, which would read as a boot of hours and stop the burst rule renting)."""
     if not queues:
         return {}
-    got: dict[str, list[float]] = {}
-    for queue, created, ready in session.execute(
-        select(Instance.queue, Instance.created_at, Instance.ready_at)
-        .where(
-            Instance.queue.in_(queues),
-            Instance.ready_at.is_not(None),
-            Instance.ready_at >= now - timedelta(days=30),
-            Instance.resumes == 0,
-        )
-        .order_by(Instance.ready_at.desc())
-        .limit(BOOT_HISTORY * len(queues) * 4)
-    ).all():
-        seen = got.setdefault(queue, [])
-        if len(seen) < BOOT_HISTORY and ready is not None and ready >= created:
-            seen.append((ready - created).total_seconds())
-    return {q: max(v) for q, v in got.items() if v}
+    everywhere: dict[str, list[float]] = {}
+    per_pair: dict[tuple[str, str, str | None], list[float]] = {}
+    newest: dict[str, tuple[str, str | None]] = {}
+    for b in cold_boots(  # newest first
+        session,
+        now - timedelta(days=30),
+        per=[("queue",), ("queue", "provider", "gpu")],
+        latest=BOOT_HISTORY,
+        where=[Instance.queue.in_(queues)],
+    ):
+        newest.setdefault(b.queue, (b.provider, b.gpu))
+        if b.ranks[0] <= BOOT_HISTORY:
+            everywhere.setdefault(b.queue, []).append(b.seconds)
+        if b.ranks[1] <= BOOT_HISTORY:
+            per_pair.setdefault((b.queue, b.provider, b.gpu), []).append(b.seconds)
+    out = {}
+    for queue, seconds in everywhere.items():
+        here = per_pair.get((queue, *newest[queue]))
+        out[queue] = max(here or seconds)
+    return out
+
+
+def _stats(
+    boots: Iterable[ColdBoot], i: int, key: Callable[[ColdBoot], Any]
+) -> dict[Any, BootStat]:
+    seconds: dict[Any, list[float]] = defaultdict(list)
+    for b in boots:
+        if b.ranks[i] <= BOOT_STATS_SAMPLES:
+            seconds[key(b)].append(b.seconds)
+    return {k: stat for k, v in seconds.items() if (stat := boot_stat(v)) is not None}
+
+
+def boot_tables(
+    session: Session, now: datetime
+) -> tuple[dict[tuple[str, str], BootStat], dict[tuple[str, str, str], BootStat]]:
+    """`boot_stats` and `boot_stats_by_queue` from one query."""
+    boots = cold_boots(
+        session,
+        now - BOOT_STATS_WINDOW,
+        per=[("provider", "gpu"), ("queue", "provider", "gpu")],
+        latest=BOOT_STATS_SAMPLES,
+    )
+    return (
+        _stats(boots, 0, lambda b: (b.provider, b.gpu or "")),
+        _stats(boots, 1, lambda b: (b.queue, b.provider, b.gpu or "")),
+    )
+
+
+def boot_stats(session: Session, now: datetime) -> dict[tuple[str, str], BootStat]:
+    """Per (provider, GPU) — "" for a machine whose GPU is unknown — the median and p90
+    seconds from decision to ready of its cold boots of the last BOOT_STATS_WINDOW (at most
+    the newest BOOT_STATS_SAMPLES), and how many. Control-plane times only. One query."""
+    return boot_tables(session, now)[0]
+
+
+def boot_stats_by_queue(session: Session, now: datetime) -> dict[tuple[str, str, str], BootStat]:
+    """`boot_stats` per (queue, provider, GPU). One query."""
+    return boot_tables(session, now)[1]
+
+
+def placement_boot_times(
+    session: Session, queue: str, now: datetime
+) -> tuple[dict[tuple[str, str], float], float]:
+    """What a launch of `queue` ranks offers by (`policy.placement`): the median cold boot per
+    (provider, GPU by its table name) — the queue's own boots where it has some, else every
+    queue's — and the fallback for a pair never booted (the queue's boot estimate, else the
+    default). Control-plane times only."""
+    overall, by_queue = boot_tables(session, now)
+    times = {(p, gpus.canonical(g)): b.median for (p, g), b in overall.items()}
+    times.update(
+        {(p, gpus.canonical(g)): b.median for (q, p, g), b in by_queue.items() if q == queue}
+    )
+    estimate = boot_estimates(session, [queue], now).get(queue)
+    return times, estimate if estimate is not None else DEFAULT_BOOT_ESTIMATE
 
 
 # --------------------------------------------------------------------------- writes
@@ -261,6 +459,10 @@ class Intent(NamedTuple):
     reason: str
     spec_key: str | None = None
     """What decide() rents it as (`policy.warm.spec_key`): a warm pool resumes only its like."""
+    fallbacks: tuple[str, ...] = ()
+    """The other providers decide() let it rent from (`Launch.fallbacks`)."""
+    interruptible: bool = False
+    """decide() let it rent at the queue's bid (`Launch.interruptible`)."""
 
 
 def add_intents(
@@ -292,8 +494,12 @@ def add_intents(
                 "spec_key": key,
                 "keep_warm": False,
                 "resumes": 0,
+                "placement": {"providers": [provider, *fallbacks]} if fallbacks else None,
+                "interruptible": interruptible,
             }
-            for launch_id, queue, provider, reason, key in (Intent(*i) for i in intents)
+            for launch_id, queue, provider, reason, key, fallbacks, interruptible in (
+                Intent(*i) for i in intents
+            )
         ],
     )
 
@@ -369,24 +575,100 @@ def claim_intent(session: Session, launch_id: str, now: datetime, token_hash: st
 READY_EVENT = ("lifecycle", "booting->ready")
 """(kind, action) of the event every path that sees a machine ready records."""
 
+SLOW_HOST_EVENT = ("boot", "slow_host")
+"""(kind, action) of the event saying a cold boot was slow and why its host is avoided."""
+
+
+@dataclass(frozen=True)
+class SlowHost:
+    """A host to avoid after a slow cold boot on it (`policy.boots.judge_boot`)."""
+
+    provider: str
+    host_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Readied:
+    """`mark_ready` made the move: a warm hit (`resumed`) or a cold boot, and `slow_host` when
+    that boot was slow — its host is to be avoided by the caller once its transaction has
+    committed (`control.resume.avoid_host`: avoided hosts are written on a connection of their
+    own, which an open write would hold up on SQLite)."""
+
+    resumed: bool = False
+    slow_host: SlowHost | None = None
+
 
 def mark_ready(
-    session: Session, launch_id: str, queue: str, provider: str, now: datetime, why: str
-) -> bool:
+    session: Session,
+    launch_id: str,
+    queue: str,
+    provider: str,
+    now: datetime,
+    why: str,
+    *,
+    judge: bool = True,
+) -> Readied | None:
     """booting (or resuming from a warm pool) -> ready at the first proof of life of the
     machine's worker, wherever it is seen (its agent's heartbeat, Celery remote control,
     reconcile): one conditional write, one event, and the rental counts as good (the (queue,
-    provider) backoff is cleared). True if this call made the move (of two racing callers, one
-    does). A resumed machine's event is a warm hit."""
+    provider) backoff is cleared). A `Readied` if this call made the move (of two racing
+    callers, one does), else None. A resumed machine's event is a warm hit. A cold boot is
+    judged (`judge`): slow on its host (`slow_boot`), an event says why and `slow_host` names
+    the host to avoid."""
     if move(session, launch_id, InstanceState.BOOTING, InstanceState.READY, now, why):
         kind, action = READY_EVENT
         record_events(session, [event(kind, action, why, queue=queue, launch_id=launch_id)], now)
         clear_backoff(session, queue, provider)
-        return True
+        return Readied(slow_host=slow_boot(session, launch_id, queue, now) if judge else None)
     if move(session, launch_id, InstanceState.RESUMING, InstanceState.READY, now, why):
         record_events(session, [warm_event("hit", why, queue, launch_id)], now)
-        return True
-    return False
+        return Readied(resumed=True)
+    return None
+
+
+def slow_boot(session: Session, launch_id: str, queue: str, now: datetime) -> SlowHost | None:
+    """The cold boot of `launch_id`, ready at `now`, judged against the earlier cold boots of
+    its (provider, GPU) (`boot_stats`' samples, itself left out): slow (`policy.boots`) on a
+    known host, an event recording why, and the host to avoid; else None. Control-plane times
+    only (created_at -> now, on the store's clock), never what the machine reported. Two
+    queries."""
+    row = session.execute(
+        select(
+            Instance.provider, Instance.gpu, Instance.host_id, Instance.created_at, Instance.resumes
+        ).where(Instance.launch_id == launch_id)
+    ).one_or_none()
+    if row is None or not row.host_id or row.resumes:
+        return None
+    same_gpu = Instance.gpu.is_(None) if row.gpu is None else Instance.gpu == row.gpu
+    earlier = cold_boots(
+        session,
+        now - BOOT_STATS_WINDOW,
+        per=[("provider", "gpu")],
+        latest=BOOT_STATS_SAMPLES,
+        where=[Instance.provider == row.provider, same_gpu, Instance.launch_id != launch_id],
+    )
+    seconds = (now - row.created_at).total_seconds()
+    verdict = judge_boot(seconds, [b.seconds for b in earlier])
+    if verdict is None:
+        return None
+    reason = verdict.reason(row.provider, row.gpu, row.host_id)
+    kind, action = SLOW_HOST_EVENT
+    details = {
+        "provider": row.provider,
+        "host": row.host_id,
+        "gpu": row.gpu,
+        "seconds": round(verdict.seconds, 3),
+        "median_seconds": round(verdict.median, 3),
+        "samples": verdict.samples,
+        "factor": verdict.factor,
+    }
+    record_events(
+        session,
+        [event(kind, action, reason, queue=queue, launch_id=launch_id, details=details)],
+        now,
+    )
+    return SlowHost(row.provider, row.host_id, reason)
 
 
 WARM_EVENT = "warm_pool"
@@ -468,10 +750,32 @@ def cancel_if_requested(session: Session, launch_id: str, now: datetime) -> bool
     return moved
 
 
+def retry_mark(step: str) -> str:
+    return f"retrying {step}: "
+
+
+def unnoted_retries(session: Session, retries: Collection[tuple[str, str]]) -> set[str]:
+    """Of these (launch id, step) retries, the launches whose row does not say yet that the step
+    is being retried (one query): a drain waiting on a busy machine is retried every round, and
+    writing each of them every round was 1,876 UPDATEs a round at 20,000 machines
+    (`benchmarks/reconcile.py`)."""
+    steps = dict(retries)
+    if not steps:
+        return set()
+    rows = session.execute(
+        select(Instance.launch_id, Instance.state_reason).where(Instance.launch_id.in_(list(steps)))
+    )
+    return {
+        launch_id
+        for launch_id, reason in rows
+        if not (reason or "").startswith(retry_mark(steps[launch_id]))
+    }
+
+
 def note_retry(session: Session, launch_id: str, step: str, reason: str) -> bool:
     """Mark a row's step as being retried; True the first time since its state last changed
     (so the retry is audited once, not on every reconcile)."""
-    mark = f"retrying {step}: "
+    mark = retry_mark(step)
     result = session.execute(
         update(Instance)
         .where(
@@ -583,7 +887,15 @@ def note_registered(session: Session, launch_id: str, worker_name: str, now: dat
 
 
 HEARTBEAT_COLUMNS = frozenset(
-    {"last_heartbeat_at", "running_tasks", "gpu_utilisation", "last_task_at", "worker_name"}
+    {
+        "last_heartbeat_at",
+        "running_tasks",
+        "gpu_utilisation",
+        "last_task_at",
+        "worker_name",
+        "tasks",
+        "acks_late",
+    }
 )
 
 
@@ -614,16 +926,21 @@ def move_many(
         return []
     if not can_move(src, dst):
         raise ValueError(f"{src} -> {dst} is not an allowed transition")
+    reason, joined = keyed_values(
+        session, {k: v[:2000] for k, v in reasons.items()}, Instance.launch_id
+    )
     values = {
         "state": dst,
         STATE_SINCE[dst]: now,
-        "state_reason": case({k: v[:2000] for k, v in reasons.items()}, value=Instance.launch_id),
+        "state_reason": reason,
         "updated_at": now,
         **fields,
     }
+    where = [Instance.state == src]
+    where.append(Instance.launch_id.in_(list(reasons)) if joined is None else joined)
     result = session.execute(
         update(Instance)
-        .where(Instance.launch_id.in_(list(reasons)), Instance.state == src)
+        .where(*where)
         .values(**values)
         .returning(Instance.launch_id)
         .execution_options(synchronize_session=False)
@@ -642,9 +959,16 @@ def set_drain_requested(session: Session, launch_ids: Sequence[str], value: bool
 
 
 def record_rental_failure(
-    session: Session, queue: str, provider: str, now: datetime, config: Backoff, error: str
+    session: Session,
+    queue: str,
+    provider: str,
+    now: datetime,
+    config: Backoff,
+    error: str,
+    cause: BackoffCause = "error",
 ) -> BackoffState:
-    """One more failure of (queue, provider): the backoff grows (and survives restarts)."""
+    """One more failure of (queue, provider): the backoff grows (and survives restarts);
+    `cause` says what failed, for `status`."""
     row = session.get(RentalBackoff, (queue, provider), with_for_update=True)
     previous = BackoffState(provider, row.failures, row.until, row.last_error) if row else None
     state = after_failure(previous, queue, provider, now, config, error[:2000])
@@ -656,12 +980,114 @@ def record_rental_failure(
                 failures=state.failures,
                 until=state.until,
                 last_error=state.last_error,
+                cause=cause,
             )
         )
     else:
         row.failures, row.until, row.last_error = state.failures, state.until, state.last_error
+        row.cause = cause
     session.flush()
     return state
+
+
+def set_handback_due(session: Session, launch_id: str, due: datetime) -> None:
+    """The provider says the machine no longer runs: its jobs are handed back from `due` (once:
+    an earlier mark is kept)."""
+    session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id, Instance.handback_due_at.is_(None))
+        .values(handback_due_at=due)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def pending_handbacks(session: Session, limit: int = 500) -> list[tuple[str, str]]:
+    """(launch id, queue) of machines whose jobs are due to be handed back and are not yet."""
+    return [
+        (r.launch_id, r.queue)
+        for r in session.execute(
+            select(Instance.launch_id, Instance.queue)
+            .where(Instance.handback_due_at.is_not(None), Instance.handback_done_at.is_(None))
+            .order_by(Instance.handback_due_at)
+            .limit(limit)
+        )
+    ]
+
+
+def tasks_held_elsewhere(session: Session, launch_id: str, tasks: Sequence[str]) -> set[str]:
+    """Of `tasks`, those another live machine's worker says it holds: never handed back for
+    this one (a machine could name jobs it never had; the one that runs them says so too)."""
+    if not tasks:
+        return set()
+    wanted = set(tasks)
+    held: set[str] = set()
+    for (others,) in session.execute(
+        select(Instance.tasks).where(
+            Instance.launch_id != launch_id,
+            Instance.state.in_(LIVE_STATES),
+            Instance.tasks.is_not(None),
+        )
+    ):
+        held |= wanted & {t for t in others or () if isinstance(t, str)}
+    return held
+
+
+HANDBACK_EVENT = "handback"
+"""Events of a lost machine's jobs given back (`restored`) or gone with it (`lost`)."""
+PREEMPTION_EVENT = "preemption"
+"""Events of interruptible machines stopped by their provider (action `preempted`)."""
+
+
+def preemptions_on_host(session: Session, provider: str, host: str, since: datetime) -> int:
+    """Machines of `provider` on `host` preempted since `since` (events joined to their rows:
+    a host that preempts often is avoided for a while). One query."""
+    return int(
+        session.scalar(
+            select(func.count())
+            .select_from(ScaleEvent)
+            .join(Instance, Instance.launch_id == ScaleEvent.launch_id)
+            .where(
+                ScaleEvent.kind == PREEMPTION_EVENT,
+                ScaleEvent.at >= since,
+                Instance.provider == provider,
+                Instance.host_id == host,
+            )
+        )
+        or 0
+    )
+
+
+def finish_handback(session: Session, launch_id: str, now: datetime) -> bool:
+    """Mark the hand-back done; True for the one caller that marks it (its events are written
+    once, whoever raced it)."""
+    result = session.execute(
+        update(Instance)
+        .where(Instance.launch_id == launch_id, Instance.handback_done_at.is_(None))
+        .values(handback_done_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def _cause(value: str | None) -> BackoffCause | None:
+    return next((c for c in BACKOFF_CAUSES if c == value), None)
+
+
+def try_provider(session: Session, launch_id: str, provider: str) -> bool:
+    """A launch across providers is about to send its create to `provider`: the row names it
+    (reconcile looks an ambiguous create up there) and lists it among those tried, before the
+    create leaves. Conditional on the row still creating (an operator's cancel wins)."""
+    row = session.scalars(
+        select(Instance).where(Instance.launch_id == launch_id).with_for_update()
+    ).one_or_none()
+    if row is None or row.state != InstanceState.CREATING:
+        return False
+    placement = dict(row.placement or {})
+    tried = [p for p in placement.get("tried", []) if p != provider]
+    placement["tried"] = [*tried, provider]
+    row.provider, row.placement = provider, placement
+    session.flush()
+    return True
 
 
 def clear_backoff(session: Session, queue: str, provider: str) -> None:

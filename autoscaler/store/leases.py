@@ -9,10 +9,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from autoscaler.store.db import upsert
 from autoscaler.store.models import Lease, TickSlot
 
 
@@ -39,6 +40,82 @@ def acquire(session: Session, name: str, holder: str, ttl: float, now: datetime)
     session.execute(stmt)
     current = session.scalar(select(Lease.holder).where(Lease.name == name))
     return current == holder
+
+
+EVALUATION = "evaluate"
+"""The one evaluation lease of an unsharded control plane; shard i of n holds `evaluate:i/n`."""
+
+_EVALUATION_KEY = 0x6175_7431
+"""pg_advisory_xact_lock key that makes taking an evaluation lease one step across processes."""
+
+_ACCOUNT_KEY = 0x6175_7432
+"""pg_advisory_xact_lock key held by a sharded evaluation from its account-wide check to its
+commit: the shards' launches are checked against the caps one shard at a time."""
+
+
+def evaluation_lease(shard: int, shards: int) -> str:
+    return EVALUATION if shards <= 1 else f"{EVALUATION}:{shard}/{shards}"
+
+
+def _shards_of(name: str) -> int | None:
+    """How many shards a live evaluation lease's holder splits the queues into (None: not one)."""
+    if name == EVALUATION:
+        return 1
+    head, _, tail = name.partition(":")
+    if head != EVALUATION or "/" not in tail:
+        return None
+    try:
+        return int(tail.split("/", 1)[1])
+    except ValueError:
+        return None
+
+
+def acquire_evaluation(
+    session: Session,
+    shard: int,
+    shards: int,
+    holder: str,
+    ttl: float,
+    now: datetime,
+    renew: bool = False,
+) -> bool:
+    """Take (or, with `renew`, renew) the lease of shard `shard` of `shards`; False while
+    another holder has it, or while any evaluation splitting the queues another way is live (a
+    control plane moving from 1 to 4 shards, half its workers on the old config): two such
+    evaluations would share queues, and each would launch without seeing the other's intents.
+
+    On PostgreSQL the check and the take are one step under an advisory lock: exclusive to
+    take (a short transaction of its own), shared to renew. A renewal is made in the decision's
+    transaction and holds its lock to the commit, so the shards' decisions run side by side
+    while no lease of another split can be taken under one of them (it waits for the commit,
+    then sees the renewed lease). SQLite runs one shard only."""
+    if session.get_bind().dialect.name == "postgresql":
+        lock = "pg_advisory_xact_lock_shared" if renew else "pg_advisory_xact_lock"
+        session.execute(text(f"SELECT {lock}(:k)"), {"k": _EVALUATION_KEY})
+    name = evaluation_lease(shard, shards)
+    live = session.execute(
+        select(Lease.name, Lease.holder).where(
+            (Lease.name == EVALUATION) | Lease.name.like(f"{EVALUATION}:%"),
+            Lease.expires_at > now,
+        )
+    ).all()
+    for other, other_holder in live:
+        if other_holder != holder and (other == name or _shards_of(other) != shards):
+            return False
+    return acquire(session, name, holder, ttl, now)
+
+
+def evaluation_shards(session: Session, configured: int) -> int:
+    """The shards this store can run: the configured number on PostgreSQL, one on SQLite (its
+    single writer would only queue them, and its leases are not one step with their check)."""
+    return configured if session.get_bind().dialect.name == "postgresql" else 1
+
+
+def lock_account(session: Session) -> None:
+    """Hold the account-wide check until this transaction ends (PostgreSQL; SQLite's single
+    writer serializes the one shard it runs)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ACCOUNT_KEY})
 
 
 def release(session: Session, name: str, holder: str) -> None:
@@ -68,16 +145,9 @@ def claim_ticks(
     session: Session, slots: list[tuple[str, int]], claimant: str, now: datetime
 ) -> set[str]:
     """Claim many (queue, slot) pairs in one statement; returns the queues this call claimed."""
-    if not slots:
-        return set()
-    stmt = (
-        _insert(session, TickSlot.__table__)
-        .on_conflict_do_nothing(index_elements=[TickSlot.queue, TickSlot.slot])
-        .returning(TickSlot.__table__.c.queue)
-    )
-    # Rows as parameters (not a VALUES list): compiled once, sent in batches by the driver.
-    params = [{"queue": q, "slot": n, "claimed_by": claimant, "claimed_at": now} for q, n in slots]
-    return {row[0] for row in session.execute(stmt, params).all()}
+    rows = [{"queue": q, "slot": n, "claimed_by": claimant, "claimed_at": now} for q, n in slots]
+    claimed = upsert(session, TickSlot, rows, key=("queue", "slot"), returning=("queue",))
+    return {row[0] for row in claimed}
 
 
 def prune_ticks(session: Session, before: datetime) -> int:

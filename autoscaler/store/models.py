@@ -138,6 +138,10 @@ class Instance(Base):
     gpu: Mapped[str | None] = mapped_column(String(100), default=None)
     price_per_hour: Mapped[float | None] = mapped_column(Float, default=None)
     offer: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    placement: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    """A launch across providers: {"providers": [...]} it may rent from (decide()'s, in the
+    order written) and {"tried": [...]} those a create was sent to, so reconcile looks an
+    ambiguous create up on each (`control.placement`)."""
     decision_id: Mapped[int | None] = mapped_column(
         ForeignKey("scale_events.id", ondelete="SET NULL"), default=None
     )
@@ -161,6 +165,16 @@ class Instance(Base):
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     last_task_at: Mapped[datetime | None] = mapped_column(default=None)
     running_tasks: Mapped[int] = mapped_column(Integer, default=0)
+    tasks: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    """The ids of the jobs its worker last said it holds (its own heartbeat): what is handed
+    back to the broker if the machine is lost."""
+    acks_late: Mapped[bool | None] = mapped_column(default=None)
+    """Its worker's `task_acks_late`, as its agent last said."""
+    handback_due_at: Mapped[datetime | None] = mapped_column(default=None)
+    """Lost at its provider (gone, dead, preempted): its jobs are handed back from then."""
+    handback_done_at: Mapped[datetime | None] = mapped_column(default=None)
+    interruptible: Mapped[bool] = mapped_column(default=False)
+    """Rented at a bid (or, while pending, allowed to be: decide()'s `Launch.interruptible`)."""
     gpu_utilisation: Mapped[float | None] = mapped_column(Float, default=None)
     worker_name: Mapped[str | None] = mapped_column(String(200), default=None)
     worker_token_hash: Mapped[str | None] = mapped_column(String(128), default=None, unique=True)
@@ -198,6 +212,8 @@ class RentalBackoff(Base):
     failures: Mapped[int] = mapped_column(Integer, default=0)
     until: Mapped[datetime] = mapped_column()
     last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    cause: Mapped[str | None] = mapped_column(String(20), default=None)
+    """What failed, for `status`: `policy.snapshot.BACKOFF_CAUSES`."""
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
@@ -229,7 +245,10 @@ class ScaleEvent(Base):
     """The audit trail: every decision and action, with its human-readable reason."""
 
     __tablename__ = "scale_events"
-    __table_args__ = (Index("ix_scale_events_queue_at", "queue", "at"),)
+    __table_args__ = (
+        Index("ix_scale_events_queue_at", "queue", "at"),
+        Index("ix_scale_events_launch_id", "launch_id"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -420,3 +439,27 @@ class JobRecord(Base):
     started_at: Mapped[datetime] = mapped_column()
     finished_at: Mapped[datetime] = mapped_column()
     runtime_s: Mapped[float] = mapped_column(Float)
+
+
+class BootPhase(Base):
+    """One phase of one boot of a machine, as its agent reported it (`policy.boots.BOOT_PHASES`:
+    started, registered, code fetched, requirements installed, worker up, first job). `boot` is
+    the row's `resumes` when it was reported: 0 for the cold boot, n for the n-th resume from
+    the warm pool. Kept once (the first report wins); `at` is the agent's time clamped into
+    [the boot's start, `received_at`], `received_at` the store's clock. The provider, GPU, host
+    (or data centre) and queue are the instance row's, never the agent's word. For display only
+    (where the time went): no decision reads this table. Kept for KEEP
+    (store/boot_phases.py)."""
+
+    __tablename__ = "boot_phases"
+    __table_args__ = (Index("ix_boot_phases_received_at", "received_at"),)
+
+    launch_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    boot: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    phase: Mapped[str] = mapped_column(String(40), primary_key=True)
+    at: Mapped[datetime] = mapped_column()
+    received_at: Mapped[datetime] = mapped_column()
+    queue: Mapped[str] = mapped_column(String(200))
+    provider: Mapped[str] = mapped_column(String(100))
+    gpu: Mapped[str | None] = mapped_column(String(100), default=None)
+    host_id: Mapped[str | None] = mapped_column(String(100), default=None)

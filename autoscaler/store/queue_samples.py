@@ -21,12 +21,16 @@ from autoscaler.store.models import QueueSample
 KEEP = timedelta(days=7)
 
 
-def record(session: Session, samples: Sequence[dict[str, Any]], now: datetime) -> None:
-    """Insert what is new (one statement; an existing (queue, at) is left alone) and forget
-    samples older than KEEP."""
+def record(
+    session: Session, samples: Sequence[dict[str, Any]], now: datetime, prune: bool = True
+) -> None:
+    """Insert what is new (one statement; an existing (queue, at) is left alone) and, with
+    `prune`, forget samples older than KEEP (one shard of a sharded tick prunes: two deleting
+    the same thousands of rows at once would wait on each other's row locks)."""
     if samples:
         upsert(session, QueueSample, samples, key=("queue", "at"))
-    session.execute(delete(QueueSample).where(QueueSample.at < now - KEEP))
+    if prune:
+        session.execute(delete(QueueSample).where(QueueSample.at < now - KEEP))
 
 
 def since(session: Session, start: datetime) -> Sequence[QueueSample]:

@@ -32,17 +32,20 @@ from sqlalchemy.orm import Session
 from autoscaler.config.durations import parse_duration
 from autoscaler.lifecycle import BOOTING_STATES, LEAVING_STATES, LIVE_STATES, InstanceState
 from autoscaler.store import config_versions
-from autoscaler.store.fleet import WARM_EVENT
+from autoscaler.store.fleet import HANDBACK_EVENT, PREEMPTION_EVENT, WARM_EVENT, boot_tables
 from autoscaler.store.models import (
     Instance,
     ManualTarget,
     MetricReading,
+    ProviderRateLimit,
     QueueStatus,
     RentalBackoff,
     ScaleEvent,
 )
 
 S = InstanceState
+_ON = frozenset(s.value for s in (S.READY, *BOOTING_STATES))
+"""A queue's machines on a provider that `status` counts as that provider serving it."""
 
 
 # ------------------------------------------------------------------------------ records
@@ -96,6 +99,7 @@ class BackoffView:
     failures: int
     until: datetime
     last_error: str | None
+    cause: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -103,6 +107,39 @@ class BackoffView:
             "failures": self.failures,
             "until": self.until.isoformat(),
             "last_error": self.last_error,
+            "cause": self.cause,
+        }
+
+
+PROVIDER_STATES = {
+    "auth": "key refused",
+    "no_offer": "no offer under the cap",
+    "capacity": "out of capacity",
+    "no_answer": "no answer",
+    "error": "backoff",
+    "boot": "backoff (a boot failed)",
+}
+"""What `status` calls a provider of a queue in backoff, by the backoff's cause."""
+
+
+@dataclass(frozen=True)
+class ProviderStateView:
+    """One provider of a queue that lists several: serving (machines of the queue on it),
+    open (none, and nothing holds it), rate limited, or in backoff with its cause."""
+
+    provider: str
+    state: str
+    machines: int = 0
+    until: datetime | None = None
+    detail: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "state": self.state,
+            "machines": self.machines,
+            "until": self.until.isoformat() if self.until else None,
+            "detail": self.detail,
         }
 
 
@@ -191,6 +228,16 @@ class QueueView:
     spend_per_hour: float = 0.0
     autoscaled: bool = True
     warm_pool: WarmPoolView = field(default_factory=WarmPoolView)
+    providers: list[ProviderStateView] = field(default_factory=list)
+    """Each provider of a queue that lists several, in the order written (empty for one)."""
+    preemptions_today: int = 0
+    """Its interruptible machines stopped by their provider (outbid) since 00:00 UTC."""
+    lost_jobs_today: int = 0
+    """Jobs gone with a lost machine since 00:00 UTC (early acks: nothing to hand back)."""
+    handed_back_today: int = 0
+    """Jobs of lost machines handed back to the broker since 00:00 UTC."""
+    preempting_hosts: dict[str, int] = field(default_factory=dict)
+    """Host -> its machines preempted since 00:00 UTC."""
 
     def as_json(self) -> dict[str, Any]:
         def t(v: datetime | None) -> str | None:
@@ -223,6 +270,11 @@ class QueueView:
             "manual_target": self.manual_target.as_json() if self.manual_target else None,
             "spend_per_hour": round(self.spend_per_hour, 6),
             "warm_pool": self.warm_pool.as_json(),
+            "providers": [p.as_json() for p in self.providers],
+            "preemptions_today": self.preemptions_today,
+            "lost_jobs_today": self.lost_jobs_today,
+            "handed_back_today": self.handed_back_today,
+            "preempting_hosts": dict(self.preempting_hosts),
         }
 
 
@@ -476,6 +528,49 @@ def _broker_queues(document: dict[str, Any] | None) -> dict[str, tuple[str, bool
     return out
 
 
+def _listed_providers(document: dict[str, Any] | None) -> dict[str, list[str]]:
+    """Config queue -> its providers, for the queues of a config document listing several."""
+    out: dict[str, list[str]] = {}
+    for name, cfg in ((document or {}).get("queues") or {}).items():
+        auto = cfg.get("autoscale") if isinstance(cfg, dict) else None
+        listed = auto.get("provider") if isinstance(auto, dict) else None
+        if isinstance(listed, list) and len(listed) > 1:
+            out[str(name)] = [str(p) for p in listed]
+    return out
+
+
+def _provider_states(
+    session: Session,
+    now: datetime,
+    listed: dict[str, list[str]],
+    backoffs: dict[tuple[str, str], RentalBackoff],
+    rows: list[InstanceView],
+) -> dict[str, list[ProviderStateView]]:
+    """Each listed provider's state for its queue (`QueueView.providers`). One query."""
+    if not listed:
+        return {}
+    limits = {
+        r.provider: r
+        for r in session.scalars(select(ProviderRateLimit).where(ProviderRateLimit.until > now))
+    }
+    out: dict[str, list[ProviderStateView]] = {}
+    for queue, names in listed.items():
+        states = []
+        for name in names:
+            on = sum(1 for m in rows if m.queue == queue and m.provider == name and m.state in _ON)
+            limit, b = limits.get(name), backoffs.get((queue, name))
+            if limit is not None:
+                why = limit.reason
+                states.append(ProviderStateView(name, "rate limited", on, limit.until, why))
+            elif b is not None:
+                state = PROVIDER_STATES.get(b.cause or "error", "backoff")
+                states.append(ProviderStateView(name, state, on, b.until, b.last_error))
+            else:
+                states.append(ProviderStateView(name, "serving" if on else "open", on))
+        out[queue] = states
+    return out
+
+
 def queues(
     session: Session,
     now: datetime,
@@ -501,6 +596,17 @@ def queues(
         if name in views:
             views[name].warm_pool.size = pool.size
             views[name].warm_pool.keep_for = pool.keep_for
+    for name, (preempted, lost, back) in lost_work(session, day_start(now)).items():
+        if name in views:
+            view = views[name]
+            view.preemptions_today, view.lost_jobs_today, view.handed_back_today = (
+                preempted,
+                lost,
+                back,
+            )
+    for (name, _, host), n in preempting_hosts(session, day_start(now)).items():
+        if name in views:
+            views[name].preempting_hosts[host] = n
     for (name, action), n in warm_counts(session, since=day_start(now)).items():
         if name in views and action in ("hit", "miss"):
             warm = views[name].warm_pool
@@ -568,11 +674,18 @@ def queues(
             str(n) for n in data.get("notes") or []
         ]
 
-    for b in session.scalars(select(RentalBackoff).where(RentalBackoff.until > now)):
+    backoffs = {
+        (b.queue, b.provider): b
+        for b in session.scalars(select(RentalBackoff).where(RentalBackoff.until > now))
+    }
+    for b in backoffs.values():
         if b.queue in views:
             views[b.queue].backoffs.append(
-                BackoffView(b.provider, b.failures, b.until, b.last_error)
+                BackoffView(b.provider, b.failures, b.until, b.last_error, b.cause)
             )
+    listed = {q: names for q, names in _listed_providers(document).items() if q in views}
+    for name, states in _provider_states(session, now, listed, backoffs, rows).items():
+        views[name].providers = states
     for t in session.scalars(select(ManualTarget).where(ManualTarget.until > now)):
         if t.queue in views:
             views[t.queue].manual_target = TargetView(t.workers, t.until, t.set_by)
@@ -668,6 +781,41 @@ def launch_counts(session: Session) -> dict[tuple[str, str], int]:
     return {(queue or "", action): n for queue, action, n in rows}
 
 
+def preempting_hosts(session: Session, since: datetime) -> dict[tuple[str, str, str], int]:
+    """(queue, provider, host) -> our machines preempted there since `since` (the events)."""
+    out: dict[tuple[str, str, str], int] = {}
+    for queue, details in session.execute(
+        select(ScaleEvent.queue, ScaleEvent.details).where(
+            ScaleEvent.at >= since, ScaleEvent.kind == PREEMPTION_EVENT
+        )
+    ):
+        info = details if isinstance(details, dict) else {}
+        key = (queue or "", str(info.get("provider") or ""), str(info.get("host") or "?"))
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def lost_work(session: Session, since: datetime) -> dict[str, tuple[int, int, int]]:
+    """Queue -> (machines preempted, jobs lost with their machine, jobs handed back) since
+    `since`, from the events (one query over the day's few hand-back and preemption events)."""
+    out: dict[str, list[int]] = {}
+    for queue, kind, action, details in session.execute(
+        select(ScaleEvent.queue, ScaleEvent.kind, ScaleEvent.action, ScaleEvent.details).where(
+            ScaleEvent.at >= since,
+            ScaleEvent.kind.in_([PREEMPTION_EVENT, HANDBACK_EVENT]),
+        )
+    ):
+        counts = out.setdefault(queue or "", [0, 0, 0])
+        info = details if isinstance(details, dict) else {}
+        if kind == PREEMPTION_EVENT:
+            counts[0] += 1
+        elif action == "lost":
+            counts[1] += len(info.get("tasks") or [])
+        elif action == "restored":
+            counts[2] += len(info.get("restored") or [])
+    return {q: (a, b, c) for q, (a, b, c) in out.items()}
+
+
 def warm_counts(session: Session, since: datetime | None = None) -> dict[tuple[str, str], int]:
     """(queue, action) -> warm pool events (`fleet.WARM_EVENT`: stop, stopped, resume, hit,
     miss, destroy) since `since` (or ever), queue "" for none. One grouped query."""
@@ -680,11 +828,54 @@ def warm_counts(session: Session, since: datetime | None = None) -> dict[tuple[s
     return {(queue or "", action): n for queue, action, n in rows}
 
 
+@dataclass(frozen=True)
+class BootTimeView:
+    """Cold boots of one (provider, GPU) — of one queue where `queue` is set — over the last
+    `fleet.BOOT_STATS_WINDOW`: median and p90 seconds from the launch decision to ready (the
+    control plane's own times) and how many boots. `gpu` is "" where it is unknown."""
+
+    provider: str
+    gpu: str
+    median_seconds: float
+    p90_seconds: float
+    samples: int
+    queue: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "provider": self.provider,
+            "gpu": self.gpu,
+            "median_seconds": round(self.median_seconds, 3),
+            "p90_seconds": round(self.p90_seconds, 3),
+            "samples": self.samples,
+        }
+        if self.queue is not None:
+            data["queue"] = self.queue
+        return data
+
+
+def boot_times(session: Session, now: datetime, *, queue: str | None = None) -> list[BootTimeView]:
+    """Boot times per (provider, GPU), or per (provider, GPU) for `queue`'s machines alone,
+    sorted by provider and GPU (`fleet.boot_stats`). One query."""
+    by_key, by_queue = boot_tables(session, now)
+    if queue is None:
+        return [
+            BootTimeView(p, g, st.median, st.p90, st.samples)
+            for (p, g), st in sorted(by_key.items())
+        ]
+    return [
+        BootTimeView(p, g, st.median, st.p90, st.samples, queue=q)
+        for (q, p, g), st in sorted(by_queue.items())
+        if q == queue
+    ]
+
+
 def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 __all__ = [
+    "BootTimeView",
     "EventView",
     "InstanceView",
     "PoolConfig",
@@ -693,6 +884,7 @@ __all__ = [
     "WarmPoolView",
     "billed",
     "billing_interval",
+    "boot_times",
     "current_rate",
     "events",
     "instance_rows",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from autoscaler.agent.run import BUSY_POLL
 from autoscaler.control.observe import hand_made_workers
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.store import config_versions
@@ -135,6 +137,25 @@ def test_agent_registers_deploys_heartbeats_and_drains_after_its_task(world, tmp
             assert got == ["start-task", "end-task", "stopped"], (got, agent.text())
             assert world.row("m1").last_task_at is not None
             assert (tmp_path / "work" / "repo" / "worker.py").is_file()
+        finally:
+            agent.stop()
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_turning_busy_is_reported_at_once_not_a_heartbeat_later(world, tmp_path):
+    """Heartbeats every 60 s: the worker's first job is reported within the agent's status
+    poll of its idle heartbeat (a machine the control plane believes idle may be drained with
+    the job in hand), and a worker that stays busy sends nothing more until the interval."""
+    marks = deploy(world, tmp_path, seconds=30.0)
+    with serve(world) as api:
+        env = agent_env(world, api, tmp_path, marks) | {"AUTOSCALER_HEARTBEAT_INTERVAL": "60"}
+        agent = AgentProc(env, tmp_path / "agent.log")
+        try:
+            wait_for(lambda: world.row("m1").running_tasks == 1, 20, "busy at once", agent.text)
+            first = world.row("m1").last_heartbeat_at
+            wait_for(lambda: "start-task" in marks_of(marks), 10, "the task runs", agent.text)
+            time.sleep(2 * BUSY_POLL + 1.0)  # several status polls while it stays busy
+            assert world.row("m1").last_heartbeat_at == first, agent.text()
         finally:
             agent.stop()
 

@@ -54,3 +54,55 @@ def test_reports_leave_out_what_was_sent_and_are_bounded():
     assert job_reports(jobs, marks) == []
     # another file's jobs are judged by its own mark
     assert len(job_reports([("s.json.8", jobs[0][1])], marks)) == 1
+
+
+def test_the_ids_a_worker_holds_are_received_and_not_finished_across_its_processes(tmp_path):
+    """A prefork child finishes what the main process received: the agent lists the ids any
+    file says are held, less those any file lists finished."""
+    from autoscaler.agent.run import read_held
+
+    base = tmp_path / "status.json"
+    hook.write_status(str(base), 0, None, tasks=["a", "b", "c"], acks_late=True)
+    hook.write_status(
+        f"{base}.4242",
+        1,
+        None,
+        jobs=[{"id": "a", "queue": "q", "started_at": 1.0, "finished_at": 2.0}],
+        tasks=["b"],
+        acks_late=True,
+    )
+    assert read_held(str(base)) == (["b", "c"], True)
+    hook.write_status(f"{base}.4243", 0, None, acks_late=False)  # one child with early acks
+    assert read_held(str(base))[1] is False
+
+
+def test_the_hook_holds_a_received_task_until_it_finishes_and_says_its_acks_mode(status_file):
+    """Celery's own signals drive it: received (prefetched) -> held; run -> held while it runs;
+    finished -> no longer held; the app's acks mode once the worker is ready."""
+    from celery.signals import task_received, worker_ready
+
+    from autoscaler.agent.run import read_held
+
+    app = Celery("hookheld", set_as_current=False)
+    app.conf.task_always_eager = True
+    app.conf.task_acks_late = True
+    seen: list[list[str]] = []
+
+    @app.task(name="hookheld.work")
+    def work() -> None:
+        seen.append(read_held(str(status_file))[0])
+
+    class Consumer:  # what Celery passes as the sender of worker_ready
+        pass
+
+    consumer = Consumer()
+    consumer.app = app  # type: ignore[attr-defined]
+    worker_ready.send(sender=consumer)
+    for tid in ("held-1", "held-2"):
+        task_received.send(sender=None, request=type("Req", (), {"id": tid})())
+    assert read_held(str(status_file)) == (["held-1", "held-2"], True)
+    work.apply(task_id="held-1")
+    assert seen == [["held-1", "held-2"]]  # held while it ran
+    assert read_held(str(status_file))[0] == ["held-2"]  # finished: no longer held
+    work.apply(task_id="held-2")  # leave this process's hook holding nothing
+    assert read_held(str(status_file))[0] == []

@@ -15,6 +15,7 @@ WORKER = [
     ("GET", "/v1/worker/m1/deployment", None),
     ("POST", "/v1/worker/m1/heartbeat", {"state": "idle", "running_tasks": 0}),
     ("POST", "/v1/worker/m1/drained", None),
+    ("POST", "/v1/worker/m1/phases", {"started": "2026-12-01T10:00:00Z"}),
 ]
 HAND_MADE = [
     ("POST", "/v1/hand-made/heartbeat", {"name": "desk-1", "queues": ["q1"]}),

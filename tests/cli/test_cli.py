@@ -77,6 +77,7 @@ def test_full_example_dry_run_names_schedules_and_caps(cli):
     assert ok.exit_code == 0, ok.output
     assert "schedule '30 7 * * 1-5' (Europe/Paris) → keep at least 2 machine(s) for 2h" in ok.output
     assert "account-wide spend cap: 6 machines and $3.50/h" in ok.output
+    assert "evaluation in 2 shards" in ok.output
     assert "ceil(pending / 20)" in ok.output
     assert "held to $3.50/h by limits.max_price_per_hour" in ok.output
     assert "on the broker in $WATCH_REDIS_URL" in ok.output

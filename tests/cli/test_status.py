@@ -311,8 +311,10 @@ def test_status_json_numbers(cli):
             "failures": 3,
             "until": (NOW + 5 * M).isoformat(),
             "last_error": "no offer under $0.60/h",
+            "cause": None,  # a backoff written before causes were kept
         }
     ]
+    assert inf["providers"] == []  # one provider: no per-provider states
     assert inf["manual_target"] is None
     assert inf["spend_per_hour"] == pytest.approx(1.25)
     batch = q["batch"]

@@ -38,7 +38,11 @@ def _config(provider: dict[str, Any], gpu_count: int = 1, cap: float = 0.30) -> 
                     "autoscale": {
                         "provider": "p",
                         "max_workers": 2,
-                        "instance": {"gpu": "x", "gpu_count": gpu_count, "max_price_per_hour": cap},
+                        "instance": {
+                            "gpu": "RTX 4090",
+                            "gpu_count": gpu_count,
+                            "max_price_per_hour": cap,
+                        },
                     }
                 }
             },

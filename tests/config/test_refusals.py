@@ -208,6 +208,13 @@ CASES = [
         "'HOME' is not allowed",
         "'SECURE' or 'COMMUNITY'",
     ),
+    (
+        "no shard",
+        lambda d: d.__setitem__("evaluation", {"shards": 0}),
+        "evaluation.shards",
+        "0 is out of range",
+        "at least 1",
+    ),
 ]
 
 

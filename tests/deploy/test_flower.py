@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ALLOWED_PARAMS = {"trigger", "queue", "workers", "for_", "launch_id"}
+ALLOWED_PARAMS = {"trigger", "queue", "shard", "workers", "for_", "launch_id"}
 TASKS = {
     "autoscaler.tick",
     "autoscaler.fast_path",

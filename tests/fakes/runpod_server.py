@@ -8,6 +8,7 @@ Switches (attributes, set them from a test):
 - `fail_after_create`: the next N creates make the pod, then answer 500.
 - `fail_before_create`: the next N creates answer 500 without making anything.
 - `delay_after_create`: seconds to hold the answer of a create after making the pod (timeout).
+- `delay_catalog`: seconds the GPU catalog (the offers) takes to answer (a slow provider).
 - `echo_request_in_errors`: a refused create quotes the request body in its detail (some APIs
   do: the machine's environment, secrets included, would reach our error text).
 - `hold_create`: a `threading.Event`: creates make the pod, set `create_held`, then hold their
@@ -116,6 +117,7 @@ class FakeRunPod(FakeServer):
         self.fail_after_create = 0
         self.fail_before_create = 0
         self.delay_after_create = 0.0
+        self.delay_catalog = 0.0
         self.hold_create: threading.Event | None = None
         self.echo_request_in_errors = False
         self.create_held = threading.Event()
@@ -344,6 +346,8 @@ class FakeRunPod(FakeServer):
             self._stuck.add(pod_id)
 
     def _catalog(self, request: Request) -> Response:
+        if self.delay_catalog:  # a slow answer (outside the lock)
+            time.sleep(self.delay_catalog)
         with_availability = request.args.get("include") == "AVAILABILITY"
         if with_availability != ("product" in request.args):
             return self.problem(400, "Bad Request", "include=AVAILABILITY and product go together")

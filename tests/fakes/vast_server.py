@@ -8,6 +8,8 @@ Switches (attributes, set them from a test):
 - `fail_with_contract`: the next N creates make the instance, then answer a failure that still
   carries `new_contract` (the client must destroy it).
 - `delay_after_create`: seconds to hold a create's answer after making the instance (timeout).
+- `hold_search`: a `threading.Event`: searches wait for it (60 s at most) before answering (a
+  provider that does not answer in time).
 - `rate_limit_next`, `fail_next` (base class): 429 (plain text, no Retry-After) / 503.
 - `v0_list_mode`: what the deprecated `GET /api/v0/instances/` answers: "deprecated" (as the
   real API does) or "empty" (the trap a client reading it would fall into). Either way our
@@ -25,6 +27,23 @@ Switches (attributes, set them from a test):
   and is answered at once). `refuse_state_change = (error, msg)`: every state change
   is answered 200 `success: false` with them, nothing changed.
 `add_instance(label)` makes an instance as a human would (hand-made, not ours).
+
+Interruptible (bid) instances, as the spec, the CLI and the docs describe them:
+- Every offer has `min_bid` (the whole offer's current minimum bid, $/h). A search with
+  `type: "bid"` prices the offers at it (`dph_total` = `min_bid`; "uses minimum bid price").
+  `ignore_search_filters`: fields whose conditions the search does not apply (a server that
+  answers more than asked, or a market that moved), so the client's own re-checks are tested.
+- A create with `price` rents interruptible at that bid: the instance says `is_bid` true, its
+  `min_bid`, and bills the bid (`dph_total`). A bid below the offer's `min_bid` cannot run now:
+  with `cancel_unavail` true (what our client sends) it is refused 410 `no_such_ask` as the spec
+  documents ("when cancel_unavail is true and instance cannot start"); nothing is created.
+  (Without it Vast creates a stopped instance instead — not modelled.)
+- `outbid(id)`: a higher bid takes the machine. Vast stops the instance (processes killed, disk
+  kept and billed): `actual_status`, `cur_state` and `next_state` "stopped", and by default
+  `intended_status` "stopped" too (as dstack observed; `intended="running"` for the reading
+  where it stays paused waiting for priority); `min_bid` may be raised to the winning bid.
+  `resume_outbid(id)`: its bid leads again and it runs again by itself (loading, then running
+  after `boot_seconds`).
 """
 
 from __future__ import annotations
@@ -34,6 +53,7 @@ import itertools
 import json
 import re
 import shlex
+import threading
 import time
 from typing import Any
 
@@ -70,9 +90,13 @@ def default_offers() -> list[dict[str, Any]]:
         (5008, 108, 18, 0.95, "US", 1000.0, 12.8, 0.999, True, 500.0),  # too dear
         (5009, 109, 19, 0.52, "US", 1000.0, 12.8, 0.900, True, 500.0),  # unreliable
     ]
+    # interruptible at half the on-demand price or a little more (the current minimum bid)
+    min_bids = {5001: 0.15, 5002: 0.17, 5003: 0.2, 5004: 0.23, 5005: 0.13, 5006: 0.26}
+    min_bids |= {5007: 0.28, 5008: 0.47, 5009: 0.26}
     return [
         {
             "id": oid,
+            "min_bid": min_bids[oid],
             "ask_contract_id": oid,
             "machine_id": mid,
             "host_id": hid,
@@ -181,6 +205,8 @@ class FakeVast(FakeServer):
         self.v0_list_mode = "deprecated"
         self.rate_limit_plain_text = False
         self.searches: list[dict[str, Any]] = []
+        self.hold_search: threading.Event | None = None
+        self.ignore_search_filters: set[str] = set()
         super().__init__(SpecChecker(vast_api(), VAST_SERVER, strip_trailing_slash=True), api_key)
 
     # ------------------------------------------------------------------ errors
@@ -234,6 +260,7 @@ class FakeVast(FakeServer):
     def _make_instance(self, offer: dict[str, Any], body: dict[str, Any]) -> int:
         iid = next(self._ids)
         env = _env_dict(body.get("env"))
+        bid = body.get("price")
         self.instances[iid] = {
             "id": iid,
             "label": body.get("label"),
@@ -244,7 +271,8 @@ class FakeVast(FakeServer):
             "status_msg": "pulling image",
             "machine_id": offer["machine_id"],
             "host_id": offer["host_id"],
-            "dph_total": offer["dph_total"],
+            "dph_total": offer["dph_total"] if bid is None else bid,
+            "is_bid": bid is not None,
             "gpu_name": offer["gpu_name"],
             "num_gpus": offer["num_gpus"],
             "geolocation": offer["geolocation"],
@@ -259,6 +287,8 @@ class FakeVast(FakeServer):
                 offer.get("storage_cost", 0.15) * float(body.get("disk", 8)) / 720, 6
             ),
         }
+        if offer.get("min_bid") is not None:
+            self.instances[iid]["min_bid"] = offer["min_bid"]
         self._born[iid] = time.monotonic()
         return iid
 
@@ -276,6 +306,48 @@ class FakeVast(FakeServer):
             self.instances[iid].update(actual_status=status, cur_state="stopped")
             if msg is not None:
                 self.instances[iid]["status_msg"] = msg
+
+    def outbid(
+        self,
+        iid: int,
+        *,
+        intended: str = "stopped",
+        actual: str = "stopped",
+        winning_bid: float | None = None,
+        msg: str | None = None,
+    ) -> None:
+        """A higher bid takes this interruptible instance's machine: Vast stops it, its disk
+        kept (and billed). `winning_bid` becomes its `min_bid` (the bid that now leads)."""
+        with self.lock:
+            inst = self.instances[iid]
+            if inst.get("is_bid") is not True:
+                raise ValueError(f"instance {iid} is on demand: it cannot be outbid")
+            self._view(iid)
+            inst.update(
+                actual_status=actual,
+                cur_state="stopped",
+                next_state="stopped",
+                intended_status=intended,
+            )
+            self._stuck.discard(iid)
+            if winning_bid is not None:
+                inst["min_bid"] = winning_bid
+            if msg is not None:
+                inst["status_msg"] = msg
+
+    def resume_outbid(self, iid: int) -> None:
+        """The outbid instance's bid leads again: it runs again by itself (loading first)."""
+        with self.lock:
+            inst = self.instances[iid]
+            inst.update(
+                intended_status="running",
+                cur_state="running",
+                next_state="running",
+                actual_status="loading",
+                status_msg="loading",
+            )
+            self._stuck.discard(iid)
+            self._born[iid] = time.monotonic()
 
     # ------------------------------------------------------------------ routes
 
@@ -365,12 +437,20 @@ class FakeVast(FakeServer):
         return self.json({"success": True})
 
     def _search(self, body: dict[str, Any]) -> Response:
+        if self.hold_search is not None:  # a search that does not answer (outside the lock)
+            self.hold_search.wait(60)
         with self.lock:
             self.searches.append(body)
             conds = {**SEARCH_DEFAULTS, **{k: v for k, v in body.items() if k not in SEARCH_META}}
+            conds = {k: c for k, c in conds.items() if k not in self.ignore_search_filters}
+            rows = [dict(o) for o in self.offers.values()]
+            if body.get("type") == "bid":  # priced at the minimum bid
+                for row in rows:
+                    if row.get("min_bid") is not None:
+                        row["dph_total"] = row["min_bid"]
             found = [
-                dict(o)
-                for o in self.offers.values()
+                o
+                for o in rows
                 if all(isinstance(c, dict) and _matches(o.get(k), c, k) for k, c in conds.items())
             ]
             for field_name, direction in body.get("order") or [["dph_total", "asc"]]:
@@ -391,6 +471,16 @@ class FakeVast(FakeServer):
                 if self.vanish_status == 410:
                     return self.error(410, "no_such_ask", msg)
                 return self.error(404, "invalid_args", msg, ask_id=offer_id)
+            bid, min_bid = body.get("price"), offer.get("min_bid")
+            if bid is not None and (min_bid is None or bid < min_bid):
+                # the bid cannot run now; with cancel_unavail (our client's) nothing is made
+                return self.error(
+                    410,
+                    "no_such_ask",
+                    f"error 410/3907: no_such_ask Instance type {offer_id} is no longer "
+                    f"available (bid {bid} below the minimum bid {min_bid}).",
+                    ask_id=offer_id,
+                )
             iid = self._make_instance(offer, body)
             self.offers.pop(offer_id)  # rented: no longer on the market
             if self.fail_with_contract > 0:

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime
 from typing import Any
 
 from autoscaler.metrics.base import PUBLISHED_AT_HEADER
 
 
-def envelope(queue: str, *, stamp: float | None = None, task_id: str | None = None) -> bytes:
-    headers: dict[str, Any] = {"task": "t.add", "id": task_id or str(uuid.uuid4()), "eta": None}
+def envelope(queue: str, *, stamp: float | None = None, eta: datetime | None = None,
+             task_id: str | None = None) -> bytes:
+    """A message for `queue`: `stamp` the producer's publish stamp, `eta` Celery's `eta` header
+    (ISO 8601, as Celery writes it)."""
+    headers: dict[str, Any] = {"task": "t.add", "id": task_id or str(uuid.uuid4()),
+                               "eta": eta.isoformat() if eta else None}
     if stamp is not None:
         headers[PUBLISHED_AT_HEADER] = stamp
     return json.dumps({

@@ -17,7 +17,7 @@ from autoscaler.policy.snapshot import (
 )
 
 NOW = datetime(2025, 6, 2, 12, 0, tzinfo=UTC)
-PROVIDERS = {"gpu": MockProvider(kind="mock")}
+PROVIDERS = {"gpu": MockProvider(kind="mock"), "gpu2": MockProvider(kind="mock")}
 
 
 def config(

@@ -92,11 +92,31 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
         # billing machines
         if not kinds & {"backoff", "rate_limit", "spend_cap", "max_workers"}:
             assert cap + r + n >= qp.floor
-        # backoff: nothing rented (a resume rents nothing); a provider's rate limit: no call
-        if active_backoff(qs.backoff_for(auto.provider), now) is not None:
+        # a provider in backoff or rate-limited is never called to rent; every provider
+        # waiting: nothing rented (a resume rents nothing); a rate limit: no call, not even a
+        # resume's start
+        limited = {p for p in auto.providers if snapshot.rate_limit_for(p, now) is not None}
+        held = limited | {
+            p for p in auto.providers if active_backoff(qs.backoff_for(p), now) is not None
+        }
+        open_ = [p for p in auto.providers if p not in held]
+        for a in qp.launches:
+            assert set(a.providers) <= set(auto.providers) and not set(a.providers) & held
+            assert list(a.providers) == open_, (a.providers, open_)
+        if not open_:
             assert fresh_n == 0
-        if snapshot.rate_limit_for(auto.provider, now) is not None:
-            assert n == 0
+        # interruptible machines never above the queue's max_share (counted on serving and
+        # booting machines plus this plan's launches); none at all without `interruptible`
+        bids = sum(1 for a in qp.launches if a.interruptible)
+        spec = auto.instance.interruptible
+        if spec is None:
+            assert bids == 0
+        elif bids:
+            fleet = [m for m in qs.machines if m.serving or m.booting]
+            share = sum(1 for m in fleet if m.interruptible) + bids
+            assert share <= spec.max_share * (len(fleet) + fresh_n) + 1e-9, (share, len(fleet))
+        for res in qp.resumes:
+            assert by_id[res.launch_id].provider not in limited
         # no stacking: while a machine boots, only the floor or a grown target load launches
         booting = sum(1 for m in qs.machines if m.state in BOOTING)
         bound = max(qp.floor, target_wants(qs, auto.scale_up))
@@ -169,7 +189,7 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
                 )
         check_warm_pool(qs, config, qp)
         for a in qp.launches:
-            assert a.reason and a.provider == auto.provider
+            assert a.reason and a.provider in auto.providers
         for d in qp.drains:
             assert d.reason
         for w in qp.waits:
@@ -225,7 +245,7 @@ def check_warm_pool(qs: QueueSnapshot, config: Config, qp) -> None:
     by_id = {m.launch_id: m for m in qs.machines}
 
     def fits(m) -> bool:
-        return m.provider == auto.provider and m.spec_key == key
+        return m.provider in auto.providers and m.spec_key == key
 
     stopped = [m for m in qs.machines if m.state == InstanceState.STOPPED and fits(m)]
     resumed = [by_id[r.launch_id] for r in qp.resumes]

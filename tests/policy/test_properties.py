@@ -93,6 +93,20 @@ def configs(draw):
             "scale_up": draw(up_triggers(mx)),
             "scale_down": draw(down_triggers()),
             "instance": {"gpu": "x", "max_price_per_hour": draw(st.sampled_from([0.3, 0.6, 1.1]))},
+            **(
+                {"instance": {
+                    "gpu": "x",
+                    "max_price_per_hour": 1.1,
+                    "interruptible": {
+                        "bid": draw(st.sampled_from([0.2, "50%"])),
+                        "max_share": draw(st.sampled_from([0.1, 0.5, 0.7, 1.0])),
+                    },
+                }}
+                if draw(st.booleans())
+                else {}
+            ),
+            # one provider, or a list (placement across providers)
+            "provider": draw(st.sampled_from(["gpu", "gpu", ["gpu", "gpu2"], ["gpu2", "gpu"]])),
             "warm_pool": {"size": draw(st.integers(0, mx)), "keep_for": "1h"},
         }
     limits = {}
@@ -122,7 +136,7 @@ def machines(draw, now, name):
                 launch_id=f"{name}-{i}",
                 state=state,
                 created_at=created,
-                provider="gpu",
+                provider=draw(st.sampled_from(["gpu", "gpu", "gpu2"])),
                 ready_at=ready_at,
                 running_tasks=draw(st.sampled_from([0, 0, 1, 2])),
                 last_task_at=None if last is None else now - timedelta(seconds=last),
@@ -137,6 +151,7 @@ def machines(draw, now, name):
                     else None
                 ),
                 storage_price_per_hour=draw(st.sampled_from([None, 0.01])),
+                interruptible=draw(st.booleans()),
             )
         )
     return tuple(out)
@@ -177,15 +192,15 @@ def worlds(draw):
                 external_degraded=("w",) if draw(st.booleans()) else (),
                 stale=kind == "stale",
             )
-        backoffs = ()
-        if draw(st.booleans()):
-            backoffs = (
-                BackoffState(
-                    "gpu",
-                    draw(st.integers(1, 9)),
-                    now + timedelta(seconds=draw(st.integers(-600, 600))),
-                ),
+        backoffs = tuple(  # per (queue, provider): in force or expired, on either provider
+            BackoffState(
+                provider,
+                draw(st.integers(1, 9)),
+                now + timedelta(seconds=draw(st.integers(-600, 600))),
             )
+            for provider in ("gpu", "gpu2")
+            if draw(st.booleans())
+        )
         # an operator's target, sometimes: in force, expired, or above max_workers
         target = None
         if draw(st.integers(0, 4)) == 0:
@@ -208,9 +223,11 @@ def worlds(draw):
     if draw(st.booleans()):
         queues.append(QueueSnapshot("orphan", None, draw(machines(now, "orphan"))))
     # the provider rate-limited the account, sometimes: in force or already expired
-    limits = ()
-    if draw(st.integers(0, 3)) == 0:
-        limits = (RateLimit("gpu", now + timedelta(seconds=draw(st.integers(-60, 600)))),)
+    limits = tuple(
+        RateLimit(provider, now + timedelta(seconds=draw(st.integers(-60, 600))))
+        for provider in ("gpu", "gpu2")
+        if draw(st.integers(0, 3)) == 0
+    )
     return Snapshot(tuple(queues), rate_limits=limits), cfg, now
 
 

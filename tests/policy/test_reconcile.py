@@ -308,14 +308,18 @@ def test_booting_dead_at_the_provider_is_terminated_as_a_failed_rental_on_an_avo
 
 
 @pytest.mark.parametrize("state", [S.READY, S.DRAINING])
-def test_a_serving_machine_dead_at_the_provider_is_terminated(state):
+@pytest.mark.parametrize("status", [M.DEAD, M.STOPPED])  # stopped by the provider: outbid
+def test_a_serving_machine_dead_at_the_provider_is_terminated_and_its_jobs_handed_back(
+    state, status
+):
     r = row(state, since=5, seen=1, running=2, pid="p1")
     moved(
-        run(r, view(machine(status=M.DEAD, host="h4"))),
+        run(r, view(machine(status=status, host="h4"))),
         S.TERMINATING,
         rental=None,
         avoid_host=False,
         src=state,
+        handback=True,
     )
 
 
@@ -324,7 +328,20 @@ def test_a_serving_machine_dead_at_the_provider_is_terminated(state):
 def test_a_machine_missing_at_the_provider_is_lost(state, listing):
     r = row(state, since=5, seen=1, pid="p1")
     rental = "failed" if state == S.BOOTING else None
-    moved(run(r, view(*listing)), S.LOST, rental=rental, src=state)
+    # its jobs go back only where its worker may hold some (booting: not started; drained:
+    # finished them)
+    handback = state in (S.READY, S.DRAINING)
+    moved(run(r, view(*listing)), S.LOST, rental=rental, src=state, handback=handback)
+
+
+def test_a_silent_machine_its_provider_still_runs_never_has_its_jobs_handed_back():
+    """Silence is no proof the jobs stopped running: only the provider's word is."""
+    cfg = CFG
+    noted = row(S.READY, since=3600, seen=3000, pid="p1")
+    noted = replace(noted, silence_noted_at=ago(600))
+    plan = run(noted, view(machine(status=M.RUNNING)), cfg=cfg)
+    act = only(plan)
+    assert isinstance(act, Transition) and act.dst == S.TERMINATING and not act.handback
 
 
 @pytest.mark.parametrize("state", [S.BOOTING, S.READY, S.DRAINING, S.DRAINED, S.TERMINATING])

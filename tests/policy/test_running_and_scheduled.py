@@ -55,6 +55,23 @@ def test_jobs_running_on_leaving_machines_need_no_new_machine():
     assert plan.launches == () and plan.reclaims == ()
 
 
+def test_jobs_delivered_during_the_read_keep_an_idle_looking_machine_and_rent_nothing():
+    """A worker that just started takes its jobs while the read runs: they are in no count
+    (taken from the list before it was counted, delivered after the first view of unacked),
+    only in `delivered_during_read`. Its machine, idle past the timeout by its last report, is
+    kept; and nothing is rented for them."""
+    idle = [{"trigger": "idle", "timeout": "3s"}]
+    machine = (ready("a", idle_for=30),)
+
+    def plan(metrics: QueueMetrics):
+        return decide(snap(metrics, machine), config(TARGET, idle, max_workers=3), NOW).queues[0]
+
+    assert [d.launch_id for d in plan(m(0, 0)).drains] == ["a"]
+    held = plan(m(0, 0, delivered_during_read=3))
+    assert held.drains == () and held.launches == ()
+    assert plan(m(0, 0, delivered_during_read=3, running=0)).launches == ()
+
+
 def test_scheduled_jobs_are_not_demand_until_a_boot_time_before_they_fall_due():
     due = NOW.timestamp() + 3600
     later = m(0, 0, scheduled=5, next_due_at=due)

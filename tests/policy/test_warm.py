@@ -244,3 +244,21 @@ def test_after_a_reconcile_the_pool_holds_at_most_size_fitting_machines_within_k
     for m in machines:
         if (NOW - m.since).total_seconds() >= 3600:
             assert m.launch_id in gone
+
+
+def test_a_queue_listing_several_providers_keeps_and_resumes_stopped_machines_of_each():
+    """A pool keeps machines of every provider the queue rents from (placement across
+    providers): a fitting stopped machine on the second provider is neither retired nor passed
+    over; one on a provider the list no longer names is retired."""
+    c = cfg(size=3, provider=["gpu", "gpu2"])
+    key = spec_key(c.queues["q"].autoscale)
+    machines = [
+        Stopped("on-first", "q", "gpu", key, NOW - timedelta(seconds=60)),
+        Stopped("on-second", "q", "gpu2", key, NOW - timedelta(seconds=30)),
+        Stopped("elsewhere", "q", "gpu3", key, NOW - timedelta(seconds=10)),
+    ]
+    assert set(retirements(machines, c, NOW)) == {"elsewhere"}
+    second = replace(stopped("on-second", ago=30, key=key), provider="gpu2")
+    first = stopped("on-first", ago=60, key=key)
+    plan = checked_decide(snap(metrics(pending=4), (first, second)), c, NOW)
+    assert [r.launch_id for r in plan.resumes][:1] == ["on-second"]  # the newest, on gpu2

@@ -166,7 +166,7 @@ def test_a_vast_miss_is_seen_at_the_resume_timeout_a_runpod_one_when_the_start_a
                 "provider": prov, "max_workers": 2,
                 "scale_up": [{"trigger": "no_workers"}],
                 "scale_down": [{"trigger": "idle", "timeout": "5m"}],
-                "instance": {"gpu": "x", "max_price_per_hour": 0.5, "disk_gb": 40}}}
+                "instance": {"gpu": "RTX 4090", "max_price_per_hour": 0.5, "disk_gb": 40}}}
             for name, prov in (("a", "rp"), ("b", "va"))
         },
     }

@@ -14,7 +14,7 @@ from autoscaler.config.models import Backoff
 from autoscaler.lifecycle import ALLOWED_TRANSITIONS, InstanceState
 from autoscaler.policy.snapshot import BackoffState, Machine, ManualTarget, RateLimit
 from autoscaler.store import fleet, leases, migrate, rate_limits
-from autoscaler.store.db import make_engine, session_factory, transaction
+from autoscaler.store.db import JSON_ROWS_FROM, make_engine, session_factory, transaction
 from autoscaler.store.models import (
     Base,
     Instance,
@@ -141,27 +141,38 @@ def test_each_move_sets_its_states_timestamp_and_the_given_fields(sessions):
     assert load(sessions, "L3").lost_at == at(51) and load(sessions, "L3").state == S.LOST
 
 
-def test_move_many_moves_only_rows_still_in_the_source_state_each_with_its_reason(sessions):
+@pytest.mark.parametrize("extra", [0, JSON_ROWS_FROM])  # the big batch: one JSON document
+def test_move_many_moves_only_rows_still_in_the_source_state_each_with_its_reason(
+    sessions, extra
+):
+    """On both databases, and on PostgreSQL through CASE and through a joined JSON document."""
     add(sessions, "A", S.READY)
     add(sessions, "B", S.READY)
     add(sessions, "C", S.BOOTING)
+    for i in range(extra):
+        add(sessions, f"X{i}", S.READY if i % 2 else S.BOOTING)
+    others = {f"X{i}": f"idle x{i} 'quoted' \\ é" for i in range(extra)}
     with transaction(sessions) as s:
         assert fleet.move_many(s, {}, S.READY, S.DRAINING, at(1)) == []
         moved = fleet.move_many(
             s,
-            {"A": "idle a", "B": "idle b", "C": "idle c", "nope": "x"},
+            {"A": "idle a", "B": "idle b", "C": "idle c", "nope": "x", **others},
             S.READY,
             S.DRAINING,
             at(1),
             drain_requested=False,
         )
-    assert sorted(moved) == ["A", "B"]
-    for lid, reason in (("A", "idle a"), ("B", "idle b")):
+    assert sorted(moved) == sorted(["A", "B", *(f"X{i}" for i in range(1, extra, 2))])
+    for lid, reason in (("A", "idle a"), ("B", "idle b"), *list(others.items())[1::2]):
         row = load(sessions, lid)
         assert (row.state, row.state_reason, row.draining_at) == (S.DRAINING, reason, at(1))
     assert load(sessions, "C").state == S.BOOTING and load(sessions, "C").draining_at is None
+    if extra:
+        assert load(sessions, "X0").state == S.BOOTING
     with transaction(sessions) as s:  # a second process making the same moves wins nothing
-        assert fleet.move_many(s, {"A": "again", "B": "again"}, S.READY, S.DRAINING, at(2)) == []
+        assert fleet.move_many(
+            s, {"A": "again", "B": "again", **others}, S.READY, S.DRAINING, at(2)
+        ) == []
         with pytest.raises(ValueError):
             fleet.move_many(s, {"A": "x"}, S.DRAINING, S.READY, at(2))
     assert load(sessions, "A").state_reason == "idle a"
@@ -240,8 +251,8 @@ def test_rental_failures_grow_the_backoff_up_to_its_cap_and_survive_a_restart(db
     finally:
         engine.dispose()
     assert got == {
-        "q": (BackoffState("gpu", 5, at(100), "error 5"),),
-        "r": (BackoffState("gpu", 1, at(30), "x" * 2000),),
+        "q": (BackoffState("gpu", 5, at(100), "error 5", "error"),),
+        "r": (BackoffState("gpu", 1, at(30), "x" * 2000, "error"),),
     }
 
 
@@ -428,3 +439,24 @@ def test_the_fleet_queries_run_on_the_migrated_schema(db_url):
             assert s.scalar(select(func.count()).select_from(RentalBackoff)) == 1
     finally:
         engine.dispose()
+
+
+def test_a_retried_step_is_noted_once_per_stretch_and_again_after_the_row_moves(sessions):
+    """Reconcile retries a waiting drain every round: the row says so once (`note_retry`, whose
+    True audits the retry), `unnoted_retries` leaves it out of later rounds without a write, and
+    a move (a new state reason) makes the next retry noted again."""
+    add(sessions, "a", InstanceState.DRAINING, state_reason="idle")
+    add(sessions, "b", InstanceState.DRAINING, state_reason="retrying drain: 40s")
+    with transaction(sessions) as s:
+        assert fleet.unnoted_retries(s, [("a", "drain"), ("b", "drain"), ("gone", "drain")]) == {
+            "a"
+        }
+        assert fleet.unnoted_retries(s, [("b", "terminate")]) == {"b"}  # another step
+        assert fleet.unnoted_retries(s, []) == set()
+        assert fleet.note_retry(s, "a", "drain", "draining for 60s")
+    with transaction(sessions) as s:
+        assert fleet.unnoted_retries(s, [("a", "drain")]) == set()
+        assert not fleet.note_retry(s, "a", "drain", "draining for 90s")  # (a racing round)
+        assert fleet.move(s, "a", InstanceState.DRAINING, InstanceState.DRAINED, at(5), "idle")
+        assert fleet.unnoted_retries(s, [("a", "terminate")]) == {"a"}
+    assert load(sessions, "a").state_reason == "idle"

@@ -139,7 +139,8 @@ def page() -> FileResponse:
 def overview(who: Admin, session: DB, rt: Rt) -> dict[str, Any]:
     """What the page shows, from the rows `autoscaler status` reads (store/views.py): every
     queue's numbers and settings, the spend, the machines that may bill, the newest
-    events (newest first) and the running config's version."""
+    events (newest first), the running config's version, and the median and p90 boot per
+    (provider, GPU) of the last 7 days' cold boots (`boots`)."""
     at = utc_now()
     rows = numbers.queue_rows(session, rt, at)
     numbers.record_samples(session, rows, utc_now())
@@ -150,6 +151,7 @@ def overview(who: Admin, session: DB, rt: Rt) -> dict[str, Any]:
         "spend": views.spend(session, at).as_json(),
         "instances": [m.as_json() for m in views.instances(session, at)],
         "events": [e.as_json() for e in views.events(session, limit=50)][::-1],
+        "boots": [b.as_json() for b in views.boot_times(session, at)],
         "config": None
         if row is None
         else {

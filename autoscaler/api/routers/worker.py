@@ -5,20 +5,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, BackgroundTasks, HTTPException, Request
 from pydantic import BaseModel, Field
 
 from autoscaler.access import broker_users, keys
 from autoscaler.api import machines
 from autoscaler.api.deps import DB, Rt, Worker, bearer
 from autoscaler.api.inputs import Strict, UtcTime
-from autoscaler.api.machines import Deployment, HeartbeatAnswer, JobReport, Name, WorkerState
+from autoscaler.api.machines import (
+    Deployment,
+    HeartbeatAnswer,
+    JobReport,
+    Name,
+    TaskId,
+    WorkerState,
+)
 from autoscaler.config.models import Queue
 from autoscaler.control.drain import finish_drain
 from autoscaler.control.launch import create_broker_user
+from autoscaler.control.resume import avoid_host
 from autoscaler.control.runtime import Runtime, log
 from autoscaler.lifecycle import InstanceState
-from autoscaler.store import fleet, job_records
+from autoscaler.store import boot_phases, fleet, job_records
 from autoscaler.store.db import Session, store_now
 from autoscaler.store.models import Instance
 
@@ -46,10 +54,37 @@ class Heartbeat(Strict):
     gpu_utilisation: float | None = Field(default=None, ge=0, le=100)
     detail: str | None = Field(default=None, max_length=500)
     jobs: list[JobReport] = Field(default_factory=list, max_length=1000)
+    tasks: list[TaskId] = Field(default_factory=list, max_length=1000)
+    """Ids of the jobs its worker holds now (received, not finished): what is handed back to
+    the broker if the machine is lost (`control.handback`)."""
+    acks_late: bool | None = None
+    """Its worker's `task_acks_late`: with early acks a lost machine's running jobs are gone."""
 
 
 class Drained(BaseModel):
     state: str
+
+
+class BootPhases(Strict):
+    """When each phase of this boot happened, on the machine's clock (UTC; ISO 8601 or epoch
+    seconds): the fields are `policy.boots.BOOT_PHASES` (a test holds them alike), any other
+    name refused. A phase already kept for this boot is left as it was (the first report
+    wins); a time before the boot began or after the store's now is clamped into that span."""
+
+    started: UtcTime | None = None
+    registered: UtcTime | None = None
+    code_fetched: UtcTime | None = None
+    requirements_installed: UtcTime | None = None
+    worker_up: UtcTime | None = None
+    first_job: UtcTime | None = None
+
+
+class PhasesKept(BaseModel):
+    boot: int
+    """The row's resumes when reported: 0 for the cold boot, n for its n-th resume."""
+    resume: bool
+    recorded: list[str]
+    """The phases newly kept by this report (those kept before are not changed)."""
 
 
 @router.post("/register", response_model=Registered)
@@ -113,8 +148,22 @@ def _broker_user_again(
         log.warning("resumed %s has no broker user yet: %s", row.launch_id, why)
 
 
+@router.post("/phases", response_model=PhasesKept)
+def phases(body: BootPhases, row: Worker, session: DB) -> PhasesKept:
+    """This machine's boot phases, for display (where its boot's time went): written to its
+    own rows only, with the provider, GPU and host of its instance row. No decision reads them:
+    boot statistics and the slow-host rule use the control plane's own times."""
+    now = store_now(session)
+    reported = body.model_dump(exclude_none=True)
+    kept = boot_phases.record(session, row, reported, now)
+    boot = row.resumes or 0
+    return PhasesKept(boot=boot, resume=boot > 0, recorded=kept)
+
+
 @router.post("/heartbeat", response_model=HeartbeatAnswer)
-def heartbeat(body: Heartbeat, row: Worker, session: DB) -> HeartbeatAnswer:
+def heartbeat(
+    body: Heartbeat, row: Worker, session: DB, rt: Rt, background: BackgroundTasks
+) -> HeartbeatAnswer:
     """The agent's word on its worker. Every state but `starting` and `crashed` says the
     worker is up (the agent sends its first heartbeat as it starts the worker): a booting
     machine is ready at once, with the move and event reconcile would make. The answer
@@ -127,7 +176,10 @@ def heartbeat(body: Heartbeat, row: Worker, session: DB) -> HeartbeatAnswer:
         "last_heartbeat_at": now,
         "running_tasks": body.running_tasks,
         "gpu_utilisation": body.gpu_utilisation,
+        "tasks": list(dict.fromkeys(body.tasks)),
     }
+    if body.acks_late is not None:
+        values["acks_late"] = body.acks_late
     if not up:
         values.pop("last_heartbeat_at")
     if not row.worker_name:
@@ -158,8 +210,15 @@ def heartbeat(body: Heartbeat, row: Worker, session: DB) -> HeartbeatAnswer:
         why = "its worker is up (its agent's first heartbeat)"
         if state == S.RESUMING:
             why = "its worker is up again: resumed from the warm pool (its agent's heartbeat)"
-        if fleet.mark_ready(session, row.launch_id, row.queue, row.provider, now, why):
+        ready = fleet.mark_ready(session, row.launch_id, row.queue, row.provider, now, why)
+        if ready:
             state = S.READY
+        if ready and ready.slow_host is not None:
+            # after this request's transaction commits (background tasks run once the answer
+            # is sent, the request's transaction closed before it): a connection of its own
+            slow = ready.slow_host
+            rt.load(session)  # the provider is built from the running config
+            background.add_task(avoid_host, rt, slow.provider, slow.host_id, slow.reason)
     worker = row.worker_name or f"agent@{row.launch_id}"
     job_records.record(session, machines.job_rows(body.jobs, worker, [row.queue], now), now)
     drain = state in (S.DRAINING, S.DRAINED)

@@ -149,7 +149,10 @@
       cell(tr, a ? `${a.min_workers}..${a.max_workers}${pin}` : "not autoscaled", "bounds");
       cell(tr, a ? `${a.provider} / ${a.gpu} ≤ ${money(a.max_price_per_hour)}/h` : "–");
       cell(tr, q.evaluated_at ? ago(q.evaluated_at, ov.now) : "never");
-      const why = q.why.concat(q.backoffs.map((b) => `backoff on ${b.provider} until ${when(b.until)}`));
+      const held = q.providers.length
+        ? q.providers.map((p) => `${p.provider}: ${p.state}` + (p.until ? ` until ${when(p.until)}` : ""))
+        : q.backoffs.map((b) => `backoff on ${b.provider} until ${when(b.until)}`);
+      const why = q.why.concat(held);
       cell(tr, why.join("; ") || "–", "why");
       const td = cell(tr, "");
       if (q.configured && a) {
@@ -245,6 +248,17 @@
     }
   }
 
+  function renderBoots(ov) {
+    // median and p90 boot per (provider, GPU): the control plane's own times
+    const rows = (ov.boots || []).map((b) => ({
+      label: `${b.provider} / ${b.gpu || "?"}`,
+      median: b.median_seconds,
+      p90: b.p90_seconds,
+      samples: b.samples,
+    }));
+    $("boots").replaceChildren(window.SvgChart.bars("boot: median and p90", rows));
+  }
+
   function renderVersions(list) {
     const body = $("versions").querySelector("tbody");
     body.replaceChildren();
@@ -285,6 +299,7 @@
       renderQueues(ov.data);
       renderCharts(hist.data, ov.data.queues);
       renderInstances(ov.data);
+      renderBoots(ov.data);
       renderEvents(ov.data);
       renderVersions(vers.data);
       document.body.dataset.loaded = String(Date.now());

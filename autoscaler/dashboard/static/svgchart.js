@@ -75,5 +75,47 @@
     return svg;
   }
 
-  window.SvgChart = { draw };
+  function seconds(s) {
+    s = Math.round(s);
+    if (s < 60) return `${s}s`;
+    if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`;
+    return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+  }
+
+  /* rows: [{label, median, p90, samples}] (seconds): one bar per row, the median solid and
+     the p90 as a lighter bar behind it, both labelled, with the sample count. */
+  function bars(title, rows) {
+    const W = 640, L = 170, R = 210, T = 26, ROW = 22, B = 8;
+    const H = T + Math.max(1, rows.length) * ROW + B;
+    const svg = el("svg", {
+      viewBox: `0 0 ${W} ${H}`, class: "chart boots", role: "img", "aria-label": title,
+    });
+    svg.appendChild(el("title", {}, title));
+    svg.appendChild(el("text", { x: 4, y: 16, class: "chart-title" }, title));
+    const xmax = Math.max(1, ...rows.map((r) => r.p90));
+    const x = (v) => L + (v / xmax) * (W - L - R);
+    rows.forEach((r, i) => {
+      const y = T + i * ROW;
+      const g = el("g", { class: "boot", "data-key": r.label });
+      g.appendChild(el("text", { x: L - 6, y: y + 14, class: "tick y" }, r.label));
+      g.appendChild(el("rect", {
+        x: L, y: y + 3, width: Math.max(1, x(r.p90) - L).toFixed(1), height: 14, class: "p90",
+      }));
+      const med = el("rect", {
+        x: L, y: y + 3, width: Math.max(1, x(r.median) - L).toFixed(1), height: 14, class: "median",
+      });
+      med.appendChild(el("title", {}, `median ${seconds(r.median)}, p90 ${seconds(r.p90)}`));
+      g.appendChild(med);
+      g.appendChild(el("text", { x: x(r.p90) + 6, y: y + 14, class: "legend" },
+        `${seconds(r.median)} · p90 ${seconds(r.p90)} · ${r.samples} boot${r.samples === 1 ? "" : "s"}`));
+      svg.appendChild(g);
+    });
+    if (!rows.length) {
+      svg.appendChild(el("text", { x: W / 2, y: T + 14, class: "empty" },
+        "no cold boot in the last 7 days"));
+    }
+    return svg;
+  }
+
+  window.SvgChart = { draw, bars };
 })();
