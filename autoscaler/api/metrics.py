@@ -117,14 +117,14 @@ def render(session: Session, rt: Any = None) -> str:
         registry=reg,
     )
     lost_jobs = Gauge(
-        "autoscaler_lost_jobs_total",
-        "Jobs gone with a lost machine: acknowledged when they started (early acks)",
+        "autoscaler_early_ack_losses_total",
+        "Lost machines whose workers said they ran early-acked jobs (gone with them)",
         ["queue"],
         registry=reg,
     )
     handed_back = Gauge(
-        "autoscaler_handed_back_jobs_total",
-        "Jobs of lost machines handed back to the broker (audit trail)",
+        "autoscaler_requeued_machines_total",
+        "Lost machines whose unacknowledged jobs their broker requeued at once (audit trail)",
         ["queue"],
         registry=reg,
     )

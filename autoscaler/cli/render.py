@@ -189,11 +189,11 @@ def render_status(
                     f"backoff: {b.provider} after {b.failures} failure(s), no launch until "
                     f"{clock(b.until, now)}" + (f": {b.last_error}" if b.last_error else "")
                 )
-            if q.preemptions_today or q.lost_jobs_today or q.handed_back_today:
+            if q.preemptions_today or q.early_ack_losses_today or q.requeued_today:
                 lines.append(
                     f"lost machines today: {q.preemptions_today} preempted; "
-                    f"{q.handed_back_today} job(s) handed back to the broker, "
-                    f"{q.lost_jobs_today} lost (early acks)"
+                    f"{q.requeued_today} with their jobs requeued by the broker, "
+                    f"{q.early_ack_losses_today} lost while running early-acked jobs"
                     + (
                         "; preempting hosts: "
                         + ", ".join(f"{h} ×{n}" for h, n in sorted(q.preempting_hosts.items()))

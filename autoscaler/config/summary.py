@@ -214,7 +214,8 @@ def _early_acks(auto: Autoscale) -> list[str]:
         f"  warning: with {' and '.join(why)}, a machine can be lost while its worker holds jobs: "
         "with Celery's default early acks a running job is then gone; set "
         "task_acks_late=True and task_reject_on_worker_lost=True in the workers' Celery app "
-        "so its jobs are handed back and run again within seconds"
+        "so its jobs come back and run again (at once on RabbitMQ; on Redis after kombu's "
+        "visibility_timeout, an hour by default)"
     ]
 
 

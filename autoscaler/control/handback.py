@@ -1,24 +1,33 @@
-"""Hand a lost machine's jobs back to the broker, within seconds instead of kombu's hour.
+"""Give a lost machine's jobs back where the broker itself can tell which jobs were its own.
 
 Reconcile marks a machine whose provider says it no longer runs (gone, dead, stopped by the
 provider — never one merely silent while its provider runs it) with `handback_due_at` = now +
-`GRACE`, and sends this step. From then on the jobs its worker last said it held (its own
-heartbeats: `instances.tasks`) go back:
+`GRACE`, and sends this step. What a machine reports (the task ids of its heartbeats) moves
+nothing: a machine can name any job, another machine's included. Only the broker's own record
+of the machine's deliveries counts:
 
-- **Redis**: their entries in kombu's `unacked` hash are restored to their queues the way kombu
-  restores them (`metrics.handback.restore_unacked`: the same list and priority step, the
-  entry removed from `unacked` and `unacked_index` in the same MULTI, under kombu's own
-  `unacked_mutex`): of two restorers — two reconcilers racing, or kombu's visibility timeout —
-  exactly one pushes each message.
-- **RabbitMQ**: the machine's connections are closed through the management API (found by its
-  own broker user), and the broker requeues its unacknowledged messages at once.
-- **Early acks** (Celery's default): a running job was acknowledged when it started; it is
-  not in `unacked` and cannot come back. The event names those task ids as lost, and `status`
-  counts them per queue.
+- **RabbitMQ**: a delivery belongs to the channel, and so to the connection and the broker user,
+  that consumed it; a rented machine has a broker user of its own. The step closes that user's
+  connections through the management API and the broker requeues exactly their unacknowledged
+  deliveries, at once. No other consumer's delivery can be named into it.
+- **Redis**: kombu's `unacked` hash records no consumer. Its field is the delivery tag the
+  *publisher* chose (kept when a message is delivered again), its value the message, and its
+  index score the consumer's clock; every machine of a trust domain may write all three (kombu's
+  workers need HSET, ZADD and the mutex's SET). Nothing the broker keeps ties an entry to a
+  machine, so the step restores nothing: the machine's jobs come back by kombu's own
+  `visibility_timeout` (an hour by default; set it above your longest job), as they would
+  without us. The event says so and how many jobs the machine said it held.
+- **Early acks** (Celery's default): a running job was acknowledged when it started; no broker
+  keeps a record of it. The event says the machine's worker claimed N such jobs; it counts one
+  machine, never the ids it named (a machine could name 300 jobs that never existed).
 
-A machine can only name ids: one another live machine says it holds is never handed back for
-it. The step is idempotent (a restore finds nothing the second time); `handback_done_at` is
-written by the one caller that finishes it, so its events are written once.
+`handback_done_at` is written by the one caller that finishes the step, so its events are
+written once; closing a user's connections again is harmless.
+
+`sweep_forged_mutexes` (each reconcile round) deletes a `unacked_mutex` on a watched Redis that
+kombu cannot have set (no expiry, a longer one, no lock token: `metrics.unacked_mutex`): a
+machine that sets one would otherwise stop every consumer's restore in its domain, for as long
+as the key lives.
 """
 
 from __future__ import annotations
@@ -30,9 +39,9 @@ from typing import Any
 from autoscaler.access import broker_users, rabbit_users
 from autoscaler.config.models import CelerySource
 from autoscaler.control.runtime import Runtime, log
-from autoscaler.metrics import handback as broker_handback
 from autoscaler.metrics.redis_list import open_redis
-from autoscaler.metrics.registry import redis_layout
+from autoscaler.metrics.registry import MetricsConfigError, redis_layout, source_url
+from autoscaler.metrics.unacked_mutex import clear_forged
 from autoscaler.store import fleet
 from autoscaler.store.db import store_now
 from autoscaler.urls import transport
@@ -41,9 +50,12 @@ GRACE = timedelta(seconds=5)
 """After the provider says the machine no longer runs: its listing may lag its processes'
 end by a moment (a destroy in progress), never by more."""
 
+NAMED_SHOWN = 20
+"""Task ids of the machine's own claim shown in an event (its word, for the operator only)."""
+
 
 def run_handback(rt: Runtime, launch_id: str, later: Callable[[float], None] | None = None) -> str:
-    """Hand back the jobs of one lost machine; `later(seconds)` sends this step again when it
+    """Give back the jobs of one lost machine; `later(seconds)` sends this step again when it
     is not due yet (the task's countdown). Returns what happened."""
     with rt.transaction() as session:
         row = fleet.get(session, launch_id)
@@ -55,48 +67,39 @@ def run_handback(rt: Runtime, launch_id: str, later: Callable[[float], None] | N
             if later is not None:
                 later(wait)
             return f"not due for {wait:.1f}s"
-        tasks = [t for t in row.tasks or () if isinstance(t, str)]
-        elsewhere = fleet.tasks_held_elsewhere(session, launch_id, tasks)
+        said = [t for t in row.tasks or () if isinstance(t, str)]
         queue, user, acks_late = row.queue, row.broker_user, row.acks_late
         loaded = rt.load_for(session, row.config_version)
     queue_cfg = loaded.config.queues.get(queue) if loaded else None
     source = queue_cfg.metrics if queue_cfg is not None else None
-    ids = [t for t in tasks if t not in elsewhere]
-    details: dict[str, Any] = {"tasks": ids}
-    if elsewhere:
-        details["held_elsewhere"] = sorted(elsewhere)
+    details: dict[str, Any] = {"said_held": len(said)}
     try:
-        what, lost = _give_back(rt, source, queue, ids, user, details)
+        what, action = _give_back(rt, source, queue, said, user, details)
     except Exception as exc:  # the broker down: reconcile sends the step again
         log.warning("%s: jobs not handed back yet (%s)", launch_id, type(exc).__name__)
         return f"not handed back yet: {type(exc).__name__}"
-    if lost and acks_late is not False:
-        lost = []  # acknowledged or finished: gone from unacked, not known to be lost
-    details["lost"] = lost
+    early = bool(said) and acks_late is False
     with rt.transaction() as session:
         now = store_now(session)
         if fleet.finish_handback(session, launch_id, now):
             events = [
                 fleet.event(
-                    fleet.HANDBACK_EVENT,
-                    "restored",
-                    what,
-                    queue=queue,
-                    launch_id=launch_id,
+                    fleet.HANDBACK_EVENT, action, what, queue=queue, launch_id=launch_id,
                     details=details,
                 )
-            ]
-            if lost:
+            ]  # fmt: skip
+            if early:
                 events.append(
                     fleet.event(
                         fleet.HANDBACK_EVENT,
                         "lost",
-                        f"{len(lost)} job(s) lost with the machine: its worker acknowledged them "
-                        "when they started (early acks); set task_acks_late and "
-                        "task_reject_on_worker_lost so they come back: " + ", ".join(lost[:20]),
+                        f"its worker said it was running {len(said)} job(s) acknowledged when "
+                        "they started (early acks): no broker keeps a record of them, so none "
+                        "can come back; set task_acks_late and task_reject_on_worker_lost so "
+                        "they do (named by the machine: " + ", ".join(said[:NAMED_SHOWN]) + ")",
                         queue=queue,
                         launch_id=launch_id,
-                        details={"tasks": lost},
+                        details={"said": said[:NAMED_SHOWN], "said_count": len(said)},
                     )
                 )
             fleet.record_events(session, events, now)
@@ -107,36 +110,72 @@ def _give_back(
     rt: Runtime,
     source: Any,
     queue: str,
-    ids: list[str],
+    said: list[str],
     user: str | None,
     details: dict[str, Any],
-) -> tuple[str, list[str]]:
-    """Give the jobs back on the queue's broker; (what was done, ids not found held by it)."""
+) -> tuple[str, str]:
+    """Give the jobs back on the queue's broker where it can tell which were the machine's;
+    (what was done, the event's action: `requeued` or `left`)."""
     url = broker_users.admin_url(source, rt.env) if isinstance(source, CelerySource) else None
     if url is None:
-        return "no broker this step can reach for the queue: its jobs come back by the broker", []
+        return "no broker this step can reach for the queue: its jobs come back by the broker", (
+            "left"
+        )
     if transport(url) == "amqp":
         if not user:
-            return "no broker user of its own: RabbitMQ requeues at the dead connection", []
+            return "no broker user of its own: RabbitMQ requeues at the dead connection", "left"
         target = rabbit_users.plan(url, source.queue or queue, source.management_url)
         closed = rabbit_users.close_connections(target, user, "its machine is gone")
         details["connections_closed"] = closed
-        return f"closed {closed} connection(s) of {user}: its unacknowledged jobs requeued", []
-    if not ids:
-        return "its worker held no job", []
-    client = open_redis(url)
-    try:
-        done = broker_handback.restore_unacked(
-            client, redis_layout(source), ids, queues=[source.queue or queue]
+        return (
+            f"closed {closed} connection(s) of {user}: RabbitMQ requeued their unacknowledged jobs",
+            "requeued",
         )
-    finally:
-        client.close()
-    details["restored"] = sorted(done.task_ids)
-    if done.left:  # contention on the hash outlasted the step: still in unacked, never lost
-        details["left_to_the_visibility_timeout"] = [e.task_id for e in done.left]
-    if done.unroutable:
-        details["unroutable"] = [e.task_id for e in done.unroutable]
+    details["left_to_the_visibility_timeout"] = True
     return (
-        f"restored {len(done.task_ids)} of {len(ids)} job(s) to their queues",
-        list(done.not_found),
+        f"its worker said it held {len(said)} job(s); on Redis kombu's unacked hash does not "
+        "record which worker holds a job, so they come back by kombu's visibility_timeout "
+        "(an hour by default), not by a machine's word",
+        "left",
     )
+
+
+def sweep_forged_mutexes(rt: Runtime) -> list[str]:
+    """Delete the forged `unacked_mutex` of every watched Redis domain of the newest config
+    (one PTTL and GET per domain and round); an event names each. Returns the events' texts."""
+    with rt.transaction() as session:
+        loaded = rt.load(session)
+    if loaded is None:
+        return []
+    domains: dict[tuple[str, str], tuple[str, Any]] = {}
+    for name, queue_cfg in sorted(loaded.config.queues.items()):
+        source = queue_cfg.metrics
+        if not isinstance(source, CelerySource):
+            continue
+        try:
+            url = source_url(source, rt.env)
+        except MetricsConfigError:
+            continue
+        if transport(url) == "redis":
+            domains.setdefault((url, source.global_keyprefix), (name, source))
+    found: list[str] = []
+    for (url, prefix), (queue, source) in domains.items():
+        try:
+            client = open_redis(url)
+            try:
+                why = clear_forged(client, redis_layout(source))
+            finally:
+                client.close()
+        except Exception as exc:  # the broker down: the next round looks again
+            log.warning("unacked mutex of %r not checked (%s)", prefix, type(exc).__name__)
+            continue
+        if why is not None:
+            text = (
+                f"deleted {prefix}unacked_mutex on the watched broker: {why}, so kombu did not "
+                "set it (a machine of this trust domain may have, to stop its restores)"
+            )
+            found.append(text)
+            with rt.transaction() as session:
+                event = fleet.event(fleet.HANDBACK_EVENT, "forged_mutex", text, queue=queue)
+                fleet.record_events(session, [event], store_now(session))
+    return found

@@ -122,7 +122,11 @@ STEPS = {
 
 @app.task(name="autoscaler.reconcile")
 def reconcile() -> dict[str, Any]:
-    return reconciler.run_reconcile(runtime(), enqueue)
+    """One reconcile round, then the watched brokers' forged unacked mutexes cleared."""
+    rt = runtime()
+    done = reconciler.run_reconcile(rt, enqueue)
+    handback_step.sweep_forged_mutexes(rt)
+    return done
 
 
 @app.task(name="autoscaler.scale")

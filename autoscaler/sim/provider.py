@@ -40,8 +40,10 @@ seeded generator; the rate does not depend on the bid, which in a real market it
   reconcile enqueues an evaluation when it sees the machine lost: up to a reconcile poll after
   the preemption, 15 s on average at the default 30 s poll — optimistic by that much);
 - the jobs it ran come back after HANDBACK_S, 20 s: reconcile sees the stop (on average half
-  of its 30 s poll), waits `control.handback.GRACE` (5 s) and hands them back to the broker
-  (kombu's unacked entries restored, or RabbitMQ's connection closed: under a second). Under
+  of its 30 s poll), waits `control.handback.GRACE` (5 s) and has RabbitMQ requeue them (the
+  machine's user's connections closed: under a second). On Redis nothing the broker keeps says
+  whose a delivery is, so they come back by kombu's `visibility_timeout` instead (an hour by
+  default): simulate such a queue with `World.handback_s` set to it. Under
   `acks_late` each runs again from its start, first in line, its work so far lost (paid, done
   again); the broker counts it in flight meanwhile, so decide() sees it as running. Under
   Celery's default early acks the running job was acknowledged when it started: it is lost,

@@ -1014,26 +1014,11 @@ def pending_handbacks(session: Session, limit: int = 500) -> list[tuple[str, str
     ]
 
 
-def tasks_held_elsewhere(session: Session, launch_id: str, tasks: Sequence[str]) -> set[str]:
-    """Of `tasks`, those another live machine's worker says it holds: never handed back for
-    this one (a machine could name jobs it never had; the one that runs them says so too)."""
-    if not tasks:
-        return set()
-    wanted = set(tasks)
-    held: set[str] = set()
-    for (others,) in session.execute(
-        select(Instance.tasks).where(
-            Instance.launch_id != launch_id,
-            Instance.state.in_(LIVE_STATES),
-            Instance.tasks.is_not(None),
-        )
-    ):
-        held |= wanted & {t for t in others or () if isinstance(t, str)}
-    return held
-
-
 HANDBACK_EVENT = "handback"
-"""Events of a lost machine's jobs given back (`restored`) or gone with it (`lost`)."""
+"""Events of a lost machine's jobs: requeued by its broker (`requeued`: RabbitMQ closed its
+user's connections), left to the broker's own redelivery (`left`), claimed running with early
+acks (`lost`: one per machine, the ids its word only), and forged kombu mutexes deleted
+(`forged_mutex`)."""
 PREEMPTION_EVENT = "preemption"
 """Events of interruptible machines stopped by their provider (action `preempted`)."""
 

@@ -232,10 +232,12 @@ class QueueView:
     """Each provider of a queue that lists several, in the order written (empty for one)."""
     preemptions_today: int = 0
     """Its interruptible machines stopped by their provider (outbid) since 00:00 UTC."""
-    lost_jobs_today: int = 0
-    """Jobs gone with a lost machine since 00:00 UTC (early acks: nothing to hand back)."""
-    handed_back_today: int = 0
-    """Jobs of lost machines handed back to the broker since 00:00 UTC."""
+    early_ack_losses_today: int = 0
+    """Machines lost since 00:00 UTC while their workers said they ran early-acked jobs (gone
+    with them: no broker keeps a record of such a job)."""
+    requeued_today: int = 0
+    """Lost machines since 00:00 UTC whose unacknowledged jobs their broker requeued at once
+    (RabbitMQ: their user's connections closed)."""
     preempting_hosts: dict[str, int] = field(default_factory=dict)
     """Host -> its machines preempted since 00:00 UTC."""
 
@@ -272,8 +274,8 @@ class QueueView:
             "warm_pool": self.warm_pool.as_json(),
             "providers": [p.as_json() for p in self.providers],
             "preemptions_today": self.preemptions_today,
-            "lost_jobs_today": self.lost_jobs_today,
-            "handed_back_today": self.handed_back_today,
+            "early_ack_losses_today": self.early_ack_losses_today,
+            "requeued_today": self.requeued_today,
             "preempting_hosts": dict(self.preempting_hosts),
         }
 
@@ -599,7 +601,7 @@ def queues(
     for name, (preempted, lost, back) in lost_work(session, day_start(now)).items():
         if name in views:
             view = views[name]
-            view.preemptions_today, view.lost_jobs_today, view.handed_back_today = (
+            view.preemptions_today, view.early_ack_losses_today, view.requeued_today = (
                 preempted,
                 lost,
                 back,
@@ -796,8 +798,10 @@ def preempting_hosts(session: Session, since: datetime) -> dict[tuple[str, str, 
 
 
 def lost_work(session: Session, since: datetime) -> dict[str, tuple[int, int, int]]:
-    """Queue -> (machines preempted, jobs lost with their machine, jobs handed back) since
-    `since`, from the events (one query over the day's few hand-back and preemption events)."""
+    """Queue -> (machines preempted, machines lost while their workers said they ran early-acked
+    jobs, machines whose jobs their broker requeued) since `since`, from the events (one query
+    over the day's few hand-back and preemption events). Machines, not jobs: the ids a machine
+    names are its word, and no broker keeps a record of an early-acked job."""
     out: dict[str, list[int]] = {}
     for queue, kind, action, details in session.execute(
         select(ScaleEvent.queue, ScaleEvent.kind, ScaleEvent.action, ScaleEvent.details).where(
@@ -810,9 +814,9 @@ def lost_work(session: Session, since: datetime) -> dict[str, tuple[int, int, in
         if kind == PREEMPTION_EVENT:
             counts[0] += 1
         elif action == "lost":
-            counts[1] += len(info.get("tasks") or [])
-        elif action == "restored":
-            counts[2] += len(info.get("restored") or [])
+            counts[1] += 1
+        elif action == "requeued" and info.get("connections_closed"):
+            counts[2] += 1
     return {q: (a, b, c) for q, (a, b, c) in out.items()}
 
 

@@ -14,7 +14,11 @@ app = Celery("handback-test", broker=os.environ["HB_BROKER"], set_as_current=Fal
 app.conf.update(
     broker_transport_options={
         "global_keyprefix": os.environ.get("HB_PREFIX", ""),
-        "visibility_timeout": 3600,  # kombu's default: what "today" waits
+        # kombu's default (an hour) unless HB_VISIBILITY shortens it; then the worker sweeps
+        # for expired deliveries at each restore interval (no throttle)
+        "visibility_timeout": float(os.environ.get("HB_VISIBILITY", 3600)),
+        "unacked_restore_throttle": 1 if os.environ.get("HB_VISIBILITY") else 10,
+        "unacked_restore_interval": 1 if os.environ.get("HB_VISIBILITY") else 10,
     },
     task_acks_late=os.environ.get("HB_ACKS") == "late",
     task_reject_on_worker_lost=os.environ.get("HB_ACKS") == "late",

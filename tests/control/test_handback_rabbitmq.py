@@ -243,7 +243,7 @@ def test_a_frozen_machines_job_runs_again_elsewhere_at_once_and_once(rabbit, run
     started = time.monotonic()
     what = run_handback(runtime, "m1")
     assert what.startswith("closed ") and what.endswith(
-        f"connection(s) of {a}: its unacknowledged jobs requeued"
+        f"connection(s) of {a}: RabbitMQ requeued their unacknowledged jobs"
     ), what
     rabbit.wait_for(("start", b, "job-1"), timeout=10)
     assert time.monotonic() - started < 5.0  # at once, not at the heartbeat's minute
@@ -258,8 +258,8 @@ def test_a_frozen_machines_job_runs_again_elsewhere_at_once_and_once(rabbit, run
         assert time.monotonic() < deadline, f"(unacknowledged, ready) {held}"
         time.sleep(0.5)
     assert run_handback(runtime, "m1") == "nothing to hand back"  # done once
-    (event,) = _events(runtime, "restored")
-    assert event.details["connections_closed"] >= 1 and event.details["tasks"] == ["job-1"]
+    (event,) = _events(runtime, "requeued")
+    assert event.details["connections_closed"] >= 1 and event.details["said_held"] == 1
     assert _events(runtime, "lost") == []
 
 
@@ -282,7 +282,7 @@ def test_two_hand_backs_racing_close_once_and_the_job_runs_once(rabbit, runtime)
     assert len(results) == 2 and all(
         r.startswith("closed ") or r == "nothing to hand back" for r in results
     ), results
-    assert len(_events(runtime, "restored")) == 1
+    assert len(_events(runtime, "requeued")) == 1
     rabbit.wait_for(("end", b, "race-1"))
     time.sleep(0.5)
     rabbit.kill(first)
@@ -290,4 +290,4 @@ def test_two_hand_backs_racing_close_once_and_the_job_runs_once(rabbit, runtime)
     assert rabbit.marks_of() == [("start", a, "race-1"), ("start", b, "race-1"),
                                  ("end", b, "race-1")]  # fmt: skip
     assert run_handback(runtime, "m1") == "nothing to hand back"
-    assert len(_events(runtime, "restored")) == 1
+    assert len(_events(runtime, "requeued")) == 1
