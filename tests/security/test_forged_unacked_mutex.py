@@ -128,6 +128,7 @@ def test_a_mutex_a_machine_set_without_expiry_is_cleared_and_kombus_restore_work
         (uuid.uuid1().hex, 10 * 3600 * 1000, False),  # ten hours: not kombu's
         ("mine", 1000, False),  # no lock token
     ],
+    ids=["kombus", "ten-hours", "no-token"],  # fixed: xdist workers must collect the same ids
 )
 def test_only_a_mutex_kombu_cannot_have_set_is_deleted(prefix, admin, value, px, kept):
     admin.set(prefix + "unacked_mutex", value, px=px)
