@@ -1122,6 +1122,18 @@ def record_events(session: Session, events: Sequence[Mapping[str, Any]], now: da
     )
 
 
+def last_event_at(session: Session, launch_id: str, kind: str, action: str) -> datetime | None:
+    """When the newest (kind, action) event of one machine was written, or None (the
+    `scale_events` launch index makes it one short lookup)."""
+    return session.scalar(
+        select(func.max(ScaleEvent.at)).where(
+            ScaleEvent.launch_id == launch_id,
+            ScaleEvent.kind == kind,
+            ScaleEvent.action == action,
+        )
+    )
+
+
 def event(
     kind: str,
     action: str,

@@ -310,3 +310,19 @@ def test_job_reports_never_cost_the_heartbeat_clocks_are_clamped_garbage_refused
     )
     assert r.status_code == 422
     assert len(_records(world)) == 1
+
+
+def test_a_flood_of_crash_reports_writes_one_event_a_minute(world):
+    """2,051 `crashed` reports in 8 s once filled the newest events with one machine's: now
+    at most one event per machine per minute (the state still moves with every report)."""
+    tok = world.h(world.tokens["m1"])
+    for i in range(40):
+        r = world.client.post(
+            "/v1/worker/m1/heartbeat", json={"state": "crashed", "detail": f"exit {i}"}, headers=tok
+        )
+        assert r.status_code == 200
+    events = world.client.get(
+        "/v1/admin/events?kind=agent&launch_id=m1", headers=world.h(world.admin)
+    ).json()
+    crashed = [e for e in events if e["action"] == "crashed"]
+    assert len(crashed) == 1 and "exit 0" in crashed[0]["reason"]

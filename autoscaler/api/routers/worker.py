@@ -3,6 +3,7 @@ launch, for its own launch only."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from fastapi import APIRouter, BackgroundTasks, HTTPException, Request
@@ -32,6 +33,11 @@ from autoscaler.store.models import Instance
 
 S = InstanceState
 HEARTBEAT_INTERVAL = 10.0
+CRASH_EVENT_EVERY = timedelta(seconds=60)
+"""At most one `crashed` event per machine in this span: an agent restarts a crashing worker
+and says so with its next heartbeat (every 10 s), so an honest machine's crash loop still
+shows, while a hostile one (2,051 `crashed` reports in 8 s, issue 33) cannot bury the audit
+trail; the machine's state is moved by every report as before."""
 
 router = APIRouter(prefix="/v1/worker/{launch_id}")
 
@@ -192,19 +198,21 @@ def heartbeat(
     if body.state == "crashed":
         # the worker process died: no sign of life from it; reconcile replaces the machine
         values["running_tasks"] = 0
-        fleet.record_events(
-            session,
-            [
-                fleet.event(
-                    "agent",
-                    "crashed",
-                    f"the worker process crashed: {body.detail or 'no detail'}",
-                    queue=row.queue,
-                    launch_id=row.launch_id,
-                )
-            ],
-            now,
-        )
+        last = fleet.last_event_at(session, row.launch_id, "agent", "crashed")
+        if last is None or now - last >= CRASH_EVENT_EVERY:
+            fleet.record_events(
+                session,
+                [
+                    fleet.event(
+                        "agent",
+                        "crashed",
+                        f"the worker process crashed: {body.detail or 'no detail'}",
+                        queue=row.queue,
+                        launch_id=row.launch_id,
+                    )
+                ],
+                now,
+            )
     fleet.note_heartbeat(session, row.launch_id, values)
     if up and state in (S.BOOTING, S.RESUMING):
         why = "its worker is up (its agent's first heartbeat)"
