@@ -75,6 +75,9 @@ class Settings:
     api_max_body: int | None = 1024 * 1024
     """The largest request body the API reads (AUTOSCALER_API_MAX_BODY, bytes); None when the
     variable is not a number (`autoscaler serve` refuses to start)."""
+    api_body_timeout: int | None = 10
+    """Seconds the API waits for a request's whole body after its headers
+    (AUTOSCALER_API_BODY_TIMEOUT); None when not a number (`autoscaler serve` refuses)."""
     metrics_token: str | None = None
     """A bearer token /metrics asks for (AUTOSCALER_METRICS_TOKEN); open without one."""
 
@@ -107,6 +110,7 @@ class Settings:
             control_keyprefix=e.get("AUTOSCALER_CONTROL_KEYPREFIX", "").strip()
             or CONTROL_KEYPREFIX,
             api_max_body=_positive(e.get("AUTOSCALER_API_MAX_BODY", ""), 1024 * 1024),
+            api_body_timeout=_positive(e.get("AUTOSCALER_API_BODY_TIMEOUT", ""), 10),
             metrics_token=e.get("AUTOSCALER_METRICS_TOKEN", "").strip() or None,
         )
 

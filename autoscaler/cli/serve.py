@@ -61,6 +61,11 @@ def serve(bind: str | None, workers: str | None, log_level: str) -> None:
             "AUTOSCALER_API_MAX_BODY must be the largest request body in bytes (a whole number "
             f"> 0 in {ASCII_FORM}), e.g. 1048576"
         )
+    if current.api_body_timeout is None:
+        raise Refused(
+            "AUTOSCALER_API_BODY_TIMEOUT must be the seconds a request's whole body may take "
+            f"after its headers (a whole number > 0 in {ASCII_FORM}), e.g. 10"
+        )
     processes = worker_count(workers, os.environ.get("AUTOSCALER_API_WORKERS", ""))
     if processes > 1:
         # each process builds the app and its own runtime (and pool) from the same environment

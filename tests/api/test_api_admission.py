@@ -1,6 +1,8 @@
 """A burst of heartbeats on a small connection pool is answered, not deadlocked: the API admits
-no more requests at once than its pool lends connections (`api/admission.py`); the runtime is
-made once however many first requests ask; `pool_capacity` reads the pool's bound."""
+no more requests at once than its pool lends connections (`api/admission.py`), shared fairly
+between callers (`Turns`: round robin over addresses, then callers; bounded per caller and per
+address); the runtime is made once however many first requests ask; `pool_capacity` reads the
+pool's bound."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from autoscaler.api.admission import Admission
+from autoscaler.api.admission import Admission, Turns
 from autoscaler.api.app import create_app
 from autoscaler.api.deps import LazyRuntime
 from autoscaler.store.db import POOL_SIZE, make_engine, pool_capacity, session_factory
@@ -20,6 +22,12 @@ from tests.agent.agentkit import serve
 from tests.api.apikit import S, add_machine, make_world
 
 BODY = {"state": "idle", "running_tasks": 0, "tasks": []}
+
+
+def _scope(n: int, address: str = "10.0.0.1", launch: str | None = None) -> dict[str, Any]:
+    """An HTTP request of machine `launch` (m<n> by default) from `address`."""
+    path = f"/v1/worker/{launch or f'm{n}'}/heartbeat"
+    return {"type": "http", "n": n, "path": path, "client": (address, 40000 + n)}
 
 
 def test_the_gate_admits_at_most_its_capacity_in_arrival_order():
@@ -47,7 +55,7 @@ def test_the_gate_admits_at_most_its_capacity_in_arrival_order():
         async def noop(*_: Any) -> Any:
             return {"type": "http.request", "body": b"", "more_body": False}
 
-        await asyncio.gather(*(gate({"type": "http", "n": n}, noop, noop) for n in range(20)))
+        await asyncio.gather(*(gate(_scope(n), noop, noop) for n in range(20)))
         await gate({"type": "lifespan", "n": -1}, noop, noop)  # not an HTTP request: not gated
 
     asyncio.run(main())
@@ -113,7 +121,8 @@ def test_a_slow_client_holds_no_turn():
 
     asyncio.run(main())
     assert bodies["slow"] == b"ababab" and bodies["fast"] == b"x"
-    assert gate.gate is not None and not gate.gate.locked()  # every turn given back
+    assert gate.turns is not None and gate.turns.inside == 0  # every turn given back
+    assert not gate.turns.running and not gate.turns.waiting
 
 
 def test_a_capacity_that_cannot_be_read_gates_nothing_and_is_asked_again():
@@ -137,11 +146,148 @@ def test_a_capacity_that_cannot_be_read_gates_nothing_and_is_asked_again():
             return {"type": "http.request", "body": b"", "more_body": False}
 
         for n in range(3):
-            await gate({"type": "http", "n": n}, noop, noop)
+            await gate(_scope(n), noop, noop)
 
     asyncio.run(main())
     assert seen == [0, 1, 2]
-    assert len(calls) == 2 and gate.gate is None  # None: no bound, not asked a third time
+    assert len(calls) == 2  # asked again after the failure, not a third time
+    assert gate.turns is not None and gate.turns.capacity is None  # None: no bound in all
+
+
+def _waiters(n: int) -> list[asyncio.Future[None]]:
+    loop = asyncio.new_event_loop()
+    return [loop.create_future() for _ in range(n)]
+
+
+def test_one_callers_burst_waits_behind_itself_and_its_excess_is_refused():
+    """256 requests of one machine: 2 inside, 8 waiting, the rest refused at once; another
+    machine's request goes in at once, though the burst came first (one FIFO: behind all)."""
+    turns = Turns(capacity=15)
+    hostile = ("10.0.0.1", "launch:evil")
+    inside = [turns.enter(hostile) for _ in range(256)]
+    assert inside.count(True) == 2 and turns.inside == 2
+    waiters = _waiters(254)
+    refusals = [turns.queue(hostile, w) for w in waiters]
+    assert refusals[:8] == [None] * 8
+    assert all(r is not None and "at most 8 per launch id" in r for r in refusals[8:])
+    assert turns.enter(("10.0.0.2", "launch:honest"))  # in at once, 3 of 15 turns taken
+    turns.leave(hostile)  # one of the burst done: the next of the burst goes in
+    assert waiters[0].done() and not waiters[1].done()
+    assert turns.running[hostile] == 2 and turns.inside == 3
+
+
+def test_the_waiting_are_served_round_robin_over_addresses_then_callers():
+    turns = Turns(capacity=1)
+    a, b, c = ("1.1.1.1", "launch:a"), ("1.1.1.1", "launch:b"), ("2.2.2.2", "launch:c")
+    assert turns.enter(a)
+    line = [(a, "a1"), (a, "a2"), (a, "a3"), (b, "b1"), (c, "c1"), (c, "c2")]
+    waiters = dict(zip((name for _, name in line), _waiters(len(line)), strict=True))
+    for caller, name in line:
+        assert turns.queue(caller, waiters[name]) is None
+    served: list[str] = []
+    held = a
+    for _ in line:
+        turns.leave(held)
+        (name,) = [n for n, w in waiters.items() if w.done() and n not in served]
+        served.append(name)
+        held = next(caller for caller, n in line if n == name)
+    # addresses take turns (1.1.1.1, 2.2.2.2, …), and within 1.1.1.1 its callers do; each
+    # caller's own in arrival order (one FIFO: a1 a2 a3 b1 c1 c2)
+    assert served == ["a1", "c1", "b1", "c2", "a2", "a3"], served
+
+
+def test_claims_are_free_to_forge_so_an_address_waits_at_most_its_share():
+    """One address naming 300 launch ids (a forged key each): 256 wait, 44 are refused; a
+    machine of another address, arriving after all of them, is next in."""
+    turns = Turns(capacity=1)
+    assert turns.enter(("6.6.6.6", "-"))
+    forged = [("6.6.6.6", f"launch:forged-{i}") for i in range(300)]
+    refusals = [turns.queue(caller, w) for caller, w in zip(forged, _waiters(300), strict=True)]
+    assert refusals.count(None) == 256
+    assert all(r is not None and "at most 256 per address" in r for r in refusals[256:])
+    honest = ("7.7.7.7", "launch:honest")
+    (mine,) = _waiters(1)
+    assert turns.queue(honest, mine) is None
+    turns.leave(("6.6.6.6", "-"))  # the first forged one in: the address's turn
+    turns.leave(forged[0])
+    assert mine.done()  # then the other address's: not behind 255 more
+
+
+def test_naming_another_machines_launch_id_fills_only_the_namers_share():
+    turns = Turns(capacity=1)
+    assert turns.enter(("9.9.9.9", "-"))
+    named = ("6.6.6.6", "launch:victim")
+    assert [turns.queue(named, w) for w in _waiters(8)] == [None] * 8
+    assert turns.queue(named, _waiters(1)[0]) is not None  # the namer's 9th: refused
+    victim = ("7.7.7.7", "launch:victim")
+    assert turns.queue(victim, _waiters(1)[0]) is None  # the victim's own: waits its turn
+
+
+def test_a_waiter_that_leaves_gives_its_place_up():
+    turns = Turns(capacity=1)
+    a, b = ("1.1.1.1", "-"), ("2.2.2.2", "-")
+    assert turns.enter(a)
+    wa, wb = _waiters(2)
+    assert turns.queue(a, wa) is None and turns.queue(b, wb) is None
+    wa.cancel()
+    turns.forget(a, wa)
+    assert turns.waiting_at == {"2.2.2.2": 1}
+    turns.leave(a)
+    assert wb.done() and turns.running == {b: 1}
+    turns.leave(b)
+    assert turns.inside == 0 and not turns.waiting and not turns.waiting_at
+
+
+def test_a_client_gone_while_it_waits_is_not_served():
+    """Over ASGI: the client of a waiting request disconnects; the app never runs for it and
+    its place is given up (the next one in line is served)."""
+    release = asyncio.Event()
+    ran: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        ran.append(scope["n"])
+        if scope["n"] == 0:
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    gate = Admission(app, lambda: 1)
+
+    async def main() -> None:
+        leave = asyncio.Event()
+
+        def client(gone: asyncio.Event | None) -> Any:
+            sent = False
+
+            async def receive() -> Any:
+                nonlocal sent
+                if not sent:
+                    sent = True
+                    return {"type": "http.request", "body": b"{}", "more_body": False}
+                if gone is not None:
+                    await gone.wait()
+                else:
+                    await asyncio.Event().wait()
+                return {"type": "http.disconnect"}
+
+            return receive
+
+        async def sink(message: Any) -> None:
+            return None
+
+        first = asyncio.create_task(gate(_scope(0), client(None), sink))
+        await asyncio.sleep(0.01)
+        leaving = asyncio.create_task(gate(_scope(1), client(leave), sink))
+        staying = asyncio.create_task(gate(_scope(2), client(None), sink))
+        await asyncio.sleep(0.01)
+        leave.set()
+        await asyncio.wait_for(leaving, 2)
+        assert gate.turns is not None and gate.turns.waiting_at == {"10.0.0.1": 1}
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, staying), 2)
+
+    asyncio.run(main())
+    assert ran == [0, 2]
 
 
 def test_pool_capacity_is_pool_size_plus_overflow(tmp_path):
