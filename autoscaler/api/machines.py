@@ -75,9 +75,10 @@ def _git_token(dep: Any, env: Mapping[str, str]) -> str | None:
 
 
 def job_rows(
-    jobs: list[JobReport], worker: str, queues: list[str], now: datetime
+    jobs: list[JobReport], worker: str, reporter: str, queues: list[str], now: datetime
 ) -> list[dict[str, Any]]:
-    """Rows for `job_records`: a job counts for the queue it names when the worker serves it,
+    """Rows for `job_records`, each kept as `reporter`'s (the control plane's name for the
+    machine, never its word): a job counts for the queue it names when the worker serves it,
     else for the worker's first queue. Times after now are clamped to now, an end before the
     start to the start, a publish stamp after the start to the start (clocks disagree)."""
 
@@ -94,6 +95,7 @@ def job_rows(
                 "queue": j.queue if j.queue in queues else queues[0],
                 "task_id": j.id,
                 "worker": worker[:200],
+                "reporter": reporter[:200],
                 "arrived_at": arrived,
                 "started_at": started,
                 "finished_at": finished,

@@ -2,8 +2,10 @@
 
 The API writes them from agent heartbeats (`record`); the evaluation tick reads each queue's
 mean runtime from them (`runtime_stats`, for the burst rule); `autoscaler trace export` turns
-them into a trace the simulator and `autoscaler tune` replay (`since`). A job reported twice
-(a heartbeat retried) is one row: (queue, task id) is unique.
+them into a trace the simulator and `autoscaler tune` replay (`since`). A job reported twice by
+one machine (a heartbeat retried) is one row: (queue, task id, reporter) is unique; a machine
+naming another's job adds a row of its own, within its report budget
+(`store.report_budgets`), and never stands in for the row of the machine that ran it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def record(session: Session, jobs: Sequence[dict[str, Any]], now: datetime) -> N
     `JobRecord` but `id`."""
     if not jobs:
         return  # most heartbeats: nothing to write, nothing to expire
-    upsert(session, JobRecord, jobs, key=("queue", "task_id"))
+    upsert(session, JobRecord, jobs, key=("queue", "task_id", "reporter"))
     # expire a bounded batch per write: never one long delete that heartbeats queue behind
     expired = (
         select(JobRecord.id).where(JobRecord.finished_at < now - KEEP).limit(EXPIRE_BATCH)

@@ -425,7 +425,9 @@ class JobRecord(Base):
 
     __tablename__ = "job_records"
     __table_args__ = (
-        UniqueConstraint("queue", "task_id", name="uq_job_records_queue_task"),
+        # one row per job and reporter: a machine naming another's job adds its own row, it
+        # never stands in for the row of the machine that ran it
+        UniqueConstraint("queue", "task_id", "reporter", name="uq_job_records_queue_task"),
         # (queue, finished_at) finds a queue's last day; runtime_s makes the mean an index scan
         Index("ix_job_records_queue_finished", "queue", "finished_at", "runtime_s"),
         Index("ix_job_records_finished", "finished_at"),
@@ -435,6 +437,9 @@ class JobRecord(Base):
     queue: Mapped[str] = mapped_column(String(200))
     task_id: Mapped[str] = mapped_column(String(200))
     worker: Mapped[str] = mapped_column(String(200))
+    reporter: Mapped[str] = mapped_column(String(200), default="", server_default="")
+    """Who reported it, as the control plane knows it (a launch id; `enrolled:KEY:NAME` for a
+    hand-made machine), never the machine's own word."""
     arrived_at: Mapped[datetime | None] = mapped_column(default=None)
     started_at: Mapped[datetime] = mapped_column()
     finished_at: Mapped[datetime] = mapped_column()
@@ -463,3 +468,20 @@ class BootPhase(Base):
     provider: Mapped[str] = mapped_column(String(100))
     gpu: Mapped[str | None] = mapped_column(String(100), default=None)
     host_id: Mapped[str | None] = mapped_column(String(100), default=None)
+
+
+class ReportBudget(Base):
+    """What one reporter's heartbeats may still write (`policy.reports`): finished jobs and
+    events, refilled with time. Forgotten a day after its last report."""
+
+    __tablename__ = "report_budgets"
+
+    reporter: Mapped[str] = mapped_column(String(200), primary_key=True)
+    jobs: Mapped[float] = mapped_column(Float)
+    events: Mapped[float] = mapped_column(Float)
+    at: Mapped[datetime] = mapped_column(index=True)
+    day: Mapped[str] = mapped_column(String(10))
+    today: Mapped[int] = mapped_column(Integer, default=0)
+    dropped_jobs: Mapped[int] = mapped_column(Integer, default=0)
+    dropped_events: Mapped[int] = mapped_column(Integer, default=0)
+    told_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -117,7 +117,7 @@ def test_values_json_cannot_carry_are_bound_row_by_row(pg_sessions):
             for i in range(JSON_ROWS_FROM + 5)]
     with transaction(pg_sessions) as s:
         s.execute(delete(JobRecord))
-        upsert(s, JobRecord, jobs, key=("queue", "task_id"))
+        upsert(s, JobRecord, jobs, key=("queue", "task_id", "reporter"))
     with transaction(pg_sessions) as s:
         got = dict(s.execute(select(JobRecord.task_id, JobRecord.runtime_s)).all())
     assert len(got) == JSON_ROWS_FROM + 5 and math.isnan(got["t7"]) and got["t8"] == 8.0

@@ -14,7 +14,8 @@ from autoscaler.api import machines
 from autoscaler.api.deps import DB, Enrolled, Rt
 from autoscaler.api.inputs import Strict
 from autoscaler.api.machines import Deployment, HeartbeatAnswer, JobReport, Name, WorkerState
-from autoscaler.store import job_records, worker_sightings
+from autoscaler.policy.reports import Want
+from autoscaler.store import fleet, job_records, report_budgets, worker_sightings
 from autoscaler.store.db import store_now
 
 router = APIRouter(prefix="/v1/hand-made")
@@ -47,8 +48,19 @@ def hand_made_heartbeat(body: HandMadeBeat, who: Enrolled, session: DB) -> Heart
     worker_sightings.record_enrolled(
         session, body.name, body.queues, who.name, body.running_tasks, now
     )
+    # its budget is its key's and name's: the name is its word, so one key's machines share
+    # the key's address turns (`api/admission.py`) as well
+    reporter = f"enrolled:{who.name}:{body.name}"
+    want = Want(jobs=len(body.jobs), running=body.running_tasks)
+    granted = report_budgets.spend(session, reporter, want, now)
     worker = f"agent@{body.name}"
-    job_records.record(session, machines.job_rows(body.jobs, worker, list(body.queues), now), now)
+    rows = machines.job_rows(body.jobs[: granted.jobs], worker, reporter, list(body.queues), now)
+    job_records.record(session, rows, now)
+    if granted.tell is not None:
+        said = fleet.event(
+            "agent", "reports_dropped", f"{body.name}: {granted.tell}", queue=body.queues[0]
+        )
+        fleet.record_events(session, [said], now)
     return HeartbeatAnswer(drain=False, state="hand-made")
 
 

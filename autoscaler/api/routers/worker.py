@@ -27,7 +27,8 @@ from autoscaler.control.launch import create_broker_user
 from autoscaler.control.resume import avoid_host
 from autoscaler.control.runtime import Runtime, log
 from autoscaler.lifecycle import InstanceState
-from autoscaler.store import boot_phases, fleet, job_records
+from autoscaler.policy.reports import Grant, Want
+from autoscaler.store import boot_phases, fleet, job_records, report_budgets
 from autoscaler.store.db import Session, store_now
 from autoscaler.store.models import Instance
 
@@ -97,20 +98,18 @@ class PhasesKept(BaseModel):
 def register(body: Register, row: Worker, session: DB) -> Registered:
     now = store_now(session)
     name = body.worker_name
+    granted = report_budgets.spend(session, row.launch_id, Want(events=1), now)
+    said = [
+        fleet.event(
+            "agent",
+            "register",
+            f"agent {name} registered",
+            queue=row.queue,
+            launch_id=row.launch_id,
+        )
+    ]
+    fleet.record_events(session, said[: granted.events] + _told(row, granted), now)
     fleet.note_registered(session, row.launch_id, name, now)
-    fleet.record_events(
-        session,
-        [
-            fleet.event(
-                "agent",
-                "register",
-                f"agent {name} registered",
-                queue=row.queue,
-                launch_id=row.launch_id,
-            )
-        ],
-        now,
-    )
     return Registered(
         launch_id=row.launch_id, queue=row.queue, heartbeat_interval=HEARTBEAT_INTERVAL
     )
@@ -195,24 +194,24 @@ def heartbeat(
         values["last_task_at"] = min(body.last_task_at, now)
     elif busy:
         values["last_task_at"] = now
+    said = []
     if body.state == "crashed":
         # the worker process died: no sign of life from it; reconcile replaces the machine
         values["running_tasks"] = 0
         last = fleet.last_event_at(session, row.launch_id, "agent", "crashed")
         if last is None or now - last >= CRASH_EVENT_EVERY:
-            fleet.record_events(
-                session,
-                [
-                    fleet.event(
-                        "agent",
-                        "crashed",
-                        f"the worker process crashed: {body.detail or 'no detail'}",
-                        queue=row.queue,
-                        launch_id=row.launch_id,
-                    )
-                ],
-                now,
+            why = f"the worker process crashed: {body.detail or 'no detail'}"
+            said.append(
+                fleet.event("agent", "crashed", why, queue=row.queue, launch_id=row.launch_id)
             )
+    # what the report writes beyond its own row, within the machine's budget, first: the
+    # instance row's UPDATE comes last, so its lock is held only for the commit's tail
+    want = Want(jobs=len(body.jobs), events=len(said), running=body.running_tasks)
+    granted = report_budgets.spend(session, row.launch_id, want, now)
+    worker = row.worker_name or f"agent@{row.launch_id}"
+    jobs = machines.job_rows(body.jobs[: granted.jobs], worker, row.launch_id, [row.queue], now)
+    job_records.record(session, jobs, now)
+    fleet.record_events(session, said[: granted.events] + _told(row, granted), now)
     fleet.note_heartbeat(session, row.launch_id, values)
     if up and state in (S.BOOTING, S.RESUMING):
         why = "its worker is up (its agent's first heartbeat)"
@@ -227,10 +226,19 @@ def heartbeat(
             slow = ready.slow_host
             rt.load(session)  # the provider is built from the running config
             background.add_task(avoid_host, rt, slow.provider, slow.host_id, slow.reason)
-    worker = row.worker_name or f"agent@{row.launch_id}"
-    job_records.record(session, machines.job_rows(body.jobs, worker, [row.queue], now), now)
     drain = state in (S.DRAINING, S.DRAINED)
     return HeartbeatAnswer(drain=drain, state=state.value)
+
+
+def _told(row: Instance, granted: Grant) -> list[dict[str, Any]]:
+    """The event saying what the machine's budget dropped, when it is time to say it."""
+    if granted.tell is None:
+        return []
+    return [
+        fleet.event(
+            "agent", "reports_dropped", granted.tell, queue=row.queue, launch_id=row.launch_id
+        )
+    ]
 
 
 @router.post("/drained", response_model=Drained)
