@@ -650,6 +650,12 @@ class Autoscale(Strict):
     instance: InstanceSpec
     poll_interval: Duration | None = Field(default=None, ge=MIN_POLL_INTERVAL, le=MAX_POLL_INTERVAL)
     boot_timeout: Duration | None = Field(default=None, gt=0)
+    max_lifetime: Duration | None = Field(default=None, ge=600)
+    """How long one of its machines may serve after its worker came up (or came back from the
+    warm pool): past it, the machine is drained whatever it says, and a replacement rented if
+    the queue still wants one; still busy `drain_timeout` later, it is destroyed. The one
+    bound a machine's own word cannot hold off (a machine that always says `busy` is never
+    idle): set it above your longest job. None (the default): no bound."""
     warm_pool: WarmPool = WarmPool()
     hand_made: Literal["auto", "broker", "enrolled"] = "auto"
     """Which workers we did not rent count as capacity. `enrolled`: hand-made machines whose

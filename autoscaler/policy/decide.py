@@ -679,6 +679,7 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
     # While the queue asks for more, keep machines asked to leave: it may take them back.
     if not (u.up_fired or launches or reclaims or resumes):
         drains.extend(_complete_requested(u, {d.launch_id for d in drains}))
+    drains.extend(_outlived(u, {d.launch_id for d in drains}, now))
     drains = warm.keep_warm(drains, u.qs.machines, u.auto, config)
 
     return QueuePlan(
@@ -698,6 +699,33 @@ def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> Queue
 
 
 # --------------------------------------------------------------------------- scale down
+
+
+def _outlived(u: _Up, chosen: set[str], now: datetime) -> list[Drain]:
+    """Machines that served the queue's `max_lifetime`: drained now, busy or not (an honest
+    worker finishes its job and leaves; reconcile destroys one still busy `drain_timeout`
+    later), whatever the queue wants; it rents their replacements as it would any capacity."""
+    limit = u.auto.max_lifetime
+    if limit is None:
+        return []
+    out = []
+    for m in u.qs.machines:
+        if not m.serving or m.ready_at is None or m.launch_id in chosen:
+            continue
+        lived = (now - m.ready_at).total_seconds()
+        if lived >= limit:
+            out.append(
+                Drain(
+                    queue=u.name,
+                    launch_id=m.launch_id,
+                    trigger="max_lifetime",
+                    reason=(
+                        f"served {lived:.0f}s ≥ max_lifetime {limit:.0f}s: drained whatever it "
+                        "says" + (f" (busy with {m.running_tasks} task(s))" if m.busy else "")
+                    ),
+                )
+            )
+    return out
 
 
 def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:

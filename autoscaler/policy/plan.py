@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Literal
 
 WaitKind = Literal["backoff", "rate_limit", "spend_cap", "max_workers", "stale"]
-DrainTrigger = Literal["idle", "schedule", "manual", "drain_requested", "baseline"]
+DrainTrigger = Literal["idle", "schedule", "manual", "drain_requested", "baseline", "max_lifetime"]
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,8 @@ class Row:
     """Drained, it goes to its queue's warm pool (stopped), not destroyed."""
     spec_key: str | None = None
     """What it was rented as (`policy.warm.spec_key`)."""
+    ready_at: datetime | None = None
+    """When its worker last came up (its boot or its latest resume): its lifetime's start."""
 
 
 @dataclass(frozen=True)
@@ -301,7 +303,7 @@ def _row(
         if why is not None:
             return _confirm_silence(row, why, facts, config, now)
     if state == S.DRAINING:
-        return _draining(row, facts, config)
+        return _outlived(row, config, now) or _draining(row, facts, config)
     if state == S.DRAINED:
         if row.keep_warm:
             return _move(row, S.STOPPING, "drained: stop it for the warm pool")
@@ -503,6 +505,25 @@ def _confirm_silence(
     if _age(noted, now) < SILENCE_CONFIRM * config.poll_interval:
         return None  # the same round, or one racing it: wait for the next
     return _move(row, S.TERMINATING, f"{why}, in two reconcile rounds")
+
+
+def _outlived(row: Row, config: Config, now: datetime) -> Transition | None:
+    """A machine drained for its queue's `max_lifetime` and still not done `drain_timeout`
+    later is destroyed, busy or not: the bound its own word cannot hold off."""
+    queue = config.queues.get(row.queue)
+    auto = queue.autoscale if queue is not None else None
+    limit = auto.max_lifetime if auto is not None else None
+    if limit is None or row.ready_at is None:
+        return None
+    lived = _age(row.ready_at, now)
+    if lived < limit + config.drain_timeout:
+        return None
+    return _move(
+        row,
+        S.TERMINATING,
+        f"served {lived:.0f}s, past its queue's max_lifetime ({limit:.0f}s) and the drain "
+        f"timeout ({config.drain_timeout:.0f}s) after it, still not drained: destroyed",
+    )
 
 
 def _draining(row: Row, f: _Facts, config: Config) -> Retry | None:

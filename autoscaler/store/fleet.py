@@ -229,6 +229,7 @@ def as_row(row: InstanceRecord) -> Row:
         silence_noted_at=row.silence_noted_at,
         keep_warm=row.keep_warm,
         spec_key=row.spec_key,
+        ready_at=row.ready_at,
     )
 
 
