@@ -147,7 +147,8 @@ def burst_limit(
         max(0.0, boot_s - max(0.0, boot_s - age)) for age in booting_ages
     )
     left = pending * job_seconds - through
-    allowed = 0 if left <= 0 else math.ceil(left / boot_s)
+    ratio = left / boot_s  # a boot of a few microseconds makes it infinite: no limit below pending
+    allowed = 0 if left <= 0 else (math.ceil(ratio) if math.isfinite(ratio) else pending)
     why = (
         f"burst: {pending} pending × {job_seconds:.0f}s mean runtime = "
         f"{pending * job_seconds:.0f}s of work; the {serving} serving"

@@ -255,3 +255,19 @@ def test_booting_machines_count_toward_the_work_done_before_a_boot() -> None:
     alone = burst_limit(60, 1.0, 1, (), 10.0, MIN_JOBS, 180.0)
     helped = burst_limit(60, 1.0, 1, (170.0,), 10.0, MIN_JOBS, 180.0)
     assert alone is not None and helped is not None and helped[0] < alone[0]
+
+
+def test_a_boot_of_a_few_microseconds_never_overflows_the_burst_limit():
+    """Found by hypothesis (a boot estimate of 5e-324 s made the work left per boot infinite)."""
+    from autoscaler.policy.history import burst_limit
+
+    got = burst_limit(
+        pending=5,
+        job_seconds=1e300,
+        jobs_seen=1000,
+        serving=1,
+        booting_ages=(),
+        boot_s=5e-324,
+        oldest_age=0.0,
+    )
+    assert got is not None and got[0] == 5
