@@ -1,14 +1,25 @@
 """Reconcile, the shell around the pure `policy.reconcile`: observe, compare, mend.
 
-1. observe the workers (the worker-status port) and list each provider's machines with our label;
-2. `reconcile()` turns rows + lists + orphan sightings into moves, retries and orphan destroys;
+0. take the reconcile lease: rounds never overlap (beat sends one every poll; a round still
+   running makes the next one return at once, holding no lifecycle slot);
+1. note each live row's state and since, then observe the workers (the worker-status port) and
+   list every provider's machines with our label, in parallel, each under its own deadline
+   (`list_deadline`): a provider that does not answer is unread this round, as a rate limit
+   makes it, and delays no other (its listing is not started again while one still runs);
+2. read the rows again: those that moved while the lists were taken are `unsettled`, judged by
+   no list this round (a listing is evidence only about what existed before it);
+   `reconcile()` turns rows + lists + orphan sightings into moves, retries and orphan destroys;
 3. apply the moves (conditional writes), backoffs, avoided hosts and events in one transaction;
 4. enqueue the retried steps; destroy orphans past their grace time.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,9 +29,9 @@ from autoscaler.control.observe import observe_celery_workers
 from autoscaler.control.resume import avoid_host, warm_miss
 from autoscaler.control.runtime import Loaded, Runtime, collector_paused, log
 from autoscaler.lifecycle import InstanceState
-from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile
+from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile, unsettled
 from autoscaler.providers.base import ProviderError, RateLimitedError
-from autoscaler.store import fleet, orphan_sightings
+from autoscaler.store import fleet, leases, orphan_sightings
 from autoscaler.store.db import Session, store_now
 
 S = InstanceState
@@ -36,11 +47,20 @@ def run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) ->
 
 
 def _run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None) -> dict[str, Any]:
+    with leases.exclusive_round(rt.engine, "reconcile", rt.settings.home) as mine:
+        if not mine:
+            return {"skipped": "a reconcile round is running"}
+        with rt.transaction() as session:
+            loaded = rt.load(session)
+            now = now or store_now(session)
+        if loaded is None:
+            return {"skipped": "no config"}
+        return _round(rt, enqueue, loaded, now)
+
+
+def _round(rt: Runtime, enqueue: Enqueue, loaded: Loaded, now: datetime) -> dict[str, Any]:
     with rt.transaction() as session:
-        loaded = rt.load(session)
-        now = now or store_now(session)
-    if loaded is None:
-        return {"skipped": "no config"}
+        before = fleet.moves(session)
     observe_celery_workers(rt, loaded, now)
     views = list_providers(rt, loaded)
     with rt.transaction() as session:
@@ -48,7 +68,9 @@ def _run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None) -> dict[
         listed_ids = {m.launch_id for v in views.values() for m in v.machines}
         closed = fleet.rows_of(session, listed_ids - {r.launch_id for r in live})
         rows = tuple(fleet.as_row(r) for r in [*live, *closed])
-        plan = reconcile(rows, views, orphan_sightings.seen(session), loaded.config, now)
+        moved = unsettled(rows, before)
+        seen = orphan_sightings.seen(session)
+        plan = reconcile(rows, views, seen, loaded.config, now, moved)
         cancelled, missed, avoid = _apply(session, loaded, plan, now)
         handbacks = fleet.pending_handbacks(session)
     for provider, host, reason in avoid:
@@ -74,6 +96,7 @@ def _run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None) -> dict[
         "retries": len(plan.retries),
         "orphans_destroyed": destroyed,
         "providers_unreadable": sorted(n for n, v in views.items() if not v.listed),
+        "unsettled": len(moved),
     }
 
 
@@ -93,38 +116,85 @@ def _sweep_broker_users(rt: Runtime, loaded: Loaded, live: set[str]) -> None:
         log.info("deleted %d broker user(s) of machines no longer live", len(gone))
 
 
-def list_providers(rt: Runtime, loaded: Loaded) -> dict[str, ProviderView]:
-    """Each provider's machines with our label; a failing list gives `listed=False`, and so
-    does a provider whose rate limit is in force (it is not called until its reset)."""
+LIST_DEADLINE_MAX = 20.0
+LIST_DEADLINE_MIN = 3.0
+
+
+def list_deadline(poll_interval: float) -> float:
+    """How long a round waits for each provider's list: a third of the poll interval, between
+    3 and 20 s (10 s at the default 30 s poll). Its HTTP client may retry for longer (30 s
+    reads, 4 attempts): past the deadline the round goes on without it."""
+    return min(LIST_DEADLINE_MAX, max(LIST_DEADLINE_MIN, poll_interval / 3))
+
+
+_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="reconcile-list")
+_IN_FLIGHT: dict[tuple[int, str, Any], Future[Any]] = {}
+"""Each provider's listing still running in this process, by (runtime, name, its config): one
+not answered by its deadline is not started again while it runs, so a silent provider holds
+one thread, not one a round; a provider whose config changed is a new one."""
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
+def list_providers(
+    rt: Runtime, loaded: Loaded, deadline: float | None = None
+) -> dict[str, ProviderView]:
+    """Each provider's machines with our label, all listed at once, each within `deadline`
+    seconds (`list_deadline` of the poll interval by default). A failing or late list gives
+    `listed=False`, and so does a provider whose rate limit is in force (it is not called
+    until its reset) or whose previous list has not answered yet."""
+    wait = list_deadline(loaded.config.poll_interval) if deadline is None else deadline
     views: dict[str, ProviderView] = {}
+    started: dict[str, Future[Any]] = {}
     for name in loaded.config.providers:
         if rate_limits.current(rt, name) is not None:
             views[name] = ProviderView(name, listed=False)
             continue
-        try:
-            provider = rt.provider(name)
-            machines = provider.list_owned()
-        except RateLimitedError as exc:
-            rate_limits.note(rt, name, exc)
-            views[name] = ProviderView(name, listed=False)
-            continue
-        except (ProviderError, CredentialError, KeyError, ValueError) as exc:
-            log.warning("reconcile: cannot list %s: %s", name, str(exc)[:300])
-            views[name] = ProviderView(name, listed=False)
-            continue
-        views[name] = ProviderView(
-            name,
-            listed=True,
-            machines=tuple(
-                Listed(
-                    m.provider_instance_id, m.launch_id, m.label, m.status, m.host_id, m.raw_status
-                )
-                for m in machines
-                if m.launch_id is not None
-            ),
-            ready_when_running=loaded.config.providers[name].ready_when_running,
-        )
+        key = (id(rt), name, loaded.config.providers[name])
+        with _IN_FLIGHT_LOCK:
+            running = _IN_FLIGHT.get(key)
+            if running is not None and not running.done():
+                log.warning("reconcile: %s has not answered its last list yet: unread", name)
+                views[name] = ProviderView(name, listed=False)
+                continue
+            for old in [k for k, f in _IN_FLIGHT.items() if f.done()]:
+                del _IN_FLIGHT[old]
+            future = _POOL.submit(_list_one, rt, name, loaded)
+            _IN_FLIGHT[key] = future
+        started[name] = future
+    end = time.monotonic() + wait  # all started at once: one deadline for all
+    for name, future in started.items():
+        views[name] = _view(rt, loaded, name, future, max(0.0, end - time.monotonic()), wait)
     return views
+
+
+def _list_one(rt: Runtime, name: str, loaded: Loaded) -> Any:
+    return rt.provider(name, loaded).list_owned()
+
+
+def _view(
+    rt: Runtime, loaded: Loaded, name: str, future: Future[Any], left: float, wait: float
+) -> ProviderView:
+    try:
+        machines = future.result(timeout=left)
+    except FutureTimeout:
+        log.warning("reconcile: %s did not list within %.0fs: unread this round", name, wait)
+        return ProviderView(name, listed=False)
+    except RateLimitedError as exc:
+        rate_limits.note(rt, name, exc)
+        return ProviderView(name, listed=False)
+    except (ProviderError, CredentialError, KeyError, ValueError) as exc:
+        log.warning("reconcile: cannot list %s: %s", name, str(exc)[:300])
+        return ProviderView(name, listed=False)
+    return ProviderView(
+        name,
+        listed=True,
+        machines=tuple(
+            Listed(m.provider_instance_id, m.launch_id, m.label, m.status, m.host_id, m.raw_status)
+            for m in machines
+            if m.launch_id is not None
+        ),
+        ready_when_running=loaded.config.providers[name].ready_when_running,
+    )
 
 
 def _apply(

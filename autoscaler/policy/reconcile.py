@@ -27,6 +27,13 @@ workers, and proposes moves along `lifecycle.ALLOWED_TRANSITIONS`, each with its
 
 A provider whose list could not be read decides nothing that depends on its list: missing data
 never destroys or closes anything.
+
+A listing is evidence only about what existed before it was taken. The rows are read twice,
+before the lists and after; a row that moved in between (`unsettled`: a stop, a create, a
+resume committed while a provider was being listed) is judged as if its provider had not been
+listed this round: a machine just stopped is not "running though we stopped it", one just
+created is not "gone while booting". The next round, whose listing comes after the move,
+judges it.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from datetime import datetime
 from typing import Literal
 
 from autoscaler.config.models import Config
-from autoscaler.lifecycle import FINAL_STATES, InstanceState, MachineStatus, can_move
+from autoscaler.lifecycle import FINAL_STATES, LIVE_STATES, InstanceState, MachineStatus, can_move
 from autoscaler.policy import warm
 
 S = InstanceState
@@ -202,8 +209,11 @@ def reconcile(
     orphans_seen: Mapping[OrphanKey, tuple[str, datetime]],
     config: Config,
     now: datetime,
+    unsettled: frozenset[str] = frozenset(),
 ) -> ReconcilePlan:
-    """Every move, retry and orphan destroy that the rows and the providers' lists call for."""
+    """Every move, retry and orphan destroy that the rows and the providers' lists call for.
+    Rows in `unsettled` moved (or were made) while the lists were taken: no list is evidence
+    about them this round."""
     if now.tzinfo is None:
         raise ValueError("reconcile() needs an aware datetime for now (UTC)")
     listed: dict[str, dict[str, list[Listed]]] = {}
@@ -229,6 +239,8 @@ def reconcile(
     for row in rows:
         row_view = providers.get(row.provider)
         known = listed.get(row.provider)
+        if row.launch_id in unsettled and row_view is not None:
+            row_view, known = replace(row_view, listed=False, machines=()), None
         machine = _own_machine(row, known.get(row.launch_id, []) if known is not None else [])
         step = _row(row, row_view, known is not None, machine, config, now, retire)
         if isinstance(step, Transition):
@@ -237,10 +249,26 @@ def reconcile(
             retries.append(step)
         elif isinstance(step, NoteSilence):
             silences.append(step)
-    destroys, orphans = _orphans(rows, providers, orphans_seen, now)
+    destroys, orphans = _orphans(rows, providers, orphans_seen, now, unsettled)
     return ReconcilePlan(
         tuple(transitions), tuple(retries), destroys, orphans, silences=tuple(silences)
     )
+
+
+def unsettled(
+    rows: tuple[Row, ...], before: dict[str, tuple[InstanceState, datetime]]
+) -> frozenset[str]:
+    """The rows that moved (or were made) between `before` and now: a live row whose state or
+    since differs from before, or a closed one that was live before."""
+    out = set()
+    for r in rows:
+        was = before.get(r.launch_id)
+        if r.state in LIVE_STATES:
+            if was != (r.state, r.since):
+                out.add(r.launch_id)
+        elif was is not None:
+            out.add(r.launch_id)
+    return frozenset(out)
 
 
 def _own_machine(row: Row, candidates: list[Listed]) -> Listed | None:
@@ -639,6 +667,7 @@ def _orphans(
     providers: Mapping[str, ProviderView],
     seen_before: Mapping[OrphanKey, tuple[str, datetime]],
     now: datetime,
+    unsettled: frozenset[str] = frozenset(),
 ) -> tuple[tuple[DestroyOrphan, ...], dict[OrphanKey, tuple[str, datetime]]]:
     owners = {r.launch_id: r for r in rows}
     destroys: list[DestroyOrphan] = []
@@ -651,11 +680,15 @@ def _orphans(
         for m in view.machines:
             if m.status == MachineStatus.GONE:
                 continue
+            key = (name, m.provider_instance_id)
+            if m.launch_id in unsettled:  # its row moved while listed: judged next round
+                if key in seen_before:
+                    orphans[key] = seen_before[key]
+                continue
             owner = owners.get(m.launch_id)
             why = _orphan_reason(owner, name, m)
             if why is None:
                 continue
-            key = (name, m.provider_instance_id)
             first = seen_before.get(key, (m.label, now))[1]
             orphans[key] = (m.label, first)
             age = _age(first, now)

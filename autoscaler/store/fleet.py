@@ -156,6 +156,19 @@ def live_rows(session: Session, queues: Collection[str] | None = None) -> list[I
     return _records(session, live if queues is None else live & Instance.queue.in_(list(queues)))
 
 
+def moves(session: Session) -> dict[str, tuple[InstanceState, datetime]]:
+    """Each live row's state and when it entered it (one light query): read before the
+    providers are listed, it tells reconcile which rows moved while they were (`policy.reconcile`,
+    "a listing is evidence only about what existed before it")."""
+    since = _RECORD_COLUMNS[-1]
+    rows = session.execute(
+        select(Instance.launch_id, Instance.state, Instance.created_at, since).where(
+            Instance.state.in_(LIVE_STATES)
+        )
+    )
+    return {r.launch_id: (InstanceState(r.state), r.state_since or r.created_at) for r in rows}
+
+
 def billing_elsewhere(session: Session, queues: Collection[str]) -> tuple[Billing, ...]:
     """What the live machines of every queue *not* in `queues` bill, per (queue, state): the
     other shards' part of the account-wide caps, counted in the database (one query, a row per

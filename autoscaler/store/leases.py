@@ -6,10 +6,15 @@ machines on PostgreSQL, and across processes on SQLite, without a separate lock 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import Engine, delete, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -154,3 +159,50 @@ def prune_ticks(session: Session, before: datetime) -> int:
     """Old slots only guard against duplicates of *recent* ticks; drop the rest."""
     old = delete(TickSlot).where(TickSlot.claimed_at < before).returning(TickSlot.slot)
     return len(session.execute(old).all())
+
+
+ROUND_KEYS = {"reconcile": 0x6175_7433}
+"""pg_advisory_lock keys of the rounds that must never overlap."""
+
+
+@contextlib.contextmanager
+def exclusive_round(engine: Engine, name: str, lock_dir: Path) -> Iterator[bool]:
+    """Whether this process runs round `name` now (True) or another holds it (False). Held
+    by something the holder's death releases at once, never by a row with a time to live (a
+    worker killed mid-round would stop every round until it lapsed): on PostgreSQL a session
+    advisory lock on a connection of its own; on SQLite, whose store is one host's file, an
+    exclusive `flock` on `lock_dir/<name>.lock`."""
+    if engine.dialect.name == "postgresql":
+        with _advisory(engine, ROUND_KEYS[name]) as held:
+            yield held
+        return
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_dir / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # closing the descriptor releases its lock
+
+
+@contextlib.contextmanager
+def _advisory(engine: Engine, key: int) -> Iterator[bool]:
+    conn = engine.connect()
+    try:
+        held = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
+        conn.commit()  # a session lock outlives the transaction; none is left open meanwhile
+        yield held
+        if held:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+            conn.commit()
+    except BaseException:
+        # a connection in doubt (killed, or its unlock not sent) never goes back to the pool
+        # holding the lock: closing it for good releases it on the server
+        conn.invalidate()
+        raise
+    finally:
+        conn.close()

@@ -44,6 +44,12 @@ class FakeServer:
         self.spec_violations: list[str] = []
         self.rate_limit_next = 0  # the next N requests are answered 429 (no Retry-After)
         self.fail_next = 0  # the next N requests are answered 503 before doing anything
+        # the next listing (`listing`) answered with what existed when it was asked, held back
+        # until the event is set (`list_taken` says it was taken): a slow list racing our steps
+        self.hold_list: threading.Event | None = None
+        self.list_taken = threading.Event()
+        # a provider that takes connections and never answers: every request held this long
+        self.silent_for = 0.0
         self._server: BaseWSGIServer = make_server("127.0.0.1", 0, self._wsgi, threaded=True)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -87,6 +93,10 @@ class FakeServer:
         """Requests deliberately outside the spec (e.g. a deprecated endpoint) skip the check."""
         return False
 
+    def listing(self, request: Request) -> bool:
+        """The provider's list of machines (what reconcile reads)."""
+        return False
+
     # -- helpers
 
     def calls(self, method: str, path_prefix: str = "") -> list[Recorded]:
@@ -118,7 +128,16 @@ class FakeServer:
                     request.headers.get("Authorization"),
                 )
             )
+        if self.silent_for:
+            sleep_quietly(self.silent_for)
         response = self._handle(request)
+        hold = None
+        if self.listing(request):
+            with self.lock:  # one listing held per event set: the next ones (a launch's own
+                hold, self.hold_list = self.hold_list, None  # lookup by label) are not
+        if hold is not None:
+            self.list_taken.set()
+            hold.wait(60)
         if not self.unchecked(request):
             problems = self.checker.check_response(request, response)
             if problems:

@@ -256,6 +256,9 @@ class FakeRunPod(FakeServer):
 
     # ------------------------------------------------------------------ routes
 
+    def listing(self, request: Request) -> bool:
+        return request.method == "GET" and request.path == "/v2/pods"
+
     def route(self, request: Request) -> Response:
         path, method = request.path, request.method
         if path == "/v2/catalog/gpus" and method == "GET":

@@ -351,6 +351,9 @@ class FakeVast(FakeServer):
 
     # ------------------------------------------------------------------ routes
 
+    def listing(self, request: Request) -> bool:
+        return request.method == "GET" and request.path.rstrip("/") == "/api/v1/instances"
+
     def route(self, request: Request) -> Response:
         path, method = request.path.rstrip("/"), request.method
         if path == "/api/v0/bundles" and method == "POST":
