@@ -28,13 +28,20 @@ def agent(api_url: str | None, queue: str | None, name: str | None, workdir: str
     from autoscaler.agent.guard import hide_secrets, take_secrets
     from autoscaler.agent.run import AgentConfig, AgentError, run_agent
 
+    # the re-exec runs from `/`: a relative work folder is the one meant here
+    workdir = os.path.abspath(workdir) if workdir else None
+    if os.environ.get("AUTOSCALER_AGENT_WORKDIR"):
+        os.environ["AUTOSCALER_AGENT_WORKDIR"] = os.path.abspath(
+            os.environ["AUTOSCALER_AGENT_WORKDIR"]
+        )
     over = {
         k: v
         for k, v in {"api_url": api_url, "queue": queue, "name": name, "workdir": workdir}.items()
         if v
     }
-    # first of all: the token out of this process's environment (a re-exec, same PID), and
-    # this process out of reach of its worker's uid (see agent/guard.py)
+    # first of all: the token out of this process's environment (a re-exec, same PID, of an
+    # isolated interpreter in `/`), and this process out of reach of its worker's uid (see
+    # agent/guard.py)
     hide_secrets(["agent", *(a for k, v in over.items() for a in (f"--{k.replace('_', '-')}", v))])
     secrets = take_secrets()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")

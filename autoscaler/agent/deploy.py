@@ -23,6 +23,19 @@ The checkout may have been written by the worker (the user's task, which may be 
 since it was made. Git runs in it with its git dir named explicitly, its config rewritten by
 us, hooks and fsmonitor off, so nothing the worker left there runs as the agent or sees the
 repository's token; the token only ever reaches git through its environment, never a file.
+git and pip are the image's own (tools.py): git found on a fixed PATH of system folders, pip
+run as `<the agent's interpreter> -I -m pip`, both with a clean environment — no `git`, `pip`,
+`pip/` or `pip.py` in the checkout or a cwd is ever what runs.
+
+`deploy.json` says what the folder holds, and so decides whether a start clones and installs.
+It is trusted only when it is a regular file owned by the agent's own uid, with one link,
+writable by no group or other (the agent writes it 0600): when the agent runs as root and its
+worker as another uid, the worker cannot make one (it can delete it: a cold deploy). An
+ownership check rather than an HMAC: a key must live somewhere the worker cannot read or
+replace, which is the same ownership check, and it is lost where the disk is (RunPod's
+container disk) while the record is on the volume. A worker of the agent's own uid can write
+anything the agent can: nothing on disk is trusted against it (the image's default; run the
+agent as root with AUTOSCALER_WORKER_USER for the separation).
 """
 
 from __future__ import annotations
@@ -44,6 +57,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from autoscaler.agent import tools
 
 log = logging.getLogger("autoscaler.agent")
 
@@ -126,9 +141,13 @@ class Git:
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = dict(env)
+        try:
+            self.exe = tools.find("git")  # the image's, once: never one on a relative PATH
+        except tools.ToolMissing as exc:
+            raise DeployError(str(exc)) from None
 
     def __call__(self, *args: str, repo: Path | None = None, cwd: Path | None = None) -> str:
-        cmd = ["git", *SAFE_GIT]
+        cmd = [self.exe, *SAFE_GIT]
         if repo is not None:
             cmd += [f"--git-dir={repo / '.git'}", f"--work-tree={repo}"]
         cmd += args
@@ -348,15 +367,18 @@ PIP_QUIET = ("--quiet", "--no-input", "--disable-pip-version-check", "--no-warn-
 
 
 def _install(repo: Path, workdir: Path) -> None:
-    """pip install -r requirements.txt into a new folder; the old one stays until it is done."""
+    """pip install -r requirements.txt into a new folder; the old one stays until it is done.
+    The agent's interpreter isolated (`-I`: no cwd, PYTHONPATH or user site on its path), so a
+    `pip/` or `pip.py` of the checkout, its cwd, is never the pip that runs."""
     new = workdir / f"{SITE}.new"
     _remove(new)
     new.mkdir()
-    argv = [sys.executable, "-m", "pip", "install", *PIP_QUIET, "--target", str(new)]
+    argv = [tools.python(), "-I", "-m", "pip", "install", *PIP_QUIET, "--target", str(new)]
     try:
         done = subprocess.run(
             [*argv, "-r", "requirements.txt"],
             cwd=repo,  # paths in the file are the checkout's
+            env=tools.pip_env(),
             capture_output=True,
             text=True,
             timeout=1800,
@@ -404,15 +426,44 @@ def _write_atomic(path: Path, text: str) -> None:
             os.close(dir_fd)
 
 
-def read_state(workdir: Path) -> dict[str, Any] | None:
-    """The last finished deploy's record, None when there is none or it is not one of ours."""
+STATE_MAX = 1 << 20
+
+
+def untrusted(st: os.stat_result) -> str | None:
+    """Why a state file's stat cannot be the agent's own record (None: it can). The agent
+    writes it 0600 as itself; only a file of its own uid that no group or other may write, with
+    no other name (a hard link), is one it wrote."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not the agent's ({os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    if st.st_nlink != 1:
+        return f"{st.st_nlink} links to it"
+    return None
+
+
+def load_state(workdir: Path) -> tuple[dict[str, Any] | None, str]:
+    """The last finished deploy's record and, when there is none to use, why. One the agent
+    did not write (see `untrusted`) is ignored, said in the log: a cold deploy follows."""
     path = workdir / STATE
     try:
-        if path.is_symlink():
-            return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+        # never through a link; non-blocking: a FIFO left there does not hang the agent
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, "no deploy record in the work folder"
+    except OSError as exc:  # a link: ELOOP
+        return _distrusted(path, f"it cannot be opened: {exc.strerror or type(exc).__name__}")
+    with os.fdopen(fd, "rb") as fh:
+        bad = untrusted(os.fstat(fh.fileno()))  # the file opened, not a name raced
+        if bad is not None:
+            return _distrusted(path, bad)
+        try:
+            raw = fh.read(STATE_MAX + 1)
+            data = json.loads(raw) if len(raw) <= STATE_MAX else None
+        except (OSError, ValueError):
+            data = None
     if (
         not isinstance(data, dict)
         or data.get("version") != STATE_VERSION
@@ -420,8 +471,18 @@ def read_state(workdir: Path) -> dict[str, Any] | None:
         or not isinstance(data.get("commit"), str)
         or not (data.get("install") is None or isinstance(data.get("install"), dict))
     ):
-        return None
-    return data
+        return None, "no deploy record in the work folder"
+    return data, ""
+
+
+def _distrusted(path: Path, bad: str) -> tuple[None, str]:
+    log.warning("deploy: %s is not trusted (%s): ignored, a cold deploy follows", path, bad)
+    return None, f"the deploy record is not trusted: {bad}"
+
+
+def read_state(workdir: Path) -> dict[str, Any] | None:
+    """The last finished deploy's record, None when there is none or it is not one of ours."""
+    return load_state(workdir)[0]
 
 
 def _forget_state(workdir: Path) -> None:
@@ -478,17 +539,15 @@ def _prepare(dep: Mapping[str, Any], workdir: Path) -> Deployed:
             raise DeployError(f"the deployment's {name} starts with '-': refused (not an option)")
     workdir = workdir.absolute()  # the worker's cwd is the checkout: no relative path works
     workdir.mkdir(parents=True, exist_ok=True)
-    git = Git({**os.environ, "GIT_TERMINAL_PROMPT": "0", **git_auth_env(dep.get("git_token"))})
+    git = Git(tools.git_env(git_auth_env(dep.get("git_token"))))
     repo = workdir / REPO
     seconds: dict[str, float] = {}
     at: dict[str, float] = {}
 
     started = time.monotonic()
-    state = read_state(workdir)
-    why, checkout, commit = "", "kept", ""
-    if state is None:
-        why = "no deploy record in the work folder"
-    elif state["url"] != url:
+    state, why = load_state(workdir)
+    checkout, commit = "kept", ""
+    if state is not None and state["url"] != url:
         why, state = "the checkout is of another repository", None
     if state is not None:
         try:

@@ -7,7 +7,12 @@ agent is PID 1. It could read the token from `/proc/<agent>/environ` and fetch t
 1. moves its token out of its environment: `os.environ` cannot erase what the kernel shows in
    `/proc/<pid>/environ` (the block the process was started with), so the agent starts itself
    again (`execve`, same PID) without the variables, handing them over through a pipe that
-   nothing else can read, and reads them back from it — nothing is written to disk;
+   nothing else can read, and reads them back from it — nothing is written to disk. The new
+   process imports nothing it did not bring: its interpreter runs isolated (`python -I`: no
+   cwd or script folder, PYTHONPATH or any PYTHON* variable, user site on its path; -P is
+   implied from 3.11), from `/` (a folder the worker cannot write) — a package the worker left
+   in the folder the agent was started from (`autoscaler/__init__.py`) or on a PYTHONPATH is
+   never imported by the process that holds the token;
 2. marks itself non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`): its `/proc/<pid>/` files (environ,
    mem, fd) become root's, and no process of its uid can ptrace it;
 3. runs the worker as another uid when it runs as root and `AUTOSCALER_WORKER_USER` names one.
@@ -44,11 +49,18 @@ def hide_secrets(argv: Sequence[str]) -> None:
     os.write(write, data)
     os.close(write)
     os.set_inheritable(read, True)
+    # the environment stays (the worker's is made from it: its PYTHONPATH too); the new
+    # interpreter reads none of its PYTHON* variables
     env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
     env[HANDOVER_FD] = str(read)
+    python = os.path.abspath(sys.executable)  # before the cwd changes
+    flags = ["-I"]  # which ignores PYTHONUNBUFFERED: kept as a flag when it was asked for
+    if os.environ.get("PYTHONUNBUFFERED"):
+        flags.append("-u")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "autoscaler.cli", *argv], env)
+    os.chdir("/")
+    os.execve(python, [python, *flags, "-m", "autoscaler.cli", *argv], env)
 
 
 def take_secrets() -> dict[str, str]:

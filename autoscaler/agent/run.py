@@ -49,7 +49,7 @@ from typing import Any
 import requests
 
 from autoscaler.agent import gpu
-from autoscaler.agent.deploy import Deployed, DeployError, prepare, usable_workdir
+from autoscaler.agent.deploy import STATE, Deployed, DeployError, prepare, usable_workdir
 from autoscaler.agent.deploy import git_auth_env as git_auth_env  # where tests look for it
 from autoscaler.agent.guard import SECRET_ENV, worker_user
 from autoscaler.digits import ascii_whole
@@ -296,12 +296,17 @@ def prepare_deploy(dep: Mapping[str, Any], workdir: Path) -> Deployed:
 
 
 def _give(folder: Path, uid: int, gid: int) -> None:
-    """The worker's folder (checkout, status files) to the worker's account."""
+    """The worker's folder (checkout, status files) to the worker's account; the deploy
+    record stays the agent's (deploy.load_state trusts no file of another uid)."""
     os.chown(folder, uid, gid)
+    record = os.path.join(folder, STATE)
     for root, dirs, files in os.walk(folder):
         for name in dirs + files:
+            path = os.path.join(root, name)
+            if path == record:
+                continue
             with contextlib.suppress(FileNotFoundError):
-                os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+                os.chown(path, uid, gid, follow_symlinks=False)
 
 
 class StatusServer:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,13 +140,22 @@ def make_wheel(folder: Path, name: str, version: str) -> Path:
 
 
 class AgentProc:
-    def __init__(self, env: Mapping[str, str], log: Path, *args: str) -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        log: Path,
+        *args: str,
+        command: Sequence[str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        """`command` (default `python -m autoscaler.cli agent`) with `args`, from `cwd`."""
         self.log = log
         out = open(log, "ab")  # noqa: SIM115 - the child keeps it
         try:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "autoscaler.cli", "agent", *args],
+                [*(command or [sys.executable, "-m", "autoscaler.cli", "agent"]), *args],
                 env={**_base_env(), **env},
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -389,13 +389,17 @@ def test_the_worker_imports_the_installed_packages_and_the_agents_hook(source, t
 def test_a_folder_given_to_the_worker_is_still_warm_for_an_agent_running_as_root(
     source, wheels, tmp_path
 ):
-    """As root the agent gives the work folder to the worker's account; git would refuse a
-    repository it discovers there (another owner), but the agent names its git dir."""
+    """As root the agent gives the work folder to the worker's account (all but its deploy
+    record, which it trusts only as its own); git would refuse a repository it discovers there
+    (another owner), but the agent names its git dir."""
+    from autoscaler.agent.run import _give
+
     src, url = source
     work = tmp_path / "work"
     start(url, work)
-    for path in [work, *work.rglob("*")]:
-        os.chown(path, 65534, 65534, follow_symlinks=False)
+    _give(work, 65534, 65534)
+    assert (work / "repo" / "tasks.py").stat().st_uid == 65534
+    assert (work / STATE).stat().st_uid == 0
     new = git_commit(src, {"tasks.py": "X = 6\n"})
     for wheel in wheels.iterdir():
         wheel.unlink()
