@@ -6,7 +6,6 @@ number that spends money or bounds capacity is range-checked here, once, for eve
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import unicodedata
 from datetime import datetime
@@ -21,6 +20,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -897,16 +897,6 @@ def _check_engine_url(value: str) -> str:
     return value
 
 
-def is_loopback_host(host: str) -> bool:
-    """localhost, 127.0.0.0/8 or ::1: a TCP port there is reachable from this host alone."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _check_abs_path(value: str) -> str:
     if not value.startswith("/"):
         raise ValueError(
@@ -916,13 +906,34 @@ def _check_abs_path(value: str) -> str:
     return value
 
 
+ENGINE_TCP_WITHOUT_TLS = (
+    "serves the engine's API over TCP without TLS, which is refused even on loopback: whoever "
+    "can connect to that port (any process or container of that host, or anyone on the network "
+    "when it is not loopback) can run containers as root on that host"
+)
+"""Why an engine's API on tcp:// is refused without TLS, wherever it listens."""
+ENGINE_TCP_FIX = (
+    "reach the engine through its unix socket (url: unix:///run/podman/podman.sock or "
+    "unix:///var/run/docker.sock, or a socket forwarded over SSH from a remote engine), or add "
+    "tls: {ca_cert, client_cert, client_key} for an engine started with --tlsverify"
+)
+HOST_NETWORK_OPT_IN = "unsafe_host_network"
+"""The option a provider must set, besides `network: host`, to run its containers on the
+host's own network (a development box whose services listen on loopback alone)."""
+
+
 def _check_network(value: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", value):
         raise ValueError(
-            f"{_shown(value)} is not a network's name; give host, bridge, none or the name of "
-            "a network of the engine (letters, digits, '_', '.', '-')"
+            f"{_shown(value)} is not a network's name; give bridge (the default), none or the "
+            "name of a network of the engine (letters, digits, '_', '.', '-')"
         )
     return value
+
+
+def is_host_network(value: str) -> bool:
+    """`host` (any case): the host's own network stack, loopback included."""
+    return value.lower() == "host"
 
 
 EngineUrl = Annotated[str, AfterValidator(_check_engine_url)]
@@ -951,7 +962,8 @@ class ContainerProvider(_ProviderBase):
     gpus: int = Field(ge=0, le=64)
     max_machines: int = Field(default=1, ge=1, le=1000)
     price_per_hour: float = Field(default=0.0, ge=0, le=MAX_PRICE_PER_HOUR)
-    network: Annotated[str, AfterValidator(_check_network)] = "host"
+    unsafe_host_network: bool = False
+    network: Annotated[str, AfterValidator(_check_network)] = "bridge"
     command: (
         tuple[Annotated[Text, Field(min_length=1)], ...] | Annotated[Text, Field(min_length=1)]
     ) | None = None
@@ -967,8 +979,30 @@ class ContainerProvider(_ProviderBase):
             )
         return value
 
+    @field_validator("network")
+    @classmethod
+    def _walled_off(cls, value: str, info: ValidationInfo) -> str:
+        """A container on the host's network reaches every service on the host's loopback
+        (the broker, the database, an engine's API): refused unless opted into by name."""
+        if is_host_network(value) and info.data.get(HOST_NETWORK_OPT_IN) is not True:
+            raise ValueError(
+                "host puts every container on this host's own network, where it reaches what "
+                "listens on the host's loopback (the broker, the database, the engine's API, "
+                "which is root on the host); leave network out (the engine's default bridge) "
+                "and give workers addresses they can reach (the control plane's public API URL "
+                "and broker, host.containers.internal or host.docker.internal on the same "
+                "host), or, on a development box whose services listen on loopback alone, add "
+                f"{HOST_NETWORK_OPT_IN}: true beside network: host"
+            )
+        return value
+
     @model_validator(mode="after")
     def _tls_over_the_network(self) -> ContainerProvider:
+        if self.unsafe_host_network and not is_host_network(self.network):
+            raise ValueError(
+                f"{HOST_NETWORK_OPT_IN} is true but network is {self.network!r}, and the "
+                f"opt-in only goes with network: host; remove {HOST_NETWORK_OPT_IN}"
+            )
         if self.url is None or not self.url.lower().startswith("tcp://"):
             if self.tls is not None:
                 raise ValueError(
@@ -976,15 +1010,9 @@ class ContainerProvider(_ProviderBase):
                     "TCP; remove tls, or give url: tcp://host:2376"
                 )
             return self
-        parsed = parse_url(self.url)
-        host = parsed.hostname or ""
-        if self.tls is None and not is_loopback_host(host):
+        if self.tls is None:
             raise ValueError(
-                f"url {shown_url(self.url)} reaches the engine's API over the network without "
-                f"TLS: anyone who can connect to {host}:{parsed.port} can run containers as "
-                "root on that host. Add tls: {ca_cert, client_cert, client_key} (the engine "
-                "started with --tlsverify), or reach it through a unix:// socket or a loopback "
-                "address (an SSH tunnel)"
+                f"url {shown_url(self.url)} {ENGINE_TCP_WITHOUT_TLS}; {ENGINE_TCP_FIX}"
             )
         return self
 

@@ -14,6 +14,11 @@ and the later one (by the engine's creation time) backs off. A GPU request the e
 (Podman's Docker-compatible API ignores device requests) or refuses (no NVIDIA runtime) removes
 the container and raises: a GPU queue's worker never runs without its GPU.
 
+A container is walled off from the host's loopback (the broker, the database, the engine's own
+API): it runs on the engine's default bridge unless `network` names another network, and
+`network: host` needs `unsafe_host_network: true`. The engine is reached by its unix socket, or
+over TCP with verified TLS only, loopback included: any container could call a plain TCP port.
+
 The engine does not bill: `price_per_hour` is what the operators count a container as.
 """
 
@@ -40,8 +45,14 @@ from docker.types import DeviceRequest
 from docker.utils import kwargs_from_env
 
 from autoscaler.config.gpus import canonical
+from autoscaler.config.models import (
+    ENGINE_TCP_FIX,
+    ENGINE_TCP_WITHOUT_TLS,
+    HOST_NETWORK_OPT_IN,
+    InstanceSpec,
+    is_host_network,
+)
 from autoscaler.config.models import ContainerProvider as ContainerConfig
-from autoscaler.config.models import InstanceSpec, is_loopback_host
 from autoscaler.providers.base import (
     AuthError,
     Build,
@@ -168,6 +179,7 @@ class ContainerProvider(Provider):
         self.lookup_delay = lookup_delay
         self._sleep = sleep
         self.url, self._tls = self._endpoint(os.environ if environ is None else environ)
+        self._check_network()
         self.shown_url = shown_url(self.url)
         self._api: Any = None
         self._engine_name = "the engine"
@@ -186,6 +198,12 @@ class ContainerProvider(Provider):
         tls = self.config.tls
         if self.config.url is not None:
             if tls is None:
+                if self.config.url.lower().startswith("tcp://"):  # the config model refuses it
+                    raise ProviderRequestError(
+                        f"provider {self.name!r}: url {shown_url(self.config.url)} "
+                        f"{ENGINE_TCP_WITHOUT_TLS}; {ENGINE_TCP_FIX}",
+                        provider=self.name,
+                    )
                 return self.config.url, None
             for field in ("ca_cert", "client_cert", "client_key"):
                 path = getattr(tls, field)
@@ -220,15 +238,51 @@ class ContainerProvider(Provider):
                 provider=self.name,
             )
         verified = isinstance(env_tls, TLSConfig) and bool(env_tls.verify)
-        if scheme == "tcp" and not verified and not is_loopback_host(parts.hostname or ""):
+        if scheme == "tcp" and not verified:
             raise ProviderRequestError(
                 f"provider {self.name!r}: DOCKER_HOST {shown_url(url)} reaches the engine over "
-                "the network without verified TLS, and whoever can call that API is root on "
-                "its host; set DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH, or give the provider "
-                "a url with a tls block",
+                "TCP without verified TLS, which is refused even on loopback: whoever can "
+                "connect to that port (any process or container of that host) can run "
+                "containers as root on it; point DOCKER_HOST at the engine's unix:// socket, "
+                "set DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH, or give the provider a unix:// "
+                "url or a tcp:// url with a tls block",
                 provider=self.name,
             )
         return url, env_tls if isinstance(env_tls, TLSConfig) else None
+
+    def _check_network(self) -> None:
+        """Containers are walled off from the host's loopback unless the operators opted out
+        by name (the config model refuses `network: host` without it; this holds for a
+        config made any other way)."""
+        if not is_host_network(self.config.network):
+            return
+        if not self.config.unsafe_host_network:
+            raise ProviderRequestError(
+                f"provider {self.name!r}: network host would let every container reach what "
+                "listens on this host's loopback (the broker, the database, the engine's API); "
+                f"leave network out (the engine's default bridge), or set {HOST_NETWORK_OPT_IN}: "
+                "true on a development box whose services listen on loopback alone",
+                provider=self.name,
+            )
+        log.warning(
+            "%s: %s is set: containers run on the host's own network and reach every service "
+            "on its loopback (the broker, the database, the engine's API); use it on a "
+            "development box only",
+            self.name,
+            HOST_NETWORK_OPT_IN,
+        )
+
+    def _network_mode(self) -> str:
+        """The container's network as the engine is asked for it. `bridge` is the engine's
+        default bridge network (Docker's docker0; Podman's `podman` network, which rootless
+        Podman runs through slirp4netns or pasta without mapping the host's loopback): a
+        container on it has a loopback of its own and reaches the host only at the host's
+        other addresses. Podman's `slirp4netns` is asked never to reach the host's loopback,
+        whatever the engine's containers.conf says (`allow_host_loopback`)."""
+        network = self.config.network
+        if network == "slirp4netns" and self.is_podman:
+            return "slirp4netns:allow_host_loopback=false"
+        return network
 
     def _client(self) -> Any:
         """The engine's API client, made on first use (building a provider calls nothing)."""
@@ -476,7 +530,7 @@ class ContainerProvider(Provider):
         entrypoint, command = self._command()
         with self._engine("prepare"):
             host_config = api.create_host_config(
-                network_mode=self.config.network,
+                network_mode=self._network_mode(),
                 restart_policy={"Name": "no"},
                 init=self.config.init,
                 device_requests=(

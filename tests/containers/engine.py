@@ -145,15 +145,8 @@ def ensure_base_image(timeout: float = 1800.0) -> str:
             raise RuntimeError(f"TEST_CONTAINER_IMAGE={override} is not in podman's storage")
         return override
     if IMAGES_SCRIPT.exists():
-        done = subprocess.run(
-            ["bash", str(IMAGES_SCRIPT), "--base-only"],
-            env=podman_env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            cwd=REPO,
-        )
+        with _build_lock():
+            done = _build_base(timeout)
         if done.returncode != 0:
             raise RuntimeError(
                 f"bash scripts/images.sh --base-only failed ({done.returncode}):\n"
@@ -165,6 +158,33 @@ def ensure_base_image(timeout: float = 1800.0) -> str:
             "(or name another image in TEST_CONTAINER_IMAGE)"
         )
     return BASE_IMAGE
+
+
+@contextlib.contextmanager
+def _build_lock() -> Iterator[None]:
+    """One `images.sh --base-only` at a time on this machine: test modules on other xdist
+    workers (tests/security/test_container_walls.py) may ensure the image at the same time."""
+    import fcntl
+
+    path = Path(tempfile.gettempdir()) / "gpu-queue-autoscaler-base-image.lock"
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_base(timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(IMAGES_SCRIPT), "--base-only"],
+        env=podman_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=REPO,
+    )
 
 
 def container_ids(*filters: str) -> list[str]:

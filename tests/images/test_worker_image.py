@@ -176,6 +176,7 @@ def test_the_loop_runs_jobs_on_containers_of_the_worker_image_and_removes_them(
                             "gpus": 0,  # no GPU on this machine: CPU-only containers
                             "max_machines": 2,
                             "network": "host",
+                            "unsafe_host_network": True,  # the worker reaches loopback services
                         }
                     },
                     "queues": {

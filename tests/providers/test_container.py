@@ -67,6 +67,7 @@ def test_create_get_list_and_destroy_for_real(podman_engine: Engine, installatio
     assert seen["Name"].lstrip("/") == lx.label  # named after the launch, and labelled with it
     assert seen["Config"]["Labels"][LABEL_KEY] == lx.label
     assert seen["HostConfig"]["RestartPolicy"]["Name"] in ("no", "")
+    assert seen["HostConfig"]["NetworkMode"] == "bridge"  # never the host's own network
     other = make_container(podman_engine, inst)  # another process, same installation
     assert [x.provider_instance_id for x in other.list_owned()] == [m.provider_instance_id]
     got = other.get(m.provider_instance_id)
@@ -357,8 +358,16 @@ def test_a_missing_image_is_refused_naming_it(
 def test_an_unreachable_engine_is_a_transient_error(tmp_path: Path, installations: Fresh) -> None:
     inst = installations()
     lx = LaunchSpec.new(inst, "l1", {"AUTOSCALER_WORKER_TOKEN": TOKEN})
-    for url in (f"unix://{tmp_path}/none.sock", "tcp://127.0.0.1:9"):
-        config = ContainerConfig.model_validate({"kind": "container", "url": url, "gpus": 0})
+    certs = kit.make_certificates(tmp_path)
+    tls = {
+        "ca_cert": str(certs["ca"]),
+        "client_cert": str(certs["client_cert"]),
+        "client_key": str(certs["client_key"]),
+    }
+    for url, options in ((f"unix://{tmp_path}/none.sock", {}), ("tcp://127.0.0.1:9", {"tls": tls})):
+        config = ContainerConfig.model_validate(
+            {"kind": "container", "url": url, "gpus": 0, **options}
+        )
         p = ContainerProvider("gpu-box", config, inst, timeout=2.0)
         offer = Offer(p.name, "container:x", "RTX 4090", 1, 0.0, spec())
         calls: list[Callable[[], object]] = [
@@ -380,7 +389,8 @@ def test_an_engine_api_over_the_network_needs_tls() -> None:
     text = info.value.render()
     assert "gpu-box" in text and "without TLS" in text and "root" in text and "tls" in text
     for url in ("tcp://127.0.0.1:2375", "tcp://localhost:2375", "tcp://[::1]:2375"):
-        validate_provider("gpu-box", "container", {"url": url, "gpus": 1})
+        with pytest.raises(ConfigError, match="even on loopback"):  # any container reaches it
+            validate_provider("gpu-box", "container", {"url": url, "gpus": 1})
     tls = {"ca_cert": "/etc/e/ca.pem", "client_cert": "/etc/e/c.pem", "client_key": "/etc/e/k.pem"}
     validate_provider("gpu-box", "container", {"url": "tcp://10.1.2.3:2376", "gpus": 1, "tls": tls})
     for bad in (
@@ -392,6 +402,8 @@ def test_an_engine_api_over_the_network_needs_tls() -> None:
         {"gpus": 1, "max_machines": 0},
         {"gpus": 1, "command": []},
         {"gpus": 1, "network": "host; rm"},
+        {"gpus": 1, "network": "host"},
+        {"gpus": 1, "unsafe_host_network": True},
         {},
     ):
         with pytest.raises(ConfigError):
@@ -400,10 +412,12 @@ def test_an_engine_api_over_the_network_needs_tls() -> None:
     config = ContainerConfig.model_validate({"kind": "container", "gpus": 0})
     with pytest.raises(ProviderRequestError, match="without verified TLS"):
         ContainerProvider("gpu-box", config, "inst", environ={"DOCKER_HOST": "tcp://10.1.2.3:2375"})
-    local = ContainerProvider(
-        "gpu-box", config, "inst", environ={"DOCKER_HOST": "tcp://127.0.0.1:1"}
-    )
-    assert local.url == "tcp://127.0.0.1:1"
+    with pytest.raises(ProviderRequestError, match="even on loopback"):
+        ContainerProvider("gpu-box", config, "inst", environ={"DOCKER_HOST": "tcp://127.0.0.1:1"})
+    socket_url = "unix:///run/podman/podman.sock"
+    assert ContainerProvider(
+        "gpu-box", config, "inst", environ={"DOCKER_HOST": socket_url}
+    ).url == (socket_url)
     assert ContainerProvider("gpu-box", config, "inst", environ={}).url.startswith("unix://")
     with_tls = ContainerConfig.model_validate(
         {"kind": "container", "gpus": 0, "url": "tcp://10.1.2.3:2376", "tls": tls}
