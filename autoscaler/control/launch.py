@@ -141,14 +141,15 @@ def run_launch(
 def _usable(
     rt: Runtime, loaded: Loaded, names: tuple[str, ...], outcome: placement.Outcome
 ) -> dict[str, Provider]:
-    """The launch's providers that may be called now: not rate-limited (that is no failure of
-    the rental) and built with their key (a missing or undecryptable key fails it)."""
+    """The launch's providers that may be called now: not held (a rate limit or no answer is no
+    failure of the rental) and built with their key (a missing or undecryptable key fails it)."""
     usable: dict[str, Provider] = {}
     for name in names:
         limit = rate_limits.current(rt, name)
         if limit is not None:
+            what = "rate limited" if limit.cause == "rate_limit" else "not answering"
             outcome.held[name] = (
-                f"rate limited: {name} takes no calls before "
+                f"{what}: {name} takes no calls before "
                 f"{limit.until.isoformat(timespec='seconds')} ({limit.reason})"
             )
             continue

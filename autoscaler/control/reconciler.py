@@ -30,7 +30,8 @@ from autoscaler.control.resume import avoid_host, warm_miss
 from autoscaler.control.runtime import Loaded, Runtime, collector_paused, log
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile, unsettled
-from autoscaler.providers.base import ProviderError, RateLimitedError
+from autoscaler.providers import http
+from autoscaler.providers.base import ProviderError, RateLimitedError, UnansweredError
 from autoscaler.store import fleet, leases, orphan_sightings
 from autoscaler.store.db import Session, store_now
 
@@ -89,7 +90,7 @@ def _round(rt: Runtime, enqueue: Enqueue, loaded: Loaded, now: datetime) -> dict
     # a warm miss or a lost machine: a fresh machine is rented now, not a poll later
     for queue in sorted(missed | {t.queue for t in plan.transitions if t.handback}):
         enqueue("evaluate", queue)
-    destroyed = _destroy_orphans(rt, plan, now)
+    destroyed = _destroy_orphans(rt, loaded, plan, now)
     _sweep_broker_users(rt, loaded, {r.launch_id for r in live})
     return {
         "transitions": len(plan.transitions),
@@ -116,15 +117,11 @@ def _sweep_broker_users(rt: Runtime, loaded: Loaded, live: set[str]) -> None:
         log.info("deleted %d broker user(s) of machines no longer live", len(gone))
 
 
-LIST_DEADLINE_MAX = 20.0
-LIST_DEADLINE_MIN = 3.0
-
-
 def list_deadline(poll_interval: float) -> float:
-    """How long a round waits for each provider's list: a third of the poll interval, between
-    3 and 20 s (10 s at the default 30 s poll). Its HTTP client may retry for longer (30 s
-    reads, 4 attempts): past the deadline the round goes on without it."""
-    return min(LIST_DEADLINE_MAX, max(LIST_DEADLINE_MIN, poll_interval / 3))
+    """How long a round waits for each provider's list: `rate_limits.call_deadline`, the bound
+    every lifecycle step's provider calls get too (10 s at the default 30 s poll). The list
+    runs under it (its HTTP client's 30 s reads and retries cut short)."""
+    return rate_limits.call_deadline(poll_interval)
 
 
 _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="reconcile-list")
@@ -146,19 +143,21 @@ def list_providers(
     views: dict[str, ProviderView] = {}
     started: dict[str, Future[Any]] = {}
     for name in loaded.config.providers:
-        if rate_limits.current(rt, name) is not None:
-            views[name] = ProviderView(name, listed=False)
+        hold = rate_limits.current(rt, name)
+        if hold is not None and hold.cause == "rate_limit":  # a no-answer hold is still listed:
+            views[name] = ProviderView(name, listed=False)  # its list is the probe that lifts it
             continue
         key = (id(rt), name, loaded.config.providers[name])
         with _IN_FLIGHT_LOCK:
             running = _IN_FLIGHT.get(key)
             if running is not None and not running.done():
                 log.warning("reconcile: %s has not answered its last list yet: unread", name)
+                rate_limits.note_unanswered(rt, name, f"{name} has not answered its last list")
                 views[name] = ProviderView(name, listed=False)
                 continue
             for old in [k for k, f in _IN_FLIGHT.items() if f.done()]:
                 del _IN_FLIGHT[old]
-            future = _POOL.submit(_list_one, rt, name, loaded)
+            future = _POOL.submit(_list_one, rt, name, loaded, wait)
             _IN_FLIGHT[key] = future
         started[name] = future
     end = time.monotonic() + wait  # all started at once: one deadline for all
@@ -167,8 +166,9 @@ def list_providers(
     return views
 
 
-def _list_one(rt: Runtime, name: str, loaded: Loaded) -> Any:
-    return rt.provider(name, loaded).list_owned()
+def _list_one(rt: Runtime, name: str, loaded: Loaded, wait: float) -> Any:
+    with http.deadline(wait):
+        return rt.provider(name, loaded).list_owned()
 
 
 def _view(
@@ -176,8 +176,9 @@ def _view(
 ) -> ProviderView:
     try:
         machines = future.result(timeout=left)
-    except FutureTimeout:
+    except (FutureTimeout, UnansweredError):
         log.warning("reconcile: %s did not list within %.0fs: unread this round", name, wait)
+        rate_limits.note_unanswered(rt, name, f"its list got no answer within {wait:.0f}s")
         return ProviderView(name, listed=False)
     except RateLimitedError as exc:
         rate_limits.note(rt, name, exc)
@@ -185,6 +186,7 @@ def _view(
     except (ProviderError, CredentialError, KeyError, ValueError) as exc:
         log.warning("reconcile: cannot list %s: %s", name, str(exc)[:300])
         return ProviderView(name, listed=False)
+    rate_limits.answered(rt, name)
     return ProviderView(
         name,
         listed=True,
@@ -308,16 +310,14 @@ def _preempting_host(session: Session, t: Any, now: datetime) -> list[tuple[str,
     return [(t.provider, t.host_id, f"preempted {earlier + 1} machines of ours within 24h")]
 
 
-def _destroy_orphans(rt: Runtime, plan: ReconcilePlan, now: datetime) -> int:
+def _destroy_orphans(rt: Runtime, loaded: Loaded, plan: ReconcilePlan, now: datetime) -> int:
     done = 0
     events = []
     for d in plan.destroys:
-        if rate_limits.current(rt, d.provider) is not None:
-            continue  # after its reset: the orphan is still listed, and still past its grace
-        try:
-            rt.provider(d.provider).destroy(d.provider_instance_id)
-        except RateLimitedError as exc:
-            rate_limits.note(rt, d.provider, exc)
+        try:  # held: after its end the orphan is still listed, and still past its grace
+            with rate_limits.answering(rt, d.provider, loaded):
+                rt.provider(d.provider).destroy(d.provider_instance_id)
+        except rate_limits.Held:
             continue
         except (ProviderError, CredentialError, KeyError) as exc:
             log.warning("orphan %s not destroyed: %s", d.provider_instance_id, exc)

@@ -18,7 +18,7 @@ from autoscaler.access.credentials import CredentialError
 from autoscaler.control import rate_limits
 from autoscaler.control.runtime import Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState
-from autoscaler.providers.base import ProviderError, RateLimitedError, ResumeRefusedError
+from autoscaler.providers.base import ProviderError, ResumeRefusedError
 from autoscaler.store import fleet
 from autoscaler.store.db import Session
 
@@ -35,14 +35,14 @@ def run_resume(rt: Runtime, launch_id: str, enqueue: Enqueue | None = None) -> s
         loaded = rt.load_for(session, row.config_version)
         queue, provider_name, pid = row.queue, row.provider, row.provider_instance_id
         host = row.host_id
-    limit = rate_limits.current(rt, provider_name)
-    if limit is not None:
-        return f"waiting: {provider_name} is rate-limited until {limit.until.isoformat()}"
     try:
-        provider = rt.provider(provider_name, loaded)
-        if pid is None:
-            raise ResumeRefusedError("it has no provider id to start", provider=provider_name)
-        provider.start(pid)
+        with rate_limits.answering(rt, provider_name, loaded, queue):
+            provider = rt.provider(provider_name, loaded)
+            if pid is None:
+                raise ResumeRefusedError("it has no provider id to start", provider=provider_name)
+            provider.start(pid)
+    except rate_limits.Held as held:
+        return held.waiting
     except ResumeRefusedError as exc:
         with rt.transaction() as session:
             missed = warm_miss(session, launch_id, queue, host, str(exc))
@@ -52,18 +52,13 @@ def run_resume(rt: Runtime, launch_id: str, enqueue: Enqueue | None = None) -> s
             enqueue("terminate", launch_id)
             enqueue("evaluate", queue)
         return f"warm miss: {str(exc)[:300]}"
-    except RateLimitedError as exc:
-        limit = rate_limits.note(rt, provider_name, exc, queue)
-        return f"waiting: {provider_name} is rate-limited until {limit.until.isoformat()}"
     except (ProviderError, CredentialError, KeyError) as exc:
         log.warning("resume %s: %s", launch_id, exc)
         return f"waiting: {str(exc)[:300]}"
     return "resuming: started at the provider; ready when its worker speaks"
 
 
-def warm_miss(
-    session: Session, launch_id: str, queue: str, host: str | None, why: str
-) -> bool:
+def warm_miss(session: Session, launch_id: str, queue: str, host: str | None, why: str) -> bool:
     """resuming -> terminating for a resume that failed, with its event; no backoff. True if
     this call made the move (the caller then avoids its host, after the commit)."""
     now = utc_now()

@@ -19,7 +19,7 @@ from autoscaler.control import rate_limits
 from autoscaler.control.launch import drop_broker_user
 from autoscaler.control.runtime import Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState, MachineStatus
-from autoscaler.providers.base import ProviderError, RateLimitedError
+from autoscaler.providers.base import ProviderError
 from autoscaler.store import fleet
 
 S = InstanceState
@@ -37,19 +37,16 @@ def run_stop(rt: Runtime, launch_id: str, enqueue: Callable[[str, str], None] | 
         return _destroy_instead(rt, launch_id, queue, "it has no provider id to stop", enqueue)
     if not drop_broker_user(rt, launch_id, queue):
         return "waiting: its broker user is not deleted yet (no live credential while stopped)"
-    limit = rate_limits.current(rt, provider_name)
-    if limit is not None:
-        return f"waiting: {provider_name} is rate-limited until {limit.until.isoformat()}"
     try:
-        provider = rt.provider(provider_name, loaded)
-        if not provider.can_stop:
-            why = f"{provider_name} cannot stop machines"
-            return _destroy_instead(rt, launch_id, queue, why, enqueue)
-        provider.stop(pid)
-        after = provider.get(pid)
-    except RateLimitedError as exc:
-        limit = rate_limits.note(rt, provider_name, exc, queue)
-        return f"waiting: {provider_name} is rate-limited until {limit.until.isoformat()}"
+        with rate_limits.answering(rt, provider_name, loaded, queue):
+            provider = rt.provider(provider_name, loaded)
+            if not provider.can_stop:
+                why = f"{provider_name} cannot stop machines"
+                return _destroy_instead(rt, launch_id, queue, why, enqueue)
+            provider.stop(pid)
+            after = provider.get(pid)
+    except rate_limits.Held as held:
+        return held.waiting
     except (ProviderError, CredentialError, KeyError) as exc:
         log.warning("stop %s: %s", launch_id, exc)
         return f"waiting: {str(exc)[:300]}"

@@ -12,7 +12,7 @@ from autoscaler.access.credentials import CredentialError
 from autoscaler.control import rate_limits
 from autoscaler.control.runtime import Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState, MachineStatus
-from autoscaler.providers.base import ProviderError, RateLimitedError
+from autoscaler.providers.base import ProviderError
 from autoscaler.providers.labels import make_label
 from autoscaler.store import fleet
 
@@ -31,22 +31,19 @@ def run_terminate(rt: Runtime, launch_id: str) -> str:
         broker_user = row.broker_user
         keys.revoke_worker_token(session, launch_id)  # the machine can call nothing any more
         label = make_label(rt.installation_id(session), launch_id)
-    limit = rate_limits.current(rt, provider_name)
-    if limit is not None:  # reconcile enqueues this step again once the reset has come
-        return f"waiting: {provider_name} is rate-limited until {limit.until.isoformat()}"
-    try:
-        provider = rt.provider(provider_name, loaded)
-        if pid is None:
-            found = provider.find_by_label(label)
-            pid = found.provider_instance_id if found is not None else None
-        if pid is not None:
-            provider.destroy(pid)
-            after = provider.get(pid)
-            if after is not None and after.status != MachineStatus.GONE:
-                return f"waiting: {pid} is still {after.status.value} at the provider"
-    except RateLimitedError as exc:
-        limit = rate_limits.note(rt, provider_name, exc, queue)
-        return f"waiting: {provider_name} is rate-limited until {limit.until.isoformat()}"
+    try:  # held or late: reconcile enqueues this step again once the hold has ended
+        with rate_limits.answering(rt, provider_name, loaded, queue):
+            provider = rt.provider(provider_name, loaded)
+            if pid is None:
+                found = provider.find_by_label(label)
+                pid = found.provider_instance_id if found is not None else None
+            if pid is not None:
+                provider.destroy(pid)
+                after = provider.get(pid)
+                if after is not None and after.status != MachineStatus.GONE:
+                    return f"waiting: {pid} is still {after.status.value} at the provider"
+    except rate_limits.Held as held:
+        return held.waiting
     except (ProviderError, CredentialError, KeyError) as exc:
         log.warning("terminate %s: %s", launch_id, exc)
         return f"waiting: {str(exc)[:300]}"

@@ -129,8 +129,9 @@ class _Up:
 
 @dataclass(frozen=True)
 class _Hold:
-    """A provider of the queue not called to rent now: a rate limit (a 429's reset; it holds
-    resumes too) or the (queue, provider) backoff after failed rentals."""
+    """A provider of the queue not called to rent now: a hold (a 429's reset, or no answer
+    within a step's deadline; it holds resumes too) or the (queue, provider) backoff after
+    failed rentals."""
 
     provider: str
     kind: WaitKind
@@ -147,11 +148,12 @@ def _holds(
         b = active_backoff(qs.backoff_for(provider), now)
         if limit is not None:
             left = (limit.until - now).total_seconds()
+            what = "rate limit" if limit.cause == "rate_limit" else "no answer"
             why = (
-                f"rate limit: {provider} takes no calls before {limit.until.isoformat()} "
+                f"{what}: {provider} takes no calls before {limit.until.isoformat()} "
                 f"({left:.0f}s left; {limit.reason})"
             )
-            holds.append(_Hold(provider, "rate_limit", limit.until, why))
+            holds.append(_Hold(provider, limit.cause, limit.until, why))
         elif b is not None:
             left = (b.until - now).total_seconds()
             err = f" (last error: {b.last_error})" if b.last_error else ""
@@ -186,7 +188,7 @@ def decide(
         up = _scale_up(name, auto, qs, config, now)
         holds = _holds(auto, qs, snapshot, now)
         if holds:
-            limited = {h.provider for h in holds if h.kind == "rate_limit"}
+            limited = {h.provider for h in holds if h.kind != "backoff"}
             resumable = tuple(m for m in up.resumable if m.provider not in limited)
             up = replace(up, holds=holds, resumable=resumable)
         ups.append(up)
@@ -577,11 +579,12 @@ def _unheld(u: _Up) -> int:
 
 def _provider_hold(u: _Up) -> tuple[WaitKind, datetime, str] | None:
     """Why the queue rents nothing now, if so: every provider it lists waits. The wait ends
-    when the first of them may be called again; a rate limit is named as the kind only when
-    every provider is rate limited."""
+    when the first of them may be called again; a hold (a rate limit, no answer) is named as
+    the kind only when every provider is held for that one cause, else it is a backoff."""
     if u.open_providers or not u.holds:
         return None
-    kind: WaitKind = "rate_limit" if all(h.kind == "rate_limit" for h in u.holds) else "backoff"
+    kinds = {h.kind for h in u.holds}
+    kind: WaitKind = kinds.pop() if len(kinds) == 1 else "backoff"
     until = min(h.until for h in u.holds)
     if len(u.holds) == 1:
         return kind, until, u.holds[0].why

@@ -7,7 +7,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Literal
 
-WaitKind = Literal["backoff", "rate_limit", "spend_cap", "max_workers", "stale"]
+WaitKind = Literal["backoff", "rate_limit", "unanswered", "spend_cap", "max_workers", "stale"]
 DrainTrigger = Literal["idle", "schedule", "manual", "drain_requested", "baseline", "max_lifetime"]
 
 

@@ -156,16 +156,23 @@ class BackoffState:
     cause: BackoffCause | None = None
 
 
+HoldCause = Literal["rate_limit", "unanswered"]
+"""Why a provider takes no call now: a 429's reset, or no answer within a step's deadline."""
+
+
 @dataclass(frozen=True)
 class RateLimit:
-    """A provider rate-limited the account (HTTP 429 with a long reset): no call before `until`.
+    """A provider held: no call before `until`, because it rate-limited the account (HTTP 429
+    with a long reset: `cause` "rate_limit") or gave no answer within a step's deadline
+    ("unanswered": it takes connections and says nothing).
 
     Not a failure of the rental: it does not grow the (queue, provider) backoff, it only holds
-    every launch for that provider until the provider's own reset."""
+    every launch for that provider until the provider's own reset, or its next answer."""
 
     provider: str
     until: datetime
     reason: str = "rate limited"
+    cause: HoldCause = "rate_limit"
 
     def active(self, now: datetime) -> bool:
         return now < self.until

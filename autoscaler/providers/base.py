@@ -196,6 +196,11 @@ class TransientError(ProviderError):
     """Network trouble or a 5xx on a call where nothing can have happened twice: retry later."""
 
 
+class UnansweredError(TransientError):
+    """The provider took the call and gave no answer in time (a read or connect timeout, or the
+    caller's deadline reached): the provider is silent, which says nothing about the machine."""
+
+
 class AmbiguousCreateError(ProviderError):
     """A create failed in a way that may have created the machine (5xx, timeout).
 

@@ -11,6 +11,10 @@
   raises `RateLimitedError` at once, carrying the reset, so no Celery worker sleeps through it;
   the control loop records it for every process (`store.rate_limits`).
 - 401/403 raise `AuthError`.
+- A caller may bound everything its calls take, retries and waits included (`deadline`): a
+  lifecycle step gives each provider a third of the poll, so a provider that takes connections
+  and never answers costs that step seconds, not its 4 × 30 s reads, and raises
+  `UnansweredError` (as a last read or connect timeout does without a deadline).
 - The key travels only in the Authorization header, set by an auth hook whose repr is redacted;
   messages built here never include headers, and `redact` scrubs the key from anything echoed
   back (response bodies).
@@ -38,6 +42,7 @@ from autoscaler.providers.base import (
     AuthError,
     RateLimitedError,
     TransientError,
+    UnansweredError,
 )
 
 log = logging.getLogger("autoscaler.providers.http")
@@ -45,6 +50,26 @@ log = logging.getLogger("autoscaler.providers.http")
 REDACTED = "***"
 
 _CALL_SECRETS: ContextVar[frozenset[str]] = ContextVar("call_secrets", default=frozenset())
+_DEADLINE: ContextVar[float | None] = ContextVar("call_deadline", default=None)
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Every provider call made in the block (this thread or task) ends within `seconds` of
+    its start, retries and their waits included; a nested deadline never extends an outer one."""
+    end = time.monotonic() + max(0.0, seconds)
+    outer = _DEADLINE.get()
+    token = _DEADLINE.set(end if outer is None else min(outer, end))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _left() -> float | None:
+    """Seconds left before the block's deadline, or None without one."""
+    end = _DEADLINE.get()
+    return None if end is None else end - time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -191,22 +216,29 @@ class HttpClient:
         what = f"{self.display}: {method} {path}"
         rate_limited_for = 0.0  # seconds this call slept on 429s so far
         for attempt in range(attempts):
+            left = _left()
+            if left is not None and left <= 0:
+                raise UnansweredError(
+                    f"{what}: no answer within its deadline", provider=self.provider
+                )
             last_try = attempt == attempts - 1
             t0 = time.monotonic()
+            connect, read = timeout or self.timeout
+            if left is not None:  # the deadline bounds each attempt too
+                connect, read = min(connect, left), min(read, left)
             try:
                 resp = self._session.request(
-                    method, url, params=params, json=json, timeout=timeout or self.timeout
+                    method, url, params=params, json=json, timeout=(connect, read)
                 )
             except (requests.ConnectTimeout, requests.exceptions.ProxyError) as exc:
                 # Never reached the server: nothing can have happened.
                 log.info(
                     "%s: cannot connect (%s), attempt %d", what, type(exc).__name__, attempt + 1
                 )
-                if last_try:
-                    raise TransientError(
+                if last_try or not self._pause(attempt):
+                    raise UnansweredError(
                         f"{what}: cannot connect ({type(exc).__name__})", provider=self.provider
                     ) from None
-                self._sleep(self.retry.delay(attempt, self._rng))
                 continue
             except requests.ConnectionError as exc:
                 refused = _connection_refused(exc)
@@ -219,11 +251,10 @@ class HttpClient:
                         "the machine may exist",
                         provider=self.provider,
                     ) from None
-                if last_try:
+                if last_try or not self._pause(attempt):
                     raise TransientError(
                         f"{what}: connection failed ({type(exc).__name__})", provider=self.provider
                     ) from None
-                self._sleep(self.retry.delay(attempt, self._rng))
                 continue
             except requests.Timeout as exc:  # ReadTimeout: the request was sent
                 log.info("%s: timed out (%s), attempt %d", what, type(exc).__name__, attempt + 1)
@@ -232,9 +263,8 @@ class HttpClient:
                         f"{what}: timed out after sending; the machine may exist",
                         provider=self.provider,
                     ) from None
-                if last_try:
-                    raise TransientError(f"{what}: timed out", provider=self.provider) from None
-                self._sleep(self.retry.delay(attempt, self._rng))
+                if last_try or not self._pause(attempt):
+                    raise UnansweredError(f"{what}: timed out", provider=self.provider) from None
                 continue
             except requests.RequestException as exc:
                 # e.g. a broken or undecodable answer: the request was sent, so a create may
@@ -263,7 +293,13 @@ class HttpClient:
             if status == 429:
                 hint = reset_hint(resp)
                 wait = hint if hint is not None else self.retry.delay(attempt, self._rng)
-                if last_try or rate_limited_for + wait > self.retry.rate_limit_budget:
+                left = _left()
+                out_of_time = left is not None and wait >= left
+                if (
+                    last_try
+                    or out_of_time
+                    or rate_limited_for + wait > self.retry.rate_limit_budget
+                ):
                     reset = f"; the provider resets in {hint:.0f}s" if hint is not None else ""
                     raise RateLimitedError(
                         f"{what}: rate limited (HTTP 429){reset}: {self.excerpt(resp, 120)}",
@@ -275,15 +311,23 @@ class HttpClient:
                 rate_limited_for += wait
                 continue
             if status >= 500 and idempotent:
-                if last_try:
+                if last_try or not self._pause(attempt):
                     raise TransientError(
                         f"{what}: HTTP {status}: {self.excerpt(resp, 160)}", provider=self.provider
                     )
-                log.info("%s: HTTP %d, retrying (attempt %d)", what, status, attempt + 1)
-                self._sleep(self.retry.delay(attempt, self._rng))
+                log.info("%s: HTTP %d, retried (attempt %d)", what, status, attempt + 1)
                 continue
             return resp
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _pause(self, attempt: int) -> bool:
+        """Wait before retry `attempt + 1`; False (no wait) when it would pass the deadline."""
+        delay = self.retry.delay(attempt, self._rng)
+        left = _left()
+        if left is not None and delay >= left:
+            return False
+        self._sleep(delay)
+        return True
 
 
 def _connection_refused(exc: requests.ConnectionError) -> bool:

@@ -218,8 +218,10 @@ class RentalBackoff(Base):
 
 
 class ProviderRateLimit(Base):
-    """A provider that answered 429 with a reset beyond what a call may wait: no call to it
-    (launch, list, destroy) before `until`, in any worker process. Survives restarts."""
+    """A provider held: no call to it (launch, destroy, stop, start) before `until`, in any
+    worker process, because it answered 429 with a reset beyond what a call may wait (`cause`
+    `rate_limit`), or gave no answer within a step's deadline (`unanswered`: reconcile's next
+    answered list lifts it). Survives restarts."""
 
     __tablename__ = "provider_rate_limits"
 
@@ -227,6 +229,9 @@ class ProviderRateLimit(Base):
     until: Mapped[datetime] = mapped_column()
     reason: Mapped[str | None] = mapped_column(Text, default=None)
     since: Mapped[datetime] = mapped_column()
+    cause: Mapped[str] = mapped_column(
+        String(16), default="rate_limit", server_default="rate_limit"
+    )
 
 
 class AvoidedHost(Base):

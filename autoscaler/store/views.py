@@ -125,7 +125,8 @@ PROVIDER_STATES = {
 @dataclass(frozen=True)
 class ProviderStateView:
     """One provider of a queue that lists several: serving (machines of the queue on it),
-    open (none, and nothing holds it), rate limited, or in backoff with its cause."""
+    open (none, and nothing holds it), rate limited or not answering (held for every queue),
+    or in backoff with its cause."""
 
     provider: str
     state: str
@@ -562,8 +563,8 @@ def _provider_states(
             on = sum(1 for m in rows if m.queue == queue and m.provider == name and m.state in _ON)
             limit, b = limits.get(name), backoffs.get((queue, name))
             if limit is not None:
-                why = limit.reason
-                states.append(ProviderStateView(name, "rate limited", on, limit.until, why))
+                state = "no answer" if limit.cause == "unanswered" else "rate limited"
+                states.append(ProviderStateView(name, state, on, limit.until, limit.reason))
             elif b is not None:
                 state = PROVIDER_STATES.get(b.cause or "error", "backoff")
                 states.append(ProviderStateView(name, state, on, b.until, b.last_error))

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from autoscaler.config import load_config_text
-from autoscaler.control import reconciler
+from autoscaler.control import rate_limits, reconciler
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.control.stop import run_stop
@@ -185,9 +185,13 @@ def test_a_silent_provider_is_unread_and_holds_no_other(tmp_path, db_url):
         thread.join(90)  # each round waits a deadline of 3 s for it, never its 170 s
         assert not thread.is_alive(), "a round waited for the silent provider"
         assert [r["providers_unreadable"] for r in rounds] == [["silent"], ["silent"]]
-        # the silent provider's list was asked once: the second round did not ask again
-        assert len(runpod.calls("GET", "/v2/pods")) == 1
+        # each round asked once and gave up at its deadline (the client's 30 s reads cut
+        # short: no thread left waiting); the provider is held for the lifecycle steps
+        assert len(runpod.calls("GET", "/v2/pods")) == 2
         assert len(vast.calls("GET", "/api/v1/instances")) == 2  # listed every round
+        hold = rate_limits.current(rt, "silent")
+        assert hold is not None and hold.cause == "unanswered"
+        assert rate_limits.current(rt, "vast") is None
 
         # the other provider's queue rents and boots as ever meanwhile
         result = w.tick(3, utc_now())

@@ -90,7 +90,7 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
             assert billing + n <= auto.max_workers, (billing, n, auto.max_workers)
         # never below the floor unless in backoff, rate-limited, held by a spend cap or by
         # billing machines
-        if not kinds & {"backoff", "rate_limit", "spend_cap", "max_workers"}:
+        if not kinds & {"backoff", "rate_limit", "unanswered", "spend_cap", "max_workers"}:
             assert cap + r + n >= qp.floor
         # a provider in backoff or rate-limited is never called to rent; every provider
         # waiting: nothing rented (a resume rents nothing); a rate limit: no call, not even a

@@ -222,9 +222,13 @@ def worlds(draw):
     # a queue the config does not know still bills and counts toward caps
     if draw(st.booleans()):
         queues.append(QueueSnapshot("orphan", None, draw(machines(now, "orphan"))))
-    # the provider rate-limited the account, sometimes: in force or already expired
+    # the provider rate-limited the account or did not answer, sometimes: in force or expired
     limits = tuple(
-        RateLimit(provider, now + timedelta(seconds=draw(st.integers(-60, 600))))
+        RateLimit(
+            provider,
+            now + timedelta(seconds=draw(st.integers(-60, 600))),
+            cause=draw(st.sampled_from(("rate_limit", "unanswered"))),
+        )
         for provider in ("gpu", "gpu2")
         if draw(st.integers(0, 3)) == 0
     )

@@ -285,6 +285,26 @@ def test_a_rate_limit_never_shortens_counts_no_failure_and_is_one_stretch(sessio
         assert rate_limits.purge_expired(s, at(200)) == 1
 
 
+def test_a_no_answer_hold_is_lifted_only_by_its_own_cause(sessions):
+    """A provider held for no answer is lifted when it answers; lifting never ends a rate
+    limit, and the hold that reaches furthest names the cause."""
+    with transaction(sessions) as s:
+        assert rate_limits.record(s, "gpu", at(60), "no answer in 10s", T0, "unanswered")
+        assert rate_limits.of(s, "gpu", at(1)) == RateLimit(
+            "gpu", at(60), "no answer in 10s", "unanswered"
+        )
+        assert not rate_limits.lift(s, "gpu", "rate_limit", at(1))
+        assert rate_limits.lift(s, "gpu", "unanswered", at(1))
+        assert rate_limits.of(s, "gpu", at(1)) is None
+        assert not rate_limits.lift(s, "gpu", "unanswered", at(2))  # nothing in force
+    with transaction(sessions) as s:
+        assert rate_limits.record(s, "gpu", at(60), "no answer", at(3), "unanswered")
+        assert not rate_limits.record(s, "gpu", at(90), "429 reset=87", at(4))
+        assert rate_limits.of(s, "gpu", at(5)) == RateLimit("gpu", at(90), "429 reset=87")
+        assert not rate_limits.lift(s, "gpu", "unanswered", at(5))  # a rate limit stays
+        assert rate_limits.of(s, "gpu", at(5)) is not None
+
+
 def test_clear_backoff_removes_only_its_queue_and_provider(sessions):
     cfg = Backoff(base=30, jitter=0)
     with transaction(sessions) as s:
