@@ -1,11 +1,12 @@
 """Beat's schedule, built from the stored config (`beat_scheduler` in celeryconfig.py).
 
 Entries: the evaluation tick (every poll interval), the scale-from-zero fast path (every
-second), reconcile (every poll interval), and one entry per `schedule` trigger, fired on its
-cron minute in its time zone (croniter, the policy's DST rules), so a pre-warm window opens on
-its minute rather than up to a poll later. The schedule is rebuilt when a new config version is
-applied. Nothing is written to disk. Two beats at once are harmless: a tick slot is claimed
-once, one evaluation runs at a time, and intents count as machines on their way.
+second), reconcile (every poll interval), retention (every 10 minutes: `store.retention`), and
+one entry per `schedule` trigger, fired on its cron minute in its time zone (croniter, the
+policy's DST rules), so a pre-warm window opens on its minute rather than up to a poll later.
+The schedule is rebuilt when a new config version is applied. Nothing is written to disk. Two
+beats at once are harmless: a tick slot is claimed once, one evaluation runs at a time, and
+intents count as machines on their way.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from celery.schedules import BaseSchedule, schedstate
 from autoscaler.config.models import ScheduleDownTrigger, ScheduleUpTrigger
 from autoscaler.control.runtime import Loaded, log, runtime
 from autoscaler.policy.schedule import latest_firing
+from autoscaler.store import retention
 
 FAST_PATH_EVERY = 1.0
 CONFIG_CHECK_EVERY = 5.0
@@ -80,6 +82,11 @@ def entries(loaded: Loaded | None) -> dict[str, dict[str, Any]]:
             "task": "autoscaler.reconcile",
             "schedule": timedelta(seconds=reconcile_every),
             "options": {"expires": max(1.0, reconcile_every)},
+        },
+        "autoscaler-retention": {
+            "task": "autoscaler.retention",
+            "schedule": retention.EVERY,
+            "options": {"expires": retention.EVERY.total_seconds()},
         },
     }
     if loaded is None:

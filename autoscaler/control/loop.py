@@ -706,8 +706,3 @@ def _queues_without_capacity(session: Session, loaded: Loaded) -> list[str]:
     checked by the evaluation itself)."""
     busy = fleet.queues_served(session)
     return [q for q in loaded.autoscaled if q not in busy]
-
-
-def slot_horizon(now: datetime) -> datetime:
-    """Tick slots older than this guard against nothing any more."""
-    return now - timedelta(hours=1)

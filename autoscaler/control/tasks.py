@@ -11,6 +11,7 @@
     autoscaler.resume      start one stopped machine of a warm pool again
     autoscaler.handback    give a lost machine's jobs back to the broker
     autoscaler.reconcile   observe workers, compare with the providers, mend (beat)
+    autoscaler.retention   forget what no table needs any more (beat, every 10 minutes)
     autoscaler.scale       an operator's target: ["queue", workers] or ["queue", workers, "2h"]
 """
 
@@ -26,10 +27,11 @@ from autoscaler.control import resume as resume_step
 from autoscaler.control import stop as stop_step
 from autoscaler.control import terminate as terminate_step
 from autoscaler.control.app import app
-from autoscaler.control.runtime import log, runtime
+from autoscaler.control.runtime import log, runtime, utc_now
 from autoscaler.settings import Settings, redact_url
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.inspect import store_summary
+from autoscaler.store.retention import sweep
 
 STEP_EXPIRES = 600.0
 
@@ -127,6 +129,13 @@ def reconcile() -> dict[str, Any]:
     done = reconciler.run_reconcile(rt, enqueue)
     handback_step.sweep_forged_mutexes(rt)
     return done
+
+
+@app.task(name="autoscaler.retention", ignore_result=True)
+def retention() -> dict[str, int]:
+    """Old tick slots, events, closed machines and ended holds forgotten (`store.retention`)."""
+    rt = runtime()
+    return sweep(rt.transaction, utc_now())
 
 
 @app.task(name="autoscaler.scale")

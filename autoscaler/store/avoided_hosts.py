@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -43,12 +43,6 @@ def active_host_ids(session: Session, provider: str, now: datetime) -> list[str]
         .order_by(AvoidedHost.created_at, AvoidedHost.host_id)
     )
     return list(rows)
-
-
-def purge_expired(session: Session, now: datetime) -> int:
-    """Forget every expired entry; returns how many."""
-    result = session.execute(delete(AvoidedHost).where(AvoidedHost.until <= now))
-    return int(getattr(result, "rowcount", 0) or 0)
 
 
 class StoredHostsToAvoid:

@@ -155,12 +155,6 @@ def claim_ticks(
     return {row[0] for row in claimed}
 
 
-def prune_ticks(session: Session, before: datetime) -> int:
-    """Old slots only guard against duplicates of *recent* ticks; drop the rest."""
-    old = delete(TickSlot).where(TickSlot.claimed_at < before).returning(TickSlot.slot)
-    return len(session.execute(old).all())
-
-
 ROUND_KEYS = {"reconcile": 0x6175_7433}
 """pg_advisory_lock keys of the rounds that must never overlap."""
 

@@ -253,6 +253,7 @@ class ScaleEvent(Base):
     __table_args__ = (
         Index("ix_scale_events_queue_at", "queue", "at"),
         Index("ix_scale_events_launch_id", "launch_id"),
+        Index("ix_scale_events_at", "at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -280,6 +281,7 @@ class TickSlot(Base):
     """One row per (queue, slot): a duplicate tick for the same slot inserts nothing and stops."""
 
     __tablename__ = "tick_slots"
+    __table_args__ = (Index("ix_tick_slots_claimed_at", "claimed_at"),)
 
     queue: Mapped[str] = mapped_column(String(200), primary_key=True)
     slot: Mapped[int] = mapped_column(BigInteger, primary_key=True)

@@ -78,7 +78,7 @@ def _limit(row: ProviderRateLimit) -> RateLimit:
 
 def active(session: Session, now: datetime) -> tuple[RateLimit, ...]:
     """Limits still in force at `now` (one SELECT: the tick reads it every evaluation; expired
-    rows are removed when a provider is limited again, or by `purge_expired`)."""
+    rows are removed by `store.retention`)."""
     return tuple(
         _limit(r)
         for r in session.scalars(
@@ -95,9 +95,3 @@ def of(session: Session, provider: str, now: datetime) -> RateLimit | None:
     if row is None or row.until <= now:
         return None
     return _limit(row)
-
-
-def purge_expired(session: Session, now: datetime) -> int:
-    """Forget every limit whose reset has passed; returns how many."""
-    result = session.execute(delete(ProviderRateLimit).where(ProviderRateLimit.until <= now))
-    return int(getattr(result, "rowcount", 0) or 0)

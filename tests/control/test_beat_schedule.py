@@ -26,7 +26,7 @@ from autoscaler.settings import Settings
 from autoscaler.store import config_versions, migrate
 from autoscaler.store.db import transaction
 
-BASE = {"autoscaler-tick", "autoscaler-fast-path", "autoscaler-reconcile"}
+BASE = {"autoscaler-tick", "autoscaler-fast-path", "autoscaler-reconcile", "autoscaler-retention"}
 
 
 def queue(**auto: Any) -> dict[str, Any]:

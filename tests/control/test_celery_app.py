@@ -189,7 +189,8 @@ def test_beat_and_flower_start_from_the_app(tmp_path, sqlite_url):
     out = beat.stdout.read().decode() if beat.stdout else ""
     assert "beat: Starting" in out, out
     # our scheduler built the loop's entries (no config applied yet: the defaults) ...
-    assert "autoscaler-fast-path, autoscaler-reconcile, autoscaler-tick" in out, out
+    entries = "autoscaler-fast-path, autoscaler-reconcile, autoscaler-retention, autoscaler-tick"
+    assert entries in out, out
     assert "autoscaler.control.beat.ConfigScheduler" in out, out
     # ... and wrote no schedule file into the folder it was started from
     assert list(cwd.iterdir()) == []

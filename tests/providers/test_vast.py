@@ -25,7 +25,7 @@ from autoscaler.providers import (
 )
 from autoscaler.providers.labels import ENV_LAUNCH
 from autoscaler.providers.vast import VastProvider, machine_status, storage_price
-from autoscaler.store import avoided_hosts
+from autoscaler.store import avoided_hosts, retention
 from autoscaler.store.db import transaction
 from tests.fakes.vast_server import FakeVast
 from tests.providers.conftest import (
@@ -87,8 +87,9 @@ def test_avoided_hosts_are_excluded_persisted_and_expire(
     now[0] += timedelta(hours=2)  # expired
     assert [o.offer_id for o in other.find_offers(spec())] == ["5002", "5004"]
     assert "machine_id" not in fake_vast.searches[-1]
-    with transaction(sqlite_sessions) as s:
-        assert avoided_hosts.purge_expired(s, now[0]) == 1
+    with transaction(sqlite_sessions) as s:  # forgotten by retention once ended
+        rule = next(r for r in retention.RULES if r.table == "avoided_hosts")
+        assert retention.forget(s, rule, now[0]) == 1
 
 
 def test_avoided_host_filtered_client_side_even_if_search_ignores_it(

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from autoscaler.config.models import Backoff
 from autoscaler.lifecycle import ALLOWED_TRANSITIONS, InstanceState
 from autoscaler.policy.snapshot import BackoffState, Machine, ManualTarget, RateLimit
-from autoscaler.store import fleet, leases, migrate, rate_limits
+from autoscaler.store import fleet, leases, migrate, rate_limits, retention
 from autoscaler.store.db import JSON_ROWS_FROM, make_engine, session_factory, transaction
 from autoscaler.store.models import (
     Base,
@@ -282,7 +282,8 @@ def test_a_rate_limit_never_shortens_counts_no_failure_and_is_one_stretch(sessio
         assert fleet.backoffs(s) == {}  # no failure of any rental was counted
         assert rate_limits.record(s, "gpu", at(200), "again", at(150))  # a new stretch
         assert s.get(ProviderRateLimit, "gpu").since == at(150)
-        assert rate_limits.purge_expired(s, at(200)) == 1
+        rule = next(r for r in retention.RULES if r.table == "provider_rate_limits")
+        assert retention.forget(s, rule, at(200)) == 1
 
 
 def test_a_no_answer_hold_is_lifted_only_by_its_own_cause(sessions):

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.store import leases
+from autoscaler.store import leases, retention
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.models import Base
 
@@ -40,8 +40,10 @@ def test_tick_slot_is_claimed_once(sessions):
         assert not leases.claim_tick(s, "q", 100, "beat-2", T0)
         assert leases.claim_tick(s, "other", 100, "beat-2", T0)
         assert leases.claim_tick(s, "q", 101, "beat-2", T0)
-    with transaction(sessions) as s:
-        assert leases.prune_ticks(s, T0 + timedelta(seconds=1)) == 3
+    with transaction(sessions) as s:  # forgotten by retention an hour on
+        rule = next(r for r in retention.RULES if r.table == "tick_slots")
+        assert retention.forget(s, rule, T0 + timedelta(minutes=59)) == 0
+        assert retention.forget(s, rule, T0 + timedelta(hours=1, seconds=1)) == 3
 
 
 def test_racing_processes_get_exactly_one_lease_and_one_claim(pg_url):
