@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from autoscaler.store.models import Installation
@@ -15,8 +16,11 @@ def installation_id(session: Session) -> str:
     row = session.scalar(select(Installation).where(Installation.id == 1))
     if row is not None:
         return row.installation_id
-    with session.begin_nested():
-        session.add(Installation(id=1, installation_id=uuid.uuid4().hex[:12]))
+    try:
+        with session.begin_nested():
+            session.add(Installation(id=1, installation_id=uuid.uuid4().hex[:12]))
+    except IntegrityError:  # another process or thread made it first: theirs is the one
+        pass
     row = session.scalar(select(Installation).where(Installation.id == 1))
     assert row is not None
     return row.installation_id
