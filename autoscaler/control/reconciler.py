@@ -2,10 +2,10 @@
 
 0. take the reconcile lease: rounds never overlap (beat sends one every poll; a round still
    running makes the next one return at once, holding no lifecycle slot);
-1. note each live row's state and since, then observe the workers (the worker-status port) and
-   list every provider's machines with our label, in parallel, each under its own deadline
-   (`list_deadline`): a provider that does not answer is unread this round, as a rate limit
-   makes it, and delays no other (its listing is not started again while one still runs);
+1. note each live row's state and since, then list every provider's machines with our label,
+   in parallel, each under its own deadline (`list_deadline`), while the workers are observed
+   (the worker-status port): a provider that does not answer is unread this round and held
+   for the lifecycle steps (`rate_limits`), and delays no other;
 2. read the rows again: those that moved while the lists were taken are `unsettled`, judged by
    no list this round (a listing is evidence only about what existed before it);
    `reconcile()` turns rows + lists + orphan sightings into moves, retries and orphan destroys;
@@ -62,8 +62,7 @@ def _run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None) -> dict[
 def _round(rt: Runtime, enqueue: Enqueue, loaded: Loaded, now: datetime) -> dict[str, Any]:
     with rt.transaction() as session:
         before = fleet.moves(session)
-    observe_celery_workers(rt, loaded, now)
-    views = list_providers(rt, loaded)
+    views = list_providers(rt, loaded, meanwhile=lambda: observe_celery_workers(rt, loaded, now))
     with rt.transaction() as session:
         live = fleet.live_rows(session)
         listed_ids = {m.launch_id for v in views.values() for m in v.machines}
@@ -133,10 +132,15 @@ _IN_FLIGHT_LOCK = threading.Lock()
 
 
 def list_providers(
-    rt: Runtime, loaded: Loaded, deadline: float | None = None
+    rt: Runtime,
+    loaded: Loaded,
+    deadline: float | None = None,
+    meanwhile: Callable[[], object] | None = None,
 ) -> dict[str, ProviderView]:
     """Each provider's machines with our label, all listed at once, each within `deadline`
-    seconds (`list_deadline` of the poll interval by default). A failing or late list gives
+    seconds (`list_deadline` of the poll interval by default), while `meanwhile` runs (the
+    round's worker observation: a round takes the longer of the two, not their sum, so one
+    silent provider never makes it outlast a short poll). A failing or late list gives
     `listed=False`, and so does a provider whose rate limit is in force (it is not called
     until its reset) or whose previous list has not answered yet."""
     wait = list_deadline(loaded.config.poll_interval) if deadline is None else deadline
@@ -161,6 +165,8 @@ def list_providers(
             _IN_FLIGHT[key] = future
         started[name] = future
     end = time.monotonic() + wait  # all started at once: one deadline for all
+    if meanwhile is not None:
+        meanwhile()
     for name, future in started.items():
         views[name] = _view(rt, loaded, name, future, max(0.0, end - time.monotonic()), wait)
     return views
