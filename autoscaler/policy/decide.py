@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from autoscaler.config.models import (
     LEARNED_MAX_FACTOR,
@@ -211,16 +211,28 @@ def _floor(auto: Autoscale, now: datetime) -> tuple[int, str]:
     return min(floor, auto.max_workers), why
 
 
+UP_VOTES: dict[type, Callable[[Any, t.QueueView], t.UpVote | None]] = {
+    NoWorkersTrigger: t.no_workers,
+    QueueDepthTrigger: t.queue_depth,
+    LatencyTrigger: t.latency,
+    MetricTrigger: t.metric,
+}
+"""Each scale-up trigger kind's vote, by its options model: the one registration of a kind.
+Every member of `config.models.ScaleUpTrigger` is here or in FLOOR_ONLY, or
+`tests/policy/test_triggers.py` fails (before, a kind missing from an `isinstance` chain
+silently never voted)."""
+
+FLOOR_ONLY: frozenset[type] = frozenset({ScheduleUpTrigger})
+"""Scale-up triggers that set a floor (`_floor`) and cast no vote."""
+
+
 def _vote(trig: object, view: t.QueueView) -> t.UpVote | None:
-    if isinstance(trig, NoWorkersTrigger):
-        return t.no_workers(trig, view)
-    if isinstance(trig, QueueDepthTrigger):
-        return t.queue_depth(trig, view)
-    if isinstance(trig, LatencyTrigger):
-        return t.latency(trig, view)
-    if isinstance(trig, MetricTrigger):
-        return t.metric(trig, view)
-    return None  # schedule: a floor, handled by _floor
+    vote = UP_VOTES.get(type(trig))
+    if vote is None:
+        if type(trig) not in FLOOR_ONLY:
+            raise TypeError(f"scale-up trigger {type(trig).__name__} has no vote in UP_VOTES")
+        return None
+    return vote(trig, view)
 
 
 @dataclass(frozen=True)

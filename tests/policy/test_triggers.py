@@ -175,3 +175,26 @@ def test_max_over_triggers_single_decision():
     assert len(p.launches) == 5
     assert {a.trigger for a in p.launches} == {"queue_depth"}
     assert [a.index for a in p.launches] == [1, 2, 3, 4, 5]
+
+
+def test_every_scale_up_trigger_kind_votes_or_sets_a_floor():
+    """One registration per trigger kind: a kind added to the config's union without a vote
+    fails here, and a trigger of an unregistered kind is refused loudly, never skipped."""
+    import importlib
+    import typing
+
+    import pytest
+
+    from autoscaler.config.models import ScaleUpTrigger
+
+    rules = importlib.import_module("autoscaler.policy.decide")
+    (union, *_) = typing.get_args(ScaleUpTrigger)
+    kinds = set(typing.get_args(union))
+    assert kinds == set(rules.UP_VOTES) | set(rules.FLOOR_ONLY)
+    assert not set(rules.UP_VOTES) & set(rules.FLOOR_ONLY)
+
+    class Unregistered:
+        trigger = "throwaway"
+
+    with pytest.raises(TypeError, match="Unregistered has no vote"):
+        rules._vote(Unregistered(), None)
