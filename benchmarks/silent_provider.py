@@ -48,11 +48,16 @@ Measured on this 2-core machine (embedded, poll 5 s, 4 RunPod machines drained, 
            and unread; rounds 3.0 s median (the 3 s list deadline, workers observed meanwhile),
            none skipped; the 4 terminates each spent one deadline and then waited held, the rows
            left terminating for the next answer.
-  ratio silent/healthy of the medians 0.66. Before the deadlines (the issue's run, RunPod
-  silent 45 s, compose's concurrency): the Vast-only queue's machine came 20.1 s after its
-  job and no other provider was listed for 31 s. With observation and listing one after the
-  other instead of at once, rounds took 5.1 s at this poll and every other one was skipped
-  (Vast listed 0.50 times per poll).
+  ratio silent/healthy of the medians 0.66.
+At the default 30 s poll (`--poll 30 --observe 90`): healthy max 1.04 s; silent 2.76 0.27 0.36
+0.70 1.01 s (max 2.76: met). With each step's calls bounded by a third of the poll (10 s)
+instead of `STEP_CALL_MAX` (4 s), the 4 terminates held all 4 lifecycle slots 10 s and the
+first job waited 8.91 s (not met); reconcile rounds take 10.0 s there (its lists keep a third
+of the poll: they run in threads and hold no lifecycle slot).
+Before the deadlines (the issue's run, RunPod silent 45 s, compose's concurrency): the
+Vast-only queue's machine came 20.1 s after its job and no other provider was listed for 31 s.
+With observation and listing one after the other instead of at once, rounds took 5.1 s at a
+5 s poll and every other one was skipped (Vast listed 0.50 times per poll).
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@ Celery worker process and the next tick):
 - **a rate limit.** The HTTP client sleeps a 429 out only for short hints
   (`RetryPolicy.rate_limit_budget`, 2 s per call); a longer reset raises `RateLimitedError` at
   once and the step that got it records the reset;
-- **no answer.** Every provider call of a lifecycle step runs under `call_deadline` (a third of
-  the poll, 3-20 s, the same bound reconcile gives each provider's list): a provider that takes
-  connections and never answers costs that one step its deadline and is held for
-  `UNANSWERED_HOLD`, so the steps after it return at once instead of each waiting out 4 × 30 s
-  reads in a lifecycle slot; reconcile keeps listing it (in the background, under the same
-  deadline) and its first answered list lifts the hold.
+- **no answer.** Every provider call of a lifecycle step ends within `STEP_CALL_MAX` (4 s, or a
+  third of a shorter poll; reconcile's lists, which hold no lifecycle slot, get `call_deadline`,
+  a third of the poll, 3-20 s): a provider that takes connections and never answers costs that
+  one step its deadline and is held for `UNANSWERED_HOLD`, so the steps after it return at once
+  instead of each waiting out 4 × 30 s reads in a lifecycle slot; reconcile keeps listing it
+  (in the background, under its own deadline) and its first answered list lifts the hold.
 
 While held, launches wait (`Wait(kind="rate_limit" | "unanswered")`, in `status` and the
 events) and rent from the queue's other providers, reconcile decides nothing that needs the
@@ -37,6 +37,13 @@ DEFAULT_RESET = 60.0
 MAX_RESET = 3600.0
 """The longest reset honoured: a provider's hint beyond an hour (or not a number) is a bug,
 and an hour without a list or a destroy is already long."""
+
+STEP_CALL_MAX = 4.0
+"""The longest one provider call of a lifecycle step may take, retries included (a third of
+the poll when that is shorter): a provider answers a destroy, a stop or a start in well under
+a second; a silent one costs each step already running this once, and the lifecycle slots
+are free again within it (measured: the 4 slots held 10 s with a third of a 30 s poll, and a
+Vast-only queue's launch waited 8.9 s; `benchmarks/silent_provider.py`)."""
 
 DEFAULT_POLL = 30.0
 """The poll a step whose config is gone is bounded by (the schema's default)."""
@@ -78,7 +85,7 @@ def answering(
         raise Held(limit)
     poll = loaded.config.poll_interval if loaded is not None else DEFAULT_POLL
     try:
-        with http.deadline(call_deadline(poll)):
+        with http.each_call_within(min(STEP_CALL_MAX, call_deadline(poll))):
             yield
     except RateLimitedError as exc:
         raise Held(note(rt, provider, exc, queue)) from None

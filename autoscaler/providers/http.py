@@ -66,6 +66,21 @@ def deadline(seconds: float) -> Iterator[None]:
         _DEADLINE.reset(token)
 
 
+_PER_CALL: ContextVar[float | None] = ContextVar("per_call_deadline", default=None)
+
+
+@contextmanager
+def each_call_within(seconds: float) -> Iterator[None]:
+    """Every provider call made in the block ends within `seconds` of its own start, retries
+    included (within any `deadline` around it): a step of several calls to a slow but
+    answering provider still completes, a silent one costs the step `seconds` once."""
+    token = _PER_CALL.set(max(0.0, seconds))
+    try:
+        yield
+    finally:
+        _PER_CALL.reset(token)
+
+
 def _left() -> float | None:
     """Seconds left before the block's deadline, or None without one."""
     end = _DEADLINE.get()
@@ -211,6 +226,21 @@ class HttpClient:
     ) -> requests.Response:
         """Send one call, retrying idempotent ones. Returns any response that is not 401/403/429
         and, for idempotent calls, not 5xx; raises the classified error otherwise."""
+        limit = _PER_CALL.get()
+        if limit is None:
+            return self._request(method, path, params, json, idempotent, timeout)
+        with deadline(limit):
+            return self._request(method, path, params, json, idempotent, timeout)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None,
+        json: Any,
+        idempotent: bool,
+        timeout: tuple[float, float] | None,
+    ) -> requests.Response:
         url = self.base_url + path
         attempts = self.retry.attempts if idempotent else 1
         what = f"{self.display}: {method} {path}"

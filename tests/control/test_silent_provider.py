@@ -76,6 +76,25 @@ def test_a_deadline_bounds_a_call_and_its_retries() -> None:
             client.close()
 
 
+def test_a_step_of_several_calls_to_a_slow_provider_still_completes() -> None:
+    """The bound is per call: three calls of 0.6 s each pass a 1 s bound (1.8 s in all),
+    where one bound over the whole block would have cut the third."""
+    with FakeRunPod(RUNPOD_KEY) as fake:
+        fake.silent_for = 0.6
+        client = HttpClient("slow", fake.url, RUNPOD_KEY)
+        try:
+            with http.each_call_within(1.0):
+                for _ in range(3):
+                    assert client.request("GET", "/v2/pods").status_code == 200
+            fake.silent_for = 30.0
+            with http.each_call_within(1.0), pytest.raises(UnansweredError):
+                client.request("GET", "/v2/pods")
+            assert len(fake.calls("GET", "/v2/pods")) == 4
+        finally:
+            fake.silent_for = 0.0
+            client.close()
+
+
 @pytest.mark.timeout(120)
 def test_a_silent_provider_holds_its_steps_not_the_loop(tmp_path, db_url) -> None:
     runpod = FakeRunPod(RUNPOD_KEY)
