@@ -195,7 +195,7 @@ def _drain_worker(
         if busy:
             with rt.transaction() as session:
                 fleet.note_busy(session, launch_id, busy, store_now(session))
-            return f"waiting: {busy} task(s) still running or reserved"
+            return f"waiting: {busy} task(s) still running, reserved or scheduled"
         try:
             probe.shutdown(worker)
         except SourceError as exc:

@@ -262,22 +262,28 @@ class CeleryWorkerProbe:
         return out
 
     def worker_state(self, worker: str) -> tuple[tuple[str, ...], int] | None:
-        """(queues consumed, tasks running or reserved) of one worker; None if it did not answer.
+        """(queues consumed, tasks it holds) of one worker; None if it did not answer.
 
-        Reserved (prefetched) tasks count: they would start once the running one ends."""
+        Held means running, reserved (prefetched: they start once the running one ends) or
+        scheduled (an ETA / countdown job the worker took and keeps until due, which Celery
+        lists apart from both): a warm shutdown with any of them would leave it on a machine
+        about to be destroyed."""
         try:
             insp = self._app.control.inspect(destination=[worker], timeout=self._timeout, limit=1)
             queues = (insp.active_queues() or {}).get(worker)
             if queues is None:
                 return None
-            active = (insp.active() or {}).get(worker)
-            reserved = (insp.reserved() or {}).get(worker)
+            held = [
+                (insp.active() or {}).get(worker),
+                (insp.reserved() or {}).get(worker),
+                (insp.scheduled() or {}).get(worker),
+            ]
         except Exception as exc:
             raise SourceError(safe_error(exc, self._secrets, "celery worker probe")) from None
         names = tuple(str(q["name"]) for q in queues if isinstance(q, dict) and "name" in q)
-        if not isinstance(active, list) or not isinstance(reserved, list):
+        if not all(isinstance(tasks, list) for tasks in held):
             return names, 1  # could not tell: count it busy
-        return names, len(active) + len(reserved)
+        return names, sum(len(tasks) for tasks in held if isinstance(tasks, list))
 
     def cancel_consumer(self, worker: str, queue: str) -> None:
         """Ask one worker to stop taking jobs from `queue` (confirm with `worker_state`)."""

@@ -262,6 +262,32 @@ def test_eta_jobs_held_by_a_redis_worker_are_scheduled_not_in_flight(prefix):
         dep.close()
 
 
+def test_a_drained_worker_holding_a_countdown_job_is_busy_not_idle(prefix):
+    """The drain's idle check counts jobs a worker holds for later (ETA / countdown): Celery
+    lists them under `scheduled`, not `active` or `reserved`, and a warm shutdown of the worker
+    would leave them for a machine that is about to be destroyed."""
+    dep = Deployment(WATCHED, transport={"global_keyprefix": prefix})
+    queue = f"gpu-{dep.run}"
+    broker = redis.Redis.from_url(WATCHED)
+    try:
+        with dep.worker(queue, concurrency=1) as node:
+            app = dep.producer()
+            app.send_task("t.hold", args=["x"], queue=queue, countdown=900)
+            wait_for(lambda: broker.hlen(prefix + "unacked"), lambda n: n == 1)
+            probe = CeleryWorkerProbe(WATCHED, transport_options=dep.transport, timeout=1.0)
+            try:
+                probe.cancel_consumer(node, queue)
+                state = wait_for(lambda: probe.worker_state(node),
+                                 lambda s: s is not None and queue not in s[0])
+            finally:
+                probe.close()
+            assert state is not None
+            assert state[1] == 1
+    finally:
+        broker.close()
+        dep.close()
+
+
 def _rabbit_queue() -> str:
     return f"dep-{uuid.uuid4().hex[:10]}"
 
