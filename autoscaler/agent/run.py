@@ -635,9 +635,19 @@ class Agent:
             return False
         if answer.get("drain"):
             log.info("drained before its worker started: starting no worker")
-            self.api.call_retrying("POST", "drained")
+            self.report_drained()
             return False
         return True
+
+    def report_drained(self) -> None:
+        """Say the worker is stopped. A refusal (4xx: the machine is already being destroyed,
+        its token dead, or nobody asked it to drain) leaves nothing to report."""
+        try:
+            self.api.call_retrying("POST", "drained")
+        except ApiAnswered as exc:
+            if not 400 <= exc.status < 500:
+                raise
+            log.info("drained not recorded (%s): the machine is already on its way out", exc)
 
     def drain(self, interval: float) -> int:
         """Warm shutdown: SIGTERM once (Celery stops taking jobs and finishes the running
@@ -655,7 +665,7 @@ class Agent:
         with contextlib.suppress(AgentError):
             self.beat("draining")  # the jobs it finished since the last heartbeat
         self.report_phases()
-        self.api.call_retrying("POST", "drained")
+        self.report_drained()
         return 0
 
 

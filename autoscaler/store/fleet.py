@@ -913,17 +913,23 @@ HEARTBEAT_COLUMNS = frozenset(
 )
 
 
-def note_heartbeat(session: Session, launch_id: str, values: Mapping[str, Any]) -> None:
-    """What its agent's heartbeat said (some of HEARTBEAT_COLUMNS; the API decides which)."""
+def note_heartbeat(
+    session: Session, launch_id: str, values: Mapping[str, Any]
+) -> InstanceState | None:
+    """What its agent's heartbeat said (some of HEARTBEAT_COLUMNS; the API decides which).
+    Returns the row's state as this write found it (None: no such row): the state read when
+    the token was checked may have moved since, and the write holds the row until commit."""
     unknown = set(values) - HEARTBEAT_COLUMNS
     if unknown:
         raise ValueError(f"not a heartbeat column: {', '.join(sorted(unknown))}")
-    session.execute(
+    state = session.execute(
         update(Instance)
         .where(Instance.launch_id == launch_id)
         .values(**values)
+        .returning(Instance.state)
         .execution_options(synchronize_session=False)
-    )
+    ).scalar_one_or_none()
+    return InstanceState(state) if state is not None else None
 
 
 def move_many(

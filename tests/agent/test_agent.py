@@ -5,6 +5,7 @@ counted as capacity and never told to drain."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -290,3 +291,44 @@ def test_the_agent_asks_before_starting_its_worker_and_a_cancelled_machine_start
         world.set_state("m6", S.DRAINING)
         assert drained.may_start() is False and drained.proc is None
         assert world.row("m6").state == S.TERMINATING
+        # cancelled between the heartbeat's token check and its write: told to drain, its
+        # drained report refused (the token died with the move); nothing starts, no error
+        raced = agent_of("m7", add_machine(world.rt, "m7", S.BOOTING))
+        with _committed_before_the_heartbeat_write("m7", S.BOOTING, S.TERMINATING, world):
+            assert raced.may_start() is False and raced.proc is None
+        assert world.row("m7").state == S.TERMINATING
+
+
+@contextlib.contextmanager
+def _committed_before_the_heartbeat_write(
+    launch_id: str, src: S, dst: S, world: World
+) -> Iterator[None]:
+    """Another transaction moves `launch_id` src -> dst just before the heartbeat's write."""
+    import sqlalchemy as sa
+
+    from autoscaler.store.models import Instance
+
+    other = sa.create_engine(world.rt.settings.database_url)
+    fired: list[bool] = []
+
+    def move_first(conn, cursor, statement, params, context, executemany):
+        sql = statement.lower()
+        if fired or conn.engine is other or not sql.startswith("update instances"):
+            return
+        if "running_tasks" not in sql:
+            return
+        fired.append(True)
+        with other.begin() as c:
+            c.execute(
+                sa.update(Instance)
+                .where(Instance.launch_id == launch_id, Instance.state == src)
+                .values(state=dst)
+            )
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", move_first)
+    try:
+        yield
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", move_first)
+        other.dispose()
+    assert fired, "no heartbeat write: the race was not staged"

@@ -105,6 +105,48 @@ def test_heartbeat_answers_drain_now_once_draining_and_drained_hands_it_over(wor
     assert r.status_code == 401
 
 
+def test_a_heartbeat_answers_from_the_state_its_write_found_not_the_token_checks(world):
+    """A booting machine cancelled (or timed out by reconcile) between the token check's read
+    and the heartbeat's write: the answer says drain and its state as the write found it, so
+    the agent starts no worker on a machine being destroyed."""
+    import sqlalchemy as sa
+
+    from autoscaler.store.models import Instance
+
+    world.set_state("m1", S.BOOTING)
+    other = sa.create_engine(world.rt.settings.database_url)
+    fired: list[str] = []
+
+    def cancel_first(conn, cursor, statement, params, context, executemany):
+        sql = statement.lower()
+        heartbeat_write = sql.startswith("update instances") and "running_tasks" in sql
+        if fired or conn.engine is other or not heartbeat_write:
+            return
+        fired.append(statement)
+        with other.begin() as c:  # another transaction commits the move first
+            moved = c.execute(
+                sa.update(Instance)
+                .where(Instance.launch_id == "m1", Instance.state == S.BOOTING)
+                .values(state=S.TERMINATING)
+            ).rowcount
+        assert moved == 1
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", cancel_first)
+    try:
+        r = world.client.post(
+            "/v1/worker/m1/heartbeat",
+            json={"state": "idle", "running_tasks": 0},
+            headers=world.h(world.tokens["m1"]),
+        )
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", cancel_first)
+        other.dispose()
+    assert fired, "the heartbeat wrote nothing: the race was not staged"
+    assert r.status_code == 200, r.text
+    assert r.json() == {"drain": True, "state": "terminating"}
+    assert world.row("m1").state == S.TERMINATING
+
+
 def test_a_crashed_worker_is_reported_in_the_events(world):
     tok = world.h(world.tokens["m1"])
     r = world.client.post(

@@ -40,6 +40,10 @@ and says so with its next heartbeat (every 10 s), so an honest machine's crash l
 shows, while a hostile one (2,051 `crashed` reports in 8 s, issue 33) cannot bury the audit
 trail; the machine's state is moved by every report as before."""
 
+MAY_SERVE = (S.CREATING, S.BOOTING, S.RESUMING, S.READY)
+"""The states whose heartbeat answer lets the worker run (a create's answer may still be on
+its way back when a fast machine first calls); any other is told to drain and start nothing."""
+
 router = APIRouter(prefix="/v1/worker/{launch_id}")
 
 
@@ -175,7 +179,6 @@ def heartbeat(
     tells the agent to drain, and its state (a machine no longer live gets a 401 from the
     token instead, and its agent starts nothing)."""
     now = store_now(session)
-    state = row.state
     up = body.state not in ("starting", "crashed")
     values: dict[str, Any] = {
         "last_heartbeat_at": now,
@@ -212,7 +215,10 @@ def heartbeat(
     jobs = machines.job_rows(body.jobs[: granted.jobs], worker, row.launch_id, [row.queue], now)
     job_records.record(session, jobs, now)
     fleet.record_events(session, said[: granted.events] + _told(row, granted), now)
-    fleet.note_heartbeat(session, row.launch_id, values)
+    # the answer comes from the state this write found, not the token check's read: a cancel
+    # or a boot timeout committed in between makes it drain, so no worker starts on a machine
+    # that is being destroyed
+    state = fleet.note_heartbeat(session, row.launch_id, values) or S.TERMINATED
     if up and state in (S.BOOTING, S.RESUMING):
         why = "its worker is up (its agent's first heartbeat)"
         if state == S.RESUMING:
@@ -226,8 +232,7 @@ def heartbeat(
             slow = ready.slow_host
             rt.load(session)  # the provider is built from the running config
             background.add_task(avoid_host, rt, slow.provider, slow.host_id, slow.reason)
-    drain = state in (S.DRAINING, S.DRAINED)
-    return HeartbeatAnswer(drain=drain, state=state.value)
+    return HeartbeatAnswer(drain=state not in MAY_SERVE, state=state.value)
 
 
 def _told(row: Instance, granted: Grant) -> list[dict[str, Any]]:
