@@ -234,8 +234,11 @@ def _apply(
             fields["provider_instance_id"] = t.provider_instance_id
         if t.host_id is not None:
             fields["host_id"] = t.host_id
-        if not fleet.move(session, t.launch_id, t.src, t.dst, now, t.reason, **fields):
-            continue  # someone moved it first
+        only_if = fleet.unheard_since(t.heard_at) if t.silenced else None
+        if not fleet.move(
+            session, t.launch_id, t.src, t.dst, now, t.reason, only_if=only_if, **fields
+        ):
+            continue  # someone moved it first (or, for silence, it spoke meanwhile)
         if t.handback:
             fleet.set_handback_due(session, t.launch_id, now + handback.GRACE)
         if t.preempted:

@@ -154,6 +154,10 @@ class Transition:
     preempted: bool = False
     """The provider stopped it because it was outbid (an interruptible machine): no failure of
     the rental nor of its host by itself; counted per queue and host."""
+    silenced: bool = False
+    """Made for silence: it holds only if no sign of life was written after `heard_at` (the
+    last one the round read), so a heartbeat committed while the round ran keeps the machine."""
+    heard_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if not can_move(self.src, self.dst):
@@ -532,7 +536,11 @@ def _confirm_silence(
         return NoteSilence(row.launch_id, row.queue, why)
     if _age(noted, now) < SILENCE_CONFIRM * config.poll_interval:
         return None  # the same round, or one racing it: wait for the next
-    return _move(row, S.TERMINATING, f"{why}, in two reconcile rounds")
+    return replace(
+        _move(row, S.TERMINATING, f"{why}, in two reconcile rounds"),
+        silenced=True,
+        heard_at=row.last_seen_at,
+    )
 
 
 def _outlived(row: Row, config: Config, now: datetime) -> Transition | None:

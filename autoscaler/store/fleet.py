@@ -802,6 +802,14 @@ def note_retry(session: Session, launch_id: str, step: str, reason: str) -> bool
     return bool(getattr(result, "rowcount", 0))
 
 
+def unheard_since(heard_at: datetime | None) -> Any:
+    """The `only_if` of a move made for silence: no sign of life (heartbeat or broker reply,
+    both written to `last_heartbeat_at`) written after `heard_at`, the last one its judge read."""
+    if heard_at is None:
+        return Instance.last_heartbeat_at.is_(None)
+    return or_(Instance.last_heartbeat_at.is_(None), Instance.last_heartbeat_at <= heard_at)
+
+
 def note_silence(session: Session, launch_ids: Collection[str], now: datetime) -> None:
     """A reconcile round found these machines silent past their limit (the first of two)."""
     if launch_ids:
