@@ -6,7 +6,7 @@ import enum
 
 
 class InstanceState(enum.StrEnum):
-    """The machine lifecycle (DESIGN.md): a row is written before any provider call."""
+    """The machine lifecycle (ARCHITECTURE.md): a row is written before any provider call."""
 
     PENDING = "pending"
     CREATING = "creating"

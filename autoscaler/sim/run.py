@@ -66,7 +66,7 @@ or without the pool the config has."""
 DEFAULT_POOL_SIZE = 8
 DEFAULT_POOL_KEEP_FOR = 4 * 3600.0
 """The pool `ours+pool` runs with when the config has none: at most 8 stopped machines (never
-above max_workers), each kept 4 h (see ARCHITECTURE.md's simulator section for the sweep behind
+above max_workers), each kept 4 h (see docs/decisions/018-warm-pools.md for the sweep behind
 these; `autoscaler tune` finds a queue's own)."""
 
 

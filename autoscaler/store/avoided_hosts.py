@@ -1,6 +1,6 @@
 """Hosts to avoid: a host that failed us is left out of searches until its entry expires.
 
-Persisted so the avoidance survives restarts (DESIGN.md invariant 5). Keyed by the provider's
+Persisted so the avoidance survives restarts (ARCHITECTURE.md, invariants). Keyed by the provider's
 configured name and the host id (for Vast, the `machine_id` the search filters on).
 """
 
