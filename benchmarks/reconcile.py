@@ -34,7 +34,7 @@ and events written, orphans (none) and the broker-user sweep (SCRIPT LOAD and AC
 local Redis; no user of this installation exists). Not included: sending the tasks (the enqueue is
 a no-op), the tasks themselves (terminate, drain, handback), PostgreSQL's own CPU (the CPU column
 is this process's). Per phase, the time and statements of each step are taken by wrapping the
-functions `run_reconcile` calls (`observe_celery_workers`, `list_providers`, `fleet.live_rows` /
+functions `run_reconcile` calls (`observe_celery_workers`, `list_providers`, `instances.live_rows` /
 `rows_of`, `reconcile`, `_apply`, `_destroy_orphans`, `_sweep_broker_users`); "other" is the rest
 (config load, the rows turned into `policy.reconcile.Row`, orphan sightings, pending handbacks,
 commits). SQL statements are counted with `tick.Counter_` (`before_cursor_execute`; an
@@ -44,7 +44,7 @@ cycle collector took inside the pass is counted too (`gc.callbacks`).
 Measured on this 2-CPU machine, 100 queues, 5 runs, median ms; "probe" = the fixed ~2,010 ms
 remote-control wait; CPU is this process's. Before: a conditional UPDATE per retried drain every
 round and the cycle collector running inside the pass (load average 0.90 -> 1.06); after: one
-SELECT finds the retries not yet noted (`fleet.unnoted_retries`), the collector waits for the
+SELECT finds the retries not yet noted (`moves.unnoted_retries`), the collector waits for the
 round's end (`collector_paused`) (load average 0.46 -> 0.36):
 
                               machines  pass   w/o probe   CPU   gc (full)   statements  moved
@@ -103,7 +103,7 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.providers.labels import make_label
 from autoscaler.providers.mock import MockProvider
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.store import config_versions, instances, migrate
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.mock_machines import CREATED, DEAD
 from autoscaler.store.models import Instance, MockMachine
@@ -137,8 +137,8 @@ def mock_machine_rows(rows: list[dict[str, Any]], install: str) -> list[dict[str
 PHASES: tuple[tuple[str, Any, str], ...] = (
     ("observe workers", reconciler, "observe_celery_workers"),
     ("list provider", reconciler, "list_providers"),
-    ("read rows", fleet, "live_rows"),
-    ("read rows", fleet, "rows_of"),
+    ("read rows", instances, "live_rows"),
+    ("read rows", instances, "rows_of"),
     ("reconcile()", reconciler, "reconcile"),
     ("apply moves", reconciler, "_apply"),
     ("destroy orphans", reconciler, "_destroy_orphans"),

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from autoscaler.config.errors import ConfigError, refusals_from_validation
 from autoscaler.config.models import Config, ProviderConfig
-from autoscaler.store.models import Provider
+from autoscaler.store.models import ProviderRow
 from autoscaler.store.providers import list_providers
 from autoscaler.vault import Vault
 
@@ -145,7 +145,7 @@ def resolve_api_key(
     return None
 
 
-def describe_credentials(row: Provider) -> str:
+def describe_credentials(row: ProviderRow) -> str:
     """What `providers list` shows: where the key lives, never the key."""
     if row.credentials_encrypted is not None:
         return "stored encrypted"

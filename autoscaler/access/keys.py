@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 from autoscaler.digits import ascii_whole
 from autoscaler.lifecycle import InstanceState
 from autoscaler.store import api_keys
-from autoscaler.store.models import ApiKey, Instance
+from autoscaler.store.instances import InstanceDetails
+from autoscaler.store.models import ApiKey
 
 ADMIN = "admin"
 ENROLMENT = "enrolment"
@@ -115,7 +116,7 @@ def check_key(session: Session, key: str, kind: str) -> KeyInfo | None:
     return _info(row)
 
 
-def instance_of_token(session: Session, token: str) -> Instance | None:
+def instance_of_token(session: Session, token: str) -> InstanceDetails | None:
     """The machine whose worker token this is, while the token is valid (see TOKEN_STATES)."""
     if not token:
         return None

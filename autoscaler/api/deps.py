@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from autoscaler.access import keys
 from autoscaler.control.runtime import Runtime
 from autoscaler.store.db import Session
-from autoscaler.store.models import Instance
+from autoscaler.store.instances import InstanceDetails
 
 LaunchId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
 
@@ -88,8 +88,9 @@ def enrolled(request: Request, session: DB) -> keys.KeyInfo:
     return found
 
 
-def worker(request: Request, launch_id: LaunchId, session: DB) -> Instance:
-    """A rented machine's worker token, for its own launch only (another's id is a 403)."""
+def worker(request: Request, launch_id: LaunchId, session: DB) -> InstanceDetails:
+    """A rented machine's worker token, for its own launch only (another's id is a 403): its
+    row, as a frozen record."""
     row = keys.instance_of_token(session, bearer(request))
     if row is None:
         raise unauthorised()
@@ -99,7 +100,7 @@ def worker(request: Request, launch_id: LaunchId, session: DB) -> Instance:
 
 
 Admin = Annotated[str, Depends(admin)]
-Worker = Annotated[Instance, Depends(worker)]
+Worker = Annotated[InstanceDetails, Depends(worker)]
 Enrolled = Annotated[keys.KeyInfo, Depends(enrolled)]
 
 __all__ = [

@@ -5,7 +5,6 @@ enrolment key) report and are answered: finished jobs, the heartbeat's answer, t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
@@ -74,35 +73,4 @@ def _git_token(dep: Any, env: Mapping[str, str]) -> str | None:
     return (env.get(name) or None) if name else None
 
 
-def job_rows(
-    jobs: list[JobReport], worker: str, reporter: str, queues: list[str], now: datetime
-) -> list[dict[str, Any]]:
-    """Rows for `job_records`, each kept as `reporter`'s (the control plane's name for the
-    machine, never its word): a job counts for the queue it names when the worker serves it,
-    else for the worker's first queue. Times after now are clamped to now, an end before the
-    start to the start, a publish stamp after the start to the start (clocks disagree)."""
-
-    def at(epoch: float) -> datetime:
-        return min(datetime.fromtimestamp(epoch, UTC), now)
-
-    rows = []
-    for j in jobs:
-        started = at(j.started_at)
-        finished = max(at(j.finished_at), started)
-        arrived = min(at(j.published_at), started) if j.published_at is not None else None
-        rows.append(
-            {
-                "queue": j.queue if j.queue in queues else queues[0],
-                "task_id": j.id,
-                "worker": worker[:200],
-                "reporter": reporter[:200],
-                "arrived_at": arrived,
-                "started_at": started,
-                "finished_at": finished,
-                "runtime_s": (finished - started).total_seconds(),
-            }
-        )
-    return rows
-
-
-__all__ = ["Deployment", "HeartbeatAnswer", "JobReport", "Name", "deployment", "job_rows"]
+__all__ = ["Deployment", "HeartbeatAnswer", "JobReport", "Name", "deployment"]

@@ -19,7 +19,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from autoscaler.lifecycle import InstanceState
-from autoscaler.store import fleet, metric_readings, views
+from autoscaler.policy.billing import Charge, committed
+from autoscaler.store import instances, metric_readings, views
 from autoscaler.store.db import Session, store_now
 
 EVER = datetime(1970, 1, 1, tzinfo=UTC)
@@ -142,10 +143,10 @@ def render(session: Session, rt: Any = None) -> str:
     counts: dict[tuple[str, str], int] = {}
     rates: dict[str, float] = {}
     storage: dict[str, float] = {}
-    for row in fleet.live_rows(session):
+    for row in instances.live_rows(session):
         key = (row.queue, row.state.value)
         counts[key] = counts.get(key, 0) + 1
-        if row.state == InstanceState.STOPPED:  # bills its kept disk only (0 when unknown)
+        if committed(row.state) is Charge.STORAGE:  # its kept disk only (0 when unknown)
             price = row.storage_price_per_hour or 0.0
             storage[row.queue] = storage.get(row.queue, 0.0) + price
         else:

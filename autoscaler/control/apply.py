@@ -17,8 +17,8 @@ from autoscaler.config.isolation import check_broker_isolation
 from autoscaler.config.models import Config
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions
+from autoscaler.store.config_versions import ConfigRecord
 from autoscaler.store.db import Session
-from autoscaler.store.models import ConfigVersion
 
 
 def runnable(config: Config, source: str, settings: Settings, env: Mapping[str, str]) -> Config:
@@ -33,7 +33,7 @@ def runnable(config: Config, source: str, settings: Settings, env: Mapping[str, 
 
 def record(
     session: Session, config: Config, changed_by: str, now: datetime, comment: str | None
-) -> ConfigVersion | None:
+) -> ConfigRecord | None:
     """The checked config as a new version (who, when, why); None when nothing changed.
 
     "Changed" is judged on what the documents mean: the newest one is read through today's

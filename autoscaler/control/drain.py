@@ -22,13 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+from autoscaler.control import machines
 from autoscaler.control.observe import observe_celery_workers
 from autoscaler.control.runtime import Loaded, Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.base import SourceError
-from autoscaler.store import fleet
+from autoscaler.store import events, heartbeats, instances, moves
 from autoscaler.store.db import Session, store_now
-from autoscaler.store.models import Instance
+from autoscaler.store.instances import InstanceDetails
 
 S = InstanceState
 
@@ -53,6 +54,8 @@ def run_drain(
 DESTROYING = "cancelled: its machine is being destroyed"
 STOPPING = "drained: its machine is being stopped for the warm pool"
 _AGAIN = None  # the row moved under this step (its launch claimed it, its create returned)
+CANCELLED = "cancelled before it was ready"
+"""The reason every cancel of a machine not ready yet starts with."""
 
 
 def _step(rt: Runtime, launch_id: str, reason: str) -> str:
@@ -72,7 +75,7 @@ def _look_for_its_worker(rt: Runtime, launch_id: str) -> None:
     """A booting machine whose worker Celery remote control could see: look once before
     cancelling it, so a worker already taking jobs is drained (warm), never destroyed."""
     with rt.transaction() as session:
-        row = fleet.get(session, launch_id)
+        row = instances.get(session, launch_id)
         queue = row.queue if row is not None else None
         loaded = rt.load_for(session, row.config_version if row is not None else None)
     queue_cfg = loaded.config.queues.get(queue) if loaded and queue else None
@@ -85,7 +88,7 @@ def _once(rt: Runtime, launch_id: str, reason: str, probe: bool) -> tuple[str | 
     its worker through remote control first."""
     now = utc_now()
     with rt.transaction() as session:
-        row = fleet.get(session, launch_id)
+        row = instances.get(session, launch_id)
         if row is None:
             return "no such machine", False
         loaded = rt.load_for(session, row.config_version)  # the config it was rented under
@@ -97,16 +100,16 @@ def _once(rt: Runtime, launch_id: str, reason: str, probe: bool) -> tuple[str | 
             return _cancel(session, row, reason, now), False
         if row.state == S.STOPPED:  # an operator empties the warm pool: nothing runs on it
             why = f"{reason}: destroyed from the warm pool"
-            if not fleet.move(session, launch_id, S.STOPPED, S.TERMINATING, now, why):
+            if not moves.move(session, launch_id, S.STOPPED, S.TERMINATING, now, why):
                 return _AGAIN, False
-            event = fleet.warm_event("destroy", why, row.queue, launch_id)
-            fleet.record_events(session, [event], now)
+            event = events.warm_event("destroy", why, row.queue, launch_id)
+            events.record(session, [event], now)
             return DESTROYING, False
         if row.state == S.READY:  # an operator's drain: the tick's drains arrive as DRAINING
-            fleet.move(session, launch_id, S.READY, S.DRAINING, now, reason, drain_requested=False)
-            fleet.record_events(
+            moves.move(session, launch_id, S.READY, S.DRAINING, now, reason, drain_requested=False)
+            events.record(
                 session,
-                [fleet.event("drain", "start", reason, queue=row.queue, launch_id=launch_id)],
+                [events.event("drain", "start", reason, queue=row.queue, launch_id=launch_id)],
                 now,
             )
         elif row.state in (S.DRAINED, S.TERMINATING, S.STOPPING, S.STOPPED):
@@ -122,7 +125,7 @@ def _once(rt: Runtime, launch_id: str, reason: str, probe: bool) -> tuple[str | 
     return _drain_worker(rt, loaded, launch_id, queue, worker, last_heartbeat_at), False
 
 
-def _alive(row: Instance) -> bool:
+def _alive(row: InstanceDetails) -> bool:
     """Its worker has shown itself since the machine booted or resumed (a heartbeat, a
     sighting)."""
     seen = row.last_heartbeat_at
@@ -130,21 +133,21 @@ def _alive(row: Instance) -> bool:
     return row.running_tasks > 0 or (seen is not None and since is not None and seen >= since)
 
 
-def _cancel(session: Session, row: Instance, reason: str, now: datetime) -> str | None:
+def _cancel(session: Session, row: InstanceDetails, reason: str, now: datetime) -> str | None:
     """An operator's drain of a machine that is not ready yet: cancel it. Returns the outcome,
     or None when the row moved meanwhile (read it again)."""
     launch_id, queue = row.launch_id, row.queue
     action = "cancelled"
     if row.state == S.PENDING:
-        why = f"{fleet.CANCELLED} ({reason}): it was not rented yet; nothing will be"
-        if not fleet.move(session, launch_id, S.PENDING, S.FAILED, now, why):
+        why = f"{CANCELLED} ({reason}): it was not rented yet; nothing will be"
+        if not moves.move(session, launch_id, S.PENDING, S.FAILED, now, why):
             return _AGAIN
         outcome = "cancelled: it was not rented yet, and nothing will be"
     elif row.state == S.CREATING:
-        if not fleet.request_cancel(session, launch_id, now):
+        if not moves.request_cancel(session, launch_id, now):
             return _AGAIN
         why = (
-            f"{fleet.CANCELLED} ({reason}): its create is in flight; the machine is destroyed "
+            f"{CANCELLED} ({reason}): its create is in flight; the machine is destroyed "
             "as soon as the provider answers (or found by its label if the answer is lost)"
         )
         outcome = (
@@ -155,15 +158,15 @@ def _cancel(session: Session, row: Instance, reason: str, now: datetime) -> str 
         # not judged for a slow host: its ready time here is the drain's, not its worker's
         # first sign of life (which came earlier, through a heartbeat or a sighting)
         why = "its worker is up"
-        fleet.mark_ready(session, launch_id, queue, row.provider, now, why, judge=False)
+        machines.mark_ready(session, launch_id, queue, row.provider, now, why, judge=False)
         return _AGAIN
     else:
-        why = f"{fleet.CANCELLED} ({reason}): no worker was up on it yet; destroyed now"
-        if not fleet.move(session, launch_id, row.state, S.TERMINATING, now, why):
+        why = f"{CANCELLED} ({reason}): no worker was up on it yet; destroyed now"
+        if not moves.move(session, launch_id, row.state, S.TERMINATING, now, why):
             return _AGAIN
         outcome = DESTROYING
-    fleet.record_events(
-        session, [fleet.event("drain", action, why, queue=queue, launch_id=launch_id)], now
+    events.record(
+        session, [events.event("drain", action, why, queue=queue, launch_id=launch_id)], now
     )
     return outcome
 
@@ -194,7 +197,7 @@ def _drain_worker(
             return "waiting: the worker still consumes the queue"
         if busy:
             with rt.transaction() as session:
-                fleet.note_busy(session, launch_id, busy, store_now(session))
+                heartbeats.note_busy(session, launch_id, busy, store_now(session))
             return f"waiting: {busy} task(s) still running, reserved or scheduled"
         try:
             probe.shutdown(worker)
@@ -209,43 +212,28 @@ def _drain_worker(
 def _drained(rt: Runtime, launch_id: str, queue: str, why: str) -> str:
     now = utc_now()
     with rt.transaction() as session:
-        step = finish_drain(session, launch_id, queue, why, now)
+        step = machines.finish_drain(session, launch_id, queue, why, now)
     if step is None:
         return "already drained"
     return STOPPING if step == "stop" else "drained"
 
 
-def finish_drain(
-    session: Session, launch_id: str, queue: str, why: str, now: datetime
-) -> str | None:
-    """A worker found stopped (by this step, or by its agent through the API): draining ->
-    drained -> stopping when `decide()` gave it a place in its queue's warm pool, else ->
-    terminating, with its event, in `session`. Returns the step the caller sends next ("stop"
-    or "terminate"); None when it was not draining or drained any more (someone else finished
-    it)."""
-    fleet.move(session, launch_id, S.DRAINING, S.DRAINED, now, why)
-    warm = fleet.move(
+def cancel_if_requested(session: Session, launch_id: str, now: datetime) -> bool:
+    """booting -> terminating for a machine cancelled while its create was in flight (called
+    in the same transaction as the move to booting, so no heartbeat can come between). True if
+    it moved: the caller enqueues the destroy."""
+    queue = instances.queue_of(session, launch_id)
+    why = f"{CANCELLED}: its create returned after an operator drained it; destroyed now"
+    moved = moves.move(
         session,
         launch_id,
-        S.DRAINED,
-        S.STOPPING,
+        S.BOOTING,
+        S.TERMINATING,
         now,
-        f"drained: {why}; stopped for the warm pool",
-        only_if=fleet.KEPT_WARM,
+        why,
+        only_if=moves.CANCEL_REQUESTED,
     )
-    if warm:
-        event = fleet.warm_event(
-            "stop", f"drained ({why}): stopped for the warm pool", queue, launch_id
-        )
-        fleet.record_events(
-            session,
-            [fleet.event("drain", "drained", why, queue=queue, launch_id=launch_id), event],
-            now,
-        )
-        return "stop"
-    if not fleet.move(session, launch_id, S.DRAINED, S.TERMINATING, now, f"drained: {why}"):
-        return None
-    fleet.record_events(
-        session, [fleet.event("drain", "drained", why, queue=queue, launch_id=launch_id)], now
-    )
-    return "terminate"
+    if moved:
+        said = events.event("drain", "cancelled", why, queue=queue, launch_id=launch_id)
+        events.record(session, [said], now)
+    return moved

@@ -42,7 +42,7 @@ from autoscaler.control.runtime import Runtime, log
 from autoscaler.metrics.redis_list import open_redis
 from autoscaler.metrics.registry import MetricsConfigError, redis_layout, source_url
 from autoscaler.metrics.unacked_mutex import clear_forged
-from autoscaler.store import fleet
+from autoscaler.store import events, handbacks, instances
 from autoscaler.store.db import store_now
 from autoscaler.urls import transport
 
@@ -58,7 +58,7 @@ def run_handback(rt: Runtime, launch_id: str, later: Callable[[float], None] | N
     """Give back the jobs of one lost machine; `later(seconds)` sends this step again when it
     is not due yet (the task's countdown). Returns what happened."""
     with rt.transaction() as session:
-        row = fleet.get(session, launch_id)
+        row = instances.get(session, launch_id)
         if row is None or row.handback_due_at is None or row.handback_done_at is not None:
             return "nothing to hand back"
         now = store_now(session)
@@ -81,17 +81,17 @@ def run_handback(rt: Runtime, launch_id: str, later: Callable[[float], None] | N
     early = bool(said) and acks_late is False
     with rt.transaction() as session:
         now = store_now(session)
-        if fleet.finish_handback(session, launch_id, now):
-            events = [
-                fleet.event(
-                    fleet.HANDBACK_EVENT, action, what, queue=queue, launch_id=launch_id,
+        if handbacks.finish(session, launch_id, now):
+            audit = [
+                events.event(
+                    events.HANDBACK_EVENT, action, what, queue=queue, launch_id=launch_id,
                     details=details,
                 )
             ]  # fmt: skip
             if early:
-                events.append(
-                    fleet.event(
-                        fleet.HANDBACK_EVENT,
+                audit.append(
+                    events.event(
+                        events.HANDBACK_EVENT,
                         "lost",
                         f"its worker said it was running {len(said)} job(s) acknowledged when "
                         "they started (early acks): no broker keeps a record of them, so none "
@@ -102,7 +102,7 @@ def run_handback(rt: Runtime, launch_id: str, later: Callable[[float], None] | N
                         details={"said": said[:NAMED_SHOWN], "said_count": len(said)},
                     )
                 )
-            fleet.record_events(session, events, now)
+            events.record(session, audit, now)
     return what
 
 
@@ -176,6 +176,6 @@ def sweep_forged_mutexes(rt: Runtime) -> list[str]:
             )
             found.append(text)
             with rt.transaction() as session:
-                event = fleet.event(fleet.HANDBACK_EVENT, "forged_mutex", text, queue=queue)
-                fleet.record_events(session, [event], store_now(session))
+                event = events.event(events.HANDBACK_EVENT, "forged_mutex", text, queue=queue)
+                events.record(session, [event], store_now(session))
     return found

@@ -23,7 +23,7 @@ from typing import Any
 
 from autoscaler.access import broker_users, keys
 from autoscaler.access.credentials import CredentialError
-from autoscaler.control import placement, rate_limits
+from autoscaler.control import drain, machines, placement, rate_limits
 from autoscaler.control.runtime import Loaded, Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.providers.base import (
@@ -33,7 +33,9 @@ from autoscaler.providers.base import (
     ProviderError,
 )
 from autoscaler.providers.labels import ENV_LABEL
-from autoscaler.store import fleet
+from autoscaler.store import boots, events, instances, intents, moves
+from autoscaler.store.db import Session
+from autoscaler.store.instances import InstanceDetails
 
 S = InstanceState
 
@@ -72,10 +74,10 @@ def run_launch(
     now = utc_now()
     token = keys.new_secret()  # the machine's worker token: only its hash is stored
     with rt.transaction() as session:
-        claimed = fleet.claim_intent(session, launch_id, now, keys.digest(token))
+        claimed = intents.claim_intent(session, launch_id, now, keys.digest(token))
         if not claimed:
             return "not pending (claimed already, or closed)"
-        row = fleet.get(session, launch_id)
+        row = instances.get(session, launch_id)
         assert row is not None
         queue, provider_name, version = row.queue, row.provider, row.config_version
         names = tuple((row.placement or {}).get("providers") or (provider_name,))
@@ -83,7 +85,7 @@ def run_launch(
         # exactly what decide() judged: the config version of the decision, not the newest
         loaded = rt.load_version(session, version)
         install = rt.installation_id(session)
-        boot_times, fallback_boot = fleet.placement_boot_times(session, queue, now)
+        boot_times, fallback_boot = boots.placement_boot_times(session, queue, now)
     if loaded is None and version is not None:
         why = f"config version {version}, which asked for it, no longer validates; nothing rented"
         return _fail(rt, launch_id, queue, provider_name, why, None)
@@ -96,7 +98,7 @@ def run_launch(
     if not providers:
         return _not_placed(rt, launch_id, queue, provider_name, outcome, loaded.config.backoff)
     if _cancel_requested(rt, launch_id):
-        why = f"{fleet.CANCELLED}: an operator drained it before its create; nothing was rented"
+        why = f"{drain.CANCELLED}: an operator drained it before its create; nothing was rented"
         return _fail(rt, launch_id, queue, provider_name, why, None, action="cancelled")
     unreachable = make_broker_user(rt, install, launch_id, queue, queue_cfg, token)
     if unreachable is not None:  # never a machine without the credentials it needs
@@ -109,7 +111,7 @@ def run_launch(
         if len(providers) == 1:
             return True  # the row names it already
         with rt.transaction() as session:
-            return fleet.try_provider(session, launch_id, name)
+            return intents.try_provider(session, launch_id, name)
 
     try:
         placement.place(
@@ -177,7 +179,7 @@ def _booting(
     name = offer.provider
     now = utc_now()
     with rt.transaction() as session:
-        fleet.move(
+        moves.move(
             session,
             launch_id,
             S.CREATING,
@@ -197,10 +199,10 @@ def _booting(
             interruptible=offer.details.get("interruptible") is True,
         )
         _backoffs(session, queue, outcome, now, backoff)
-        fleet.record_events(
+        events.record(
             session,
             [
-                fleet.event(
+                events.event(
                     "launch",
                     "created",
                     f"{name} rented {machine.provider_instance_id} "
@@ -217,7 +219,7 @@ def _booting(
             ],
             now,
         )
-        cancelled = fleet.cancel_if_requested(session, launch_id, now)
+        cancelled = drain.cancel_if_requested(session, launch_id, now)
     if cancelled:
         if enqueue is not None:
             enqueue("terminate", launch_id)
@@ -238,7 +240,7 @@ def _backoffs(
 ) -> None:
     """Each provider that failed this launch backs off on its own (queue, provider)."""
     for name, (cause, text) in outcome.failures.items():
-        fleet.record_rental_failure(session, queue, name, now, backoff, text, cause)
+        machines.rental_failed(session, queue, name, now, backoff, text, cause)
 
 
 def _not_placed(
@@ -259,7 +261,7 @@ def _not_placed(
 
 def _cancel_requested(rt: Runtime, launch_id: str) -> bool:
     with rt.transaction() as session:
-        row = fleet.get(session, launch_id)
+        row = instances.get(session, launch_id)
         return row is not None and row.cancel_requested_at is not None
 
 
@@ -271,8 +273,24 @@ def make_broker_user(
     user, unreachable = create_broker_user(rt, install, launch_id, queue, queue_cfg, token)
     if user is not None:
         with rt.transaction() as session:
-            fleet.set_broker_user(session, launch_id, user)
+            moves.set_broker_user(session, launch_id, user)
     return unreachable
+
+
+def remake_broker_user(
+    rt: Runtime, session: Session, machine: InstanceDetails, queue_cfg: Any, token: str
+) -> str | None:
+    """A machine resumed from a warm pool: its broker user, deleted while it was stopped, is
+    made again from the token it presents (the server keeps only the token's hash) and recorded
+    on its row, in `session`. The user made, or None (logged)."""
+    install = rt.installation_id(session)
+    launch_id = machine.launch_id
+    user, why = create_broker_user(rt, install, launch_id, machine.queue, queue_cfg, token)
+    if user is not None:
+        moves.set_broker_user(session, launch_id, user)
+    elif why is not None:
+        log.warning("resumed %s has no broker user yet: %s", launch_id, why)
+    return user
 
 
 def create_broker_user(
@@ -308,7 +326,7 @@ def drop_broker_user(rt: Runtime, launch_id: str, queue: str) -> bool:
     going to the warm pool). True when none is left; False when it could not be deleted (logged:
     the caller decides whether to go on)."""
     with rt.transaction() as session:
-        row = fleet.get(session, launch_id)
+        row = instances.get(session, launch_id)
         user = row.broker_user if row is not None else None
         loaded = rt.load_for(session, row.config_version if row is not None else None)
     queue_cfg = loaded.config.queues.get(queue) if loaded else None
@@ -323,7 +341,7 @@ def drop_broker_user(rt: Runtime, launch_id: str, queue: str) -> bool:
         log.error("%s: its broker user %s is not deleted: %s", launch_id, user, exc)
         return False
     with rt.transaction() as session:
-        fleet.set_broker_user(session, launch_id, None)
+        moves.set_broker_user(session, launch_id, None)
     return True
 
 
@@ -354,18 +372,18 @@ def _fail(
     drop_broker_user(rt, launch_id, queue)
     now = utc_now()
     with rt.transaction() as session:
-        fleet.move(session, launch_id, S.CREATING, S.FAILED, now, reason, worker_token_hash=None)
+        moves.move(session, launch_id, S.CREATING, S.FAILED, now, reason, worker_token_hash=None)
         details: dict[str, Any] = {"provider": provider}
         if backoff is not None and outcome is not None:
             _backoffs(session, queue, outcome, now, backoff)
             details.update(causes=_causes(outcome))
         elif backoff is not None:
-            state = fleet.record_rental_failure(session, queue, provider, now, backoff, reason)
+            state = machines.rental_failed(session, queue, provider, now, backoff, reason)
             details.update(failures=state.failures, backoff_until=state.until.isoformat())
         kind = "drain" if action == "cancelled" else "launch"
-        fleet.record_events(
+        events.record(
             session,
-            [fleet.event(kind, action, reason, queue=queue, launch_id=launch_id, details=details)],
+            [events.event(kind, action, reason, queue=queue, launch_id=launch_id, details=details)],
             now,
         )
     log.warning("launch %s for %s failed: %s", launch_id, queue, reason)
@@ -374,8 +392,8 @@ def _fail(
 
 def _note(rt: Runtime, launch_id: str, queue: str, action: str, reason: str) -> None:
     with rt.transaction() as session:
-        fleet.record_events(
+        events.record(
             session,
-            [fleet.event("launch", action, reason, queue=queue, launch_id=launch_id)],
+            [events.event("launch", action, reason, queue=queue, launch_id=launch_id)],
             utc_now(),
         )

@@ -50,9 +50,22 @@ from autoscaler.policy.history import GAPS_KEPT, NO_HISTORY, QueueHistory, obser
 from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Resume
 from autoscaler.policy.shards import queues_of, shard_of
 from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
-from autoscaler.store import fleet, job_records, leases, queue_samples, queue_status, rate_limits
+from autoscaler.store import (
+    backoffs,
+    boots,
+    events,
+    instances,
+    intents,
+    job_records,
+    leases,
+    manual_targets,
+    moves,
+    queue_samples,
+    queue_status,
+    rate_limits,
+)
 from autoscaler.store.db import Session
-from autoscaler.store.models import ENROLLED_DOMAIN
+from autoscaler.store.worker_sightings import ENROLLED_DOMAIN
 
 log = logging.getLogger("autoscaler.control.tick")
 
@@ -215,7 +228,7 @@ def _evaluate(
                 savepoint = session.begin_nested()
                 actions, launched = apply(plan, snapshot)
                 leases.lock_account(session)
-                elsewhere = fleet.billing_elsewhere(session, held)
+                elsewhere = instances.billing_elsewhere(session, held)
                 fresh = replace(snapshot, elsewhere=elsewhere)
                 if elsewhere == snapshot.elsewhere or still_granted(plan, fresh, loaded.config):
                     savepoint.commit()
@@ -318,13 +331,13 @@ def build_snapshot(
     port (running, prefetched and ETA-held jobs per queue: `with_worker_loads`); a machine of
     ours reporting through agent heartbeats only adds its running tasks. Queues with jobs waiting
     or scheduled and no machine serving get their recent boot time (one more query, only then)."""
-    rows = fleet.live_rows(session, held)
+    rows = instances.live_rows(session, held)
     elsewhere = (
-        fleet.billing_elsewhere(session, held) if held is not None and _capped(loaded) else ()
+        instances.billing_elsewhere(session, held) if held is not None and _capped(loaded) else ()
     )
-    machines = fleet.machines_by_queue(rows)
-    backoffs = fleet.backoffs(session)
-    targets = fleet.manual_targets(session, now)
+    machines = instances.machines_by_queue(rows)
+    held_back = backoffs.by_queue(session)
+    targets = manual_targets.in_force(session, now)
     ours = {r.host_id or "" for r in rows} | {
         (r.worker_name or "").rsplit("@", 1)[-1].lower() for r in rows
     }
@@ -347,7 +360,7 @@ def build_snapshot(
     histories = _histories(session, completed, names, now)
     # the recent boot time matters where jobs wait or are scheduled (pre-warm, a late boot, the
     # burst rule) and where an idle machine may go at a learned timeout (a boot is its price)
-    boots = fleet.boot_estimates(
+    estimates = boots.boot_estimates(
         session,
         [
             name
@@ -369,9 +382,9 @@ def build_snapshot(
                 metrics=completed.get(name),
                 machines=machines.get(name, ()),
                 manual_workers=len(hand_made.get(name, ())),
-                backoffs=backoffs.get(name, ()),
+                backoffs=held_back.get(name, ()),
                 manual_target=targets.get(name),
-                boot_estimate=boots.get(name),
+                boot_estimate=estimates.get(name),
                 history=histories[name],
             )
         )
@@ -487,7 +500,7 @@ class StoreActions:
         self.snapshot = snapshot
         self.prune = prune  # forget old chart points (one shard of a sharded tick does)
         self.samples: list[dict[str, Any]] = []
-        self.intents: list[fleet.Intent] = []
+        self.intents: list[intents.Intent] = []
         self.events: list[dict[str, Any]] = []
         self.drained_now: list[str] = []
         self.resumed: list[str] = []
@@ -502,7 +515,7 @@ class StoreActions:
         self._marks[False].append(action.launch_id)
         self._warm[False].append(action.launch_id)  # serving again: its pool place is freed
         self.events.append(
-            fleet.event(
+            events.event(
                 "scale_up", "reclaim", action.reason, queue=action.queue, launch_id=action.launch_id
             )
         )
@@ -518,18 +531,18 @@ class StoreActions:
     def _resume_all(self) -> None:
         """Every resume in one conditional statement: a stopped machine reconcile retired
         meanwhile is left alone (and the next evaluation rents instead)."""
-        moved = fleet.start_resumes(
+        moved = moves.start_resumes(
             self.session, {launch_id: r.reason for launch_id, r in self._resumes.items()}, self.now
         )
         for launch_id in moved:
             action = self._resumes[launch_id]
             self.resumed.append(launch_id)
-            self.events.append(fleet.warm_event("resume", action.reason, action.queue, launch_id))
+            self.events.append(events.warm_event("resume", action.reason, action.queue, launch_id))
 
     def _drain_all(self) -> None:
         """Every drain in one conditional statement; a machine that left `ready` meanwhile is
         left alone (and gets no event)."""
-        moved = fleet.move_many(
+        moved = moves.move_many(
             self.session,
             {launch_id: d.reason for launch_id, d in self._drains.items()},
             InstanceState.READY,
@@ -541,7 +554,7 @@ class StoreActions:
             action = self._drains[launch_id]
             self.drained_now.append(launch_id)
             self.events.append(
-                fleet.event(
+                events.event(
                     "scale_down",
                     "drain",
                     action.reason,
@@ -556,7 +569,7 @@ class StoreActions:
         if action.keep_warm:
             self._warm[True].append(action.launch_id)
         self.events.append(
-            fleet.event(
+            events.event(
                 "scale_down",
                 "drain_when_idle",
                 action.reason,
@@ -570,7 +583,7 @@ class StoreActions:
         auto = self.loaded.config.queues[action.queue].autoscale
         key = warm.spec_key(auto) if auto is not None else None
         self.intents.append(
-            fleet.Intent(
+            intents.Intent(
                 launch_id,
                 action.queue,
                 action.provider,
@@ -581,7 +594,7 @@ class StoreActions:
             )
         )
         self.events.append(
-            fleet.event(
+            events.event(
                 "scale_up",
                 "launch",
                 action.reason,
@@ -620,14 +633,14 @@ class StoreActions:
         """Write everything in a few statements (not one per queue or machine)."""
         self._drain_all()
         self._resume_all()
-        fleet.set_drain_requested(self.session, self._marks[True], True)
-        fleet.set_drain_requested(self.session, self._marks[False], False)
-        fleet.set_keep_warm(self.session, self._warm[True], True)
-        fleet.set_keep_warm(self.session, self._warm[False], False)
-        fleet.add_intents(self.session, self.intents, self.now, self.loaded.version)
+        moves.set_drain_requested(self.session, self._marks[True], True)
+        moves.set_drain_requested(self.session, self._marks[False], False)
+        moves.set_keep_warm(self.session, self._warm[True], True)
+        moves.set_keep_warm(self.session, self._warm[False], False)
+        intents.add_intents(self.session, self.intents, self.now, self.loaded.version)
         self._wait_events()
-        fleet.record_events(self.session, self.events, self.now)
-        fleet.link_decisions(self.session, [i[0] for i in self.intents])
+        events.record(self.session, self.events, self.now)
+        intents.link_decisions(self.session, [i[0] for i in self.intents])
         queue_status.record(
             self.session, self.statuses, self.loaded.version, self.now, self.histories
         )
@@ -666,7 +679,7 @@ class StoreActions:
             for w in s["waits"]:
                 if w["kind"] not in old:
                     self.events.append(
-                        fleet.event(
+                        events.event(
                             "wait",
                             w["kind"],
                             w["reason"],
@@ -704,5 +717,5 @@ def fast_path(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) -> Tic
 def _queues_without_capacity(session: Session, loaded: Loaded) -> list[str]:
     """Autoscaled queues with no machine serving or on its way (hand-made workers are
     checked by the evaluation itself)."""
-    busy = fleet.queues_served(session)
+    busy = instances.queues_served(session)
     return [q for q in loaded.autoscaled if q not in busy]

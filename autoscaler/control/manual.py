@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from autoscaler.config.durations import format_duration, parse_duration
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.lifecycle import FINAL_STATES
-from autoscaler.store import fleet
+from autoscaler.store import events, instances, manual_targets
 
 DEFAULT_FOR = 3600.0
 
@@ -36,9 +36,9 @@ def set_target(
             known = ", ".join(sorted(loaded.autoscaled)) or "none"
             raise ManualError(f"queue {queue!r} is not autoscaled (autoscaled queues: {known})")
         if workers is None:
-            cleared = fleet.clear_manual_target(session, queue)
+            cleared = manual_targets.clear(session, queue)
             reason = f"{by} returned {queue} to its triggers" if cleared else "no manual target"
-            fleet.record_events(session, [fleet.event("manual", "clear", reason, queue=queue)], now)
+            events.record(session, [events.event("manual", "clear", reason, queue=queue)], now)
             return reason
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ManualError(f"workers must be a whole number ≥ 0, not {workers!r}")
@@ -54,15 +54,15 @@ def set_target(
         if seconds <= 0 or seconds > 30 * 86400:
             raise ManualError("the target must last more than 0 s and at most 30 days")
         until = now + timedelta(seconds=seconds)
-        fleet.set_manual_target(session, queue, workers, until, by, now)
+        manual_targets.put(session, queue, workers, until, by, now)
         reason = (
             f"{by} pinned {queue} at {workers} worker(s) for {format_duration(seconds)} "
             f"(until {until.isoformat(timespec='seconds')})"
         )
-        fleet.record_events(
+        events.record(
             session,
             [
-                fleet.event(
+                events.event(
                     "manual",
                     "scale",
                     reason,
@@ -80,7 +80,7 @@ def request_drain(rt: Runtime, launch_id: str, by: str = "operator") -> str:
     a machine not ready yet is cancelled, `control.drain`). Only a machine that no longer
     exists is refused."""
     with rt.transaction() as session:
-        row = fleet.get(session, launch_id)
+        row = instances.get(session, launch_id)
         if row is None:
             raise ManualError(f"no machine with launch id {launch_id!r} ('autoscaler instances')")
         if row.state in FINAL_STATES:
@@ -88,10 +88,10 @@ def request_drain(rt: Runtime, launch_id: str, by: str = "operator") -> str:
                 f"machine {launch_id} is already {row.state.value} ({row.state_reason or 'closed'})"
                 ": there is nothing left to drain"
             )
-        fleet.record_events(
+        events.record(
             session,
             [
-                fleet.event(
+                events.event(
                     "manual",
                     "drain",
                     f"{by} asked to drain {launch_id}",

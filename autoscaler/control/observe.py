@@ -20,14 +20,14 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 
 from autoscaler.config.models import Queue
+from autoscaler.control import machines
 from autoscaler.control.resume import avoid_host
 from autoscaler.control.runtime import Loaded, Runtime, log
-from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.base import SourceError
 from autoscaler.metrics.registry import broker_domain
 from autoscaler.metrics.workers import QueueLoad, WorkerStatus, host_of
 from autoscaler.providers.labels import parse_label
-from autoscaler.store import fleet, worker_sightings
+from autoscaler.store import worker_sightings
 from autoscaler.store.db import Session
 
 
@@ -62,7 +62,7 @@ def observe_celery_workers(
             log.warning("worker probe failed: %s", exc)
             continue
         seen.setdefault(broker_domain(q.metrics, rt.env), {}).update(answers)
-    slow: list[fleet.SlowHost] = []
+    slow: list[machines.SlowHost] = []
     with rt.transaction() as session:
         install = rt.installation_id(session)
         for domain, answers in sorted(seen.items()):
@@ -82,7 +82,7 @@ def record_sightings(
     installation_id: str,
     now: datetime,
     domain: str,
-) -> list[fleet.SlowHost]:
+) -> list[machines.SlowHost]:
     """Upsert every sighting heard through `domain`; move our machines' rows to what their
     worker just said. Returns the hosts of slow cold boots made ready here, for the caller to
     avoid once its transaction has committed.
@@ -112,22 +112,9 @@ def record_sightings(
         for name, st in status.items()
         if (launch := launch_of(name, installation_id)) is not None
     }
-    # a machine whose agent heartbeats is known from its authenticated heartbeats alone: a
-    # broker reply under its label (anyone who may publish on the broker can send one) moves
-    # nothing of its row
-    rows = fleet.heard_through_broker(session, ours)
-    slow: list[fleet.SlowHost] = []
-    for launch_id, _, state, queue, provider in rows:
-        if state in (InstanceState.BOOTING, InstanceState.RESUMING):  # ready at first sight
-            why = f"its worker is up ({ours[launch_id][0][:200]} answered remote control)"
-            ready = fleet.mark_ready(session, launch_id, queue, provider, now, why)
-            if ready and ready.slow_host is not None:
-                slow.append(ready.slow_host)
-    for launch_id, before, *_ in rows:
-        name, running = ours[launch_id]
-        # a task ran since the last look if one runs now or one ran then
-        fleet.note_worker(session, launch_id, name[:200], running, now, running > 0 or before > 0)
-    return slow
+    # ready at first sight, the row told what its worker said (`control.machines`: a machine
+    # whose agent heartbeats is known from its authenticated heartbeats alone)
+    return machines.answered_remote_control(session, ours, now)
 
 
 Scope = Callable[[str, str, bool], Iterable[str]]

@@ -29,7 +29,7 @@ from autoscaler.control.runtime import Loaded, Runtime, log, utc_now
 from autoscaler.policy.snapshot import HoldCause, RateLimit
 from autoscaler.providers import http
 from autoscaler.providers.base import RateLimitedError, UnansweredError
-from autoscaler.store import fleet, rate_limits
+from autoscaler.store import events, rate_limits
 
 DEFAULT_RESET = 60.0
 """Seconds a provider is left alone after a 429 that gave no reset (Vast sends none)."""
@@ -124,10 +124,10 @@ def answered(rt: Runtime, provider: str) -> None:
     now = utc_now()
     with rt.transaction() as session:
         if rate_limits.lift(session, provider, "unanswered", now):
-            fleet.record_events(
+            events.record(
                 session,
                 [
-                    fleet.event(
+                    events.event(
                         "provider",
                         "answering",
                         f"{provider} answers again: calls to it resume",
@@ -153,10 +153,10 @@ def _hold(
     action, said = _SAID[cause]
     with rt.transaction() as session:
         if rate_limits.record(session, provider, until, reason, now, cause):
-            fleet.record_events(
+            events.record(
                 session,
                 [
-                    fleet.event(
+                    events.event(
                         "provider",
                         action,
                         f"{provider} {said}: no call to it before "

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from autoscaler.access.credentials import CredentialError
-from autoscaler.control import handback, rate_limits
+from autoscaler.control import drain, handback, machines, rate_limits
 from autoscaler.control.observe import observe_celery_workers
 from autoscaler.control.resume import avoid_host, warm_miss
 from autoscaler.control.runtime import Loaded, Runtime, collector_paused, log
@@ -32,7 +32,7 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile, unsettled
 from autoscaler.providers import http
 from autoscaler.providers.base import ProviderError, RateLimitedError, UnansweredError
-from autoscaler.store import fleet, leases, orphan_sightings
+from autoscaler.store import backoffs, events, handbacks, instances, leases, moves, orphan_sightings
 from autoscaler.store.db import Session, store_now
 
 S = InstanceState
@@ -61,18 +61,18 @@ def _run_reconcile(rt: Runtime, enqueue: Enqueue, now: datetime | None) -> dict[
 
 def _round(rt: Runtime, enqueue: Enqueue, loaded: Loaded, now: datetime) -> dict[str, Any]:
     with rt.transaction() as session:
-        before = fleet.moves(session)
+        before = instances.states_since(session)
     views = list_providers(rt, loaded, meanwhile=lambda: observe_celery_workers(rt, loaded, now))
     with rt.transaction() as session:
-        live = fleet.live_rows(session)
+        live = instances.live_rows(session)
         listed_ids = {m.launch_id for v in views.values() for m in v.machines}
-        closed = fleet.rows_of(session, listed_ids - {r.launch_id for r in live})
-        rows = tuple(fleet.as_row(r) for r in [*live, *closed])
+        closed = instances.rows_of(session, listed_ids - {r.launch_id for r in live})
+        rows = tuple(instances.as_row(r) for r in [*live, *closed])
         moved = unsettled(rows, before)
         seen = orphan_sightings.seen(session)
         plan = reconcile(rows, views, seen, loaded.config, now, moved)
         cancelled, missed, avoid = _apply(session, loaded, plan, now)
-        handbacks = fleet.pending_handbacks(session)
+        due = handbacks.pending(session)
     for provider, host, reason in avoid:
         avoid_host(rt, provider, host, reason)
     for r in plan.retries:
@@ -84,7 +84,7 @@ def _round(rt: Runtime, enqueue: Enqueue, loaded: Loaded, now: datetime) -> dict
             enqueue("stop", t.launch_id)
     for launch_id in cancelled:
         enqueue("terminate", launch_id)
-    for launch_id, _ in handbacks:  # a lost machine's jobs back to the broker (and again
+    for launch_id, _ in due:  # a lost machine's jobs back to the broker (and again
         enqueue("handback", launch_id)  # each round until done: a crash loses nothing)
     # a warm miss or a lost machine: a fresh machine is rented now, not a poll later
     for queue in sorted(missed | {t.queue for t in plan.transitions if t.handback}):
@@ -181,7 +181,7 @@ def _view(
     rt: Runtime, loaded: Loaded, name: str, future: Future[Any], left: float, wait: float
 ) -> ProviderView:
     try:
-        machines = future.result(timeout=left)
+        listed = future.result(timeout=left)
     except (FutureTimeout, UnansweredError):
         log.warning("reconcile: %s did not list within %.0fs: unread this round", name, wait)
         rate_limits.note_unanswered(rt, name, f"its list got no answer within {wait:.0f}s")
@@ -198,7 +198,7 @@ def _view(
         listed=True,
         machines=tuple(
             Listed(m.provider_instance_id, m.launch_id, m.label, m.status, m.host_id, m.raw_status)
-            for m in machines
+            for m in listed
             if m.launch_id is not None
         ),
         ready_when_running=loaded.config.providers[name].ready_when_running,
@@ -212,13 +212,13 @@ def _apply(
     create adopted by label that an operator had cancelled meanwhile), the queues whose warm
     pool missed (evaluated at once), and the (provider, host, reason) to avoid once this
     transaction is committed."""
-    events = []
+    said = []
     cancelled: list[str] = []
     missed: set[str] = set()
     avoid: list[tuple[str, str, str]] = []
     for t in plan.transitions:
         if t.dst == S.READY:  # the one way a machine becomes ready, wherever it is seen
-            ready = fleet.mark_ready(session, t.launch_id, t.queue, t.provider, now, t.reason)
+            ready = machines.mark_ready(session, t.launch_id, t.queue, t.provider, now, t.reason)
             if ready and ready.slow_host is not None:  # a slow cold boot: avoid its host
                 slow = ready.slow_host
                 avoid.append((slow.provider, slow.host_id, slow.reason))
@@ -234,17 +234,17 @@ def _apply(
             fields["provider_instance_id"] = t.provider_instance_id
         if t.host_id is not None:
             fields["host_id"] = t.host_id
-        only_if = fleet.unheard_since(t.heard_at) if t.silenced else None
-        if not fleet.move(
+        only_if = moves.unheard_since(t.heard_at) if t.silenced else None
+        if not moves.move(
             session, t.launch_id, t.src, t.dst, now, t.reason, only_if=only_if, **fields
         ):
             continue  # someone moved it first (or, for silence, it spoke meanwhile)
         if t.handback:
-            fleet.set_handback_due(session, t.launch_id, now + handback.GRACE)
+            handbacks.set_due(session, t.launch_id, now + handback.GRACE)
         if t.preempted:
-            events.append(
-                fleet.event(
-                    fleet.PREEMPTION_EVENT,
+            said.append(
+                events.event(
+                    events.PREEMPTION_EVENT,
                     "preempted",
                     t.reason,
                     queue=t.queue,
@@ -253,10 +253,10 @@ def _apply(
                 )
             )
             avoid += _preempting_host(session, t, now)
-        if t.dst == S.BOOTING and fleet.cancel_if_requested(session, t.launch_id, now):
+        if t.dst == S.BOOTING and drain.cancel_if_requested(session, t.launch_id, now):
             cancelled.append(t.launch_id)
-        events.append(
-            fleet.event(
+        said.append(
+            events.event(
                 "reconcile",
                 f"{t.src.value}->{t.dst.value}",
                 t.reason,
@@ -265,22 +265,22 @@ def _apply(
             )
         )
         if t.dst == S.STOPPED:
-            events.append(fleet.warm_event("stopped", t.reason, t.queue, t.launch_id))
+            said.append(events.warm_event("stopped", t.reason, t.queue, t.launch_id))
         elif t.warm == "miss":  # lost while resuming
-            events.append(fleet.warm_event("miss", t.reason, t.queue, t.launch_id))
+            said.append(events.warm_event("miss", t.reason, t.queue, t.launch_id))
             missed.add(t.queue)
         if t.rental == "failed":
-            fleet.record_rental_failure(
+            machines.rental_failed(
                 session, t.queue, t.provider, now, loaded.config.backoff, t.reason
             )
             if t.avoid_host and t.host_id:
                 avoid.append((t.provider, t.host_id, t.reason))
         elif t.rental == "ok":
-            fleet.clear_backoff(session, t.queue, t.provider)
+            backoffs.clear(session, t.queue, t.provider)
     if plan.silences:
-        fleet.note_silence(session, [n.launch_id for n in plan.silences], now)
-        events += [
-            fleet.event(
+        moves.note_silence(session, [n.launch_id for n in plan.silences], now)
+        said += [
+            events.event(
                 "reconcile",
                 "silent",
                 f"{n.reason}: destroyed if the next round finds it silent too",
@@ -289,17 +289,17 @@ def _apply(
             )
             for n in plan.silences
         ]
-    unnoted = fleet.unnoted_retries(session, [(r.launch_id, r.step) for r in plan.retries])
+    unnoted = moves.unnoted_retries(session, [(r.launch_id, r.step) for r in plan.retries])
     for r in plan.retries:
         # Audited once per stretch of retries (not on every reconcile while a drain waits).
-        if r.launch_id in unnoted and fleet.note_retry(session, r.launch_id, r.step, r.reason):
-            events.append(
-                fleet.event(
+        if r.launch_id in unnoted and moves.note_retry(session, r.launch_id, r.step, r.reason):
+            said.append(
+                events.event(
                     "reconcile", f"retry_{r.step}", r.reason, queue=r.queue, launch_id=r.launch_id
                 )
             )
     orphan_sightings.replace(session, plan.orphans)
-    fleet.record_events(session, events, now)
+    events.record(session, said, now)
     return cancelled, missed, avoid
 
 
@@ -313,7 +313,7 @@ def _preempting_host(session: Session, t: Any, now: datetime) -> list[tuple[str,
     within PREEMPTION_WINDOW (this one included: its event is flushed with the round's)."""
     if not t.host_id:
         return []
-    earlier = fleet.preemptions_on_host(session, t.provider, t.host_id, now - PREEMPTION_WINDOW)
+    earlier = events.preemptions_on_host(session, t.provider, t.host_id, now - PREEMPTION_WINDOW)
     if earlier + 1 < PREEMPTIONS_TO_AVOID:
         return []
     return [(t.provider, t.host_id, f"preempted {earlier + 1} machines of ours within 24h")]
@@ -321,7 +321,7 @@ def _preempting_host(session: Session, t: Any, now: datetime) -> list[tuple[str,
 
 def _destroy_orphans(rt: Runtime, loaded: Loaded, plan: ReconcilePlan, now: datetime) -> int:
     done = 0
-    events = []
+    said = []
     for d in plan.destroys:
         try:  # held: after its end the orphan is still listed, and still past its grace
             with rate_limits.answering(rt, d.provider, loaded):
@@ -332,15 +332,15 @@ def _destroy_orphans(rt: Runtime, loaded: Loaded, plan: ReconcilePlan, now: date
             log.warning("orphan %s not destroyed: %s", d.provider_instance_id, exc)
             continue
         done += 1
-        events.append(
-            fleet.event(
+        said.append(
+            events.event(
                 "reconcile",
                 "destroy_orphan",
                 f"{d.label}: {d.reason}",
                 details={"provider": d.provider, "id": d.provider_instance_id},
             )
         )
-    if events:
+    if said:
         with rt.transaction() as session:
-            fleet.record_events(session, events, now)
+            events.record(session, said, now)
     return done

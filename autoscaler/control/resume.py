@@ -4,7 +4,7 @@ resuming` in its decision's transaction, as it writes a launch intent).
 The provider's start, then the machine's agent starts again: its worker token opens the API
 again from `resuming` on, its broker user is made again when it asks for its deployment
 (`api/routers/worker.py`), and it is ready at its worker's first proof of life
-(`fleet.mark_ready`: a warm hit). A start refused because the machine's GPU or host is gone is
+(`machines.mark_ready`: a warm hit). A start refused because the machine's GPU or host is gone is
 a warm miss: the machine is destroyed, its host avoided, and the queue evaluated at once so a
 fresh machine is rented without waiting for the next poll (a miss is not a failed rental: no
 backoff). A start that does not answer is retried by reconcile until `resume_timeout`.
@@ -19,7 +19,7 @@ from autoscaler.control import rate_limits
 from autoscaler.control.runtime import Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState
 from autoscaler.providers.base import ProviderError, ResumeRefusedError
-from autoscaler.store import fleet
+from autoscaler.store import events, instances, moves
 from autoscaler.store.db import Session
 
 S = InstanceState
@@ -29,7 +29,7 @@ Enqueue = Callable[[str, str], None]
 def run_resume(rt: Runtime, launch_id: str, enqueue: Enqueue | None = None) -> str:
     """One attempt (idempotent: a start of a running machine succeeds); where it stands."""
     with rt.transaction() as session:
-        row = fleet.get(session, launch_id)
+        row = instances.get(session, launch_id)
         if row is None or row.state != S.RESUMING:
             return f"not resuming ({row.state.value if row else 'no such machine'})"
         loaded = rt.load_for(session, row.config_version)
@@ -63,10 +63,10 @@ def warm_miss(session: Session, launch_id: str, queue: str, host: str | None, wh
     this call made the move (the caller then avoids its host, after the commit)."""
     now = utc_now()
     reason = f"warm miss: {why[:500]}"
-    if not fleet.move(session, launch_id, S.RESUMING, S.TERMINATING, now, reason):
+    if not moves.move(session, launch_id, S.RESUMING, S.TERMINATING, now, reason):
         return False
-    fleet.record_events(
-        session, [fleet.warm_event("miss", reason, queue, launch_id, host=host)], now
+    events.record(
+        session, [events.warm_event("miss", reason, queue, launch_id, host=host)], now
     )
     return True
 

@@ -20,7 +20,7 @@ from autoscaler.control.launch import drop_broker_user
 from autoscaler.control.runtime import Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState, MachineStatus
 from autoscaler.providers.base import ProviderError
-from autoscaler.store import fleet
+from autoscaler.store import events, instances, moves
 
 S = InstanceState
 
@@ -28,7 +28,7 @@ S = InstanceState
 def run_stop(rt: Runtime, launch_id: str, enqueue: Callable[[str, str], None] | None = None) -> str:
     """One attempt (idempotent); returns where it stands."""
     with rt.transaction() as session:
-        row = fleet.get(session, launch_id)
+        row = instances.get(session, launch_id)
         if row is None or row.state != S.STOPPING:
             return f"not stopping ({row.state.value if row else 'no such machine'})"
         loaded = rt.load_for(session, row.config_version)
@@ -59,8 +59,8 @@ def run_stop(rt: Runtime, launch_id: str, enqueue: Callable[[str, str], None] | 
         if after.storage_price_per_hour is not None:
             fields["storage_price_per_hour"] = after.storage_price_per_hour
         why = "stopped at the provider, its disk kept for the warm pool"
-        if fleet.move(session, launch_id, S.STOPPING, S.STOPPED, now, why, **fields):
-            fleet.record_events(session, [fleet.warm_event("stopped", why, queue, launch_id)], now)
+        if moves.move(session, launch_id, S.STOPPING, S.STOPPED, now, why, **fields):
+            events.record(session, [events.warm_event("stopped", why, queue, launch_id)], now)
     return "stopped"
 
 
@@ -75,10 +75,10 @@ def _destroy_instead(
     now = utc_now()
     reason = f"not kept warm: {why}; destroyed instead"
     with rt.transaction() as session:
-        moved = fleet.move(session, launch_id, S.STOPPING, S.TERMINATING, now, reason)
+        moved = moves.move(session, launch_id, S.STOPPING, S.TERMINATING, now, reason)
         if moved:
-            fleet.record_events(
-                session, [fleet.warm_event("destroy", reason, queue, launch_id)], now
+            events.record(
+                session, [events.warm_event("destroy", reason, queue, launch_id)], now
             )
     if moved and enqueue is not None:
         enqueue("terminate", launch_id)

@@ -14,14 +14,14 @@ from autoscaler.control.runtime import Runtime, log, utc_now
 from autoscaler.lifecycle import InstanceState, MachineStatus
 from autoscaler.providers.base import ProviderError
 from autoscaler.providers.labels import make_label
-from autoscaler.store import fleet
+from autoscaler.store import events, instances, moves
 
 S = InstanceState
 
 
 def run_terminate(rt: Runtime, launch_id: str) -> str:
     with rt.transaction() as session:
-        row = fleet.get(session, launch_id)
+        row = instances.get(session, launch_id)
         if row is None or row.state != S.TERMINATING:
             return f"not terminating ({row.state.value if row else 'no such machine'})"
         # the provider and queue it was rented under (a provider since renamed or removed
@@ -60,13 +60,13 @@ def run_terminate(rt: Runtime, launch_id: str) -> str:
             return "waiting: its broker user is not deleted yet"
     now = utc_now()
     with rt.transaction() as session:
-        if fleet.move(
+        if moves.move(
             session, launch_id, S.TERMINATING, S.TERMINATED, now, "destroyed", broker_user=None
         ):
-            fleet.record_events(
+            events.record(
                 session,
                 [
-                    fleet.event(
+                    events.event(
                         "terminate",
                         "destroyed",
                         f"{provider_name} destroyed {pid or label}",

@@ -6,8 +6,8 @@ When the queues together want more than the caps allow, launches are granted by
 billing counts (booting and draining too); a machine without a known price counts at its
 queue's `instance.max_price_per_hour`, the most it can cost (the dearest configured cap for a
 queue no longer in the config); a warm pool's stopped machine counts its storage price only,
-and no machine. Caps never drain anything: over a
-cap (e.g. after lowering it) the queues simply get no new machine.
+and no machine (what each state counts: `policy.billing.committed`, the one money rule). Caps
+never drain anything: over a cap (e.g. after lowering it) the queues simply get no new machine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoscaler.config.models import Config, Limits
-from autoscaler.lifecycle import LIVE_STATES, InstanceState
+from autoscaler.policy.billing import Charge, committed
 from autoscaler.policy.plan import Plan
 from autoscaler.policy.snapshot import Snapshot
 
@@ -58,15 +58,17 @@ def usage(snapshot: Snapshot, config: Config) -> tuple[int, float]:
     for q in snapshot.queues:
         price = fallback(q.name)
         for m in q.machines:
-            if m.state == InstanceState.STOPPED:  # a warm pool's: no machine running, its disk
+            counts = committed(m.state)
+            if counts is Charge.STORAGE:  # a warm pool's: no machine running, its disk
                 dollars += m.storage_price_per_hour or 0.0
-            elif m.billing:
+            elif counts is Charge.FULL:
                 machines += 1
                 dollars += m.price_per_hour if m.price_per_hour is not None else price
     for b in snapshot.elsewhere:
-        if b.state == InstanceState.STOPPED:
+        counts = committed(b.state)
+        if counts is Charge.STORAGE:
             dollars += b.known_dollars
-        elif b.state in LIVE_STATES:
+        elif counts is Charge.FULL:
             machines += b.machines
             dollars += b.known_dollars + b.unpriced * fallback(b.queue)
     return machines, dollars

@@ -6,7 +6,8 @@ decide() runs unchanged and the baselines run beside it. A worker runs up to
 `World.worker_concurrency` jobs at a time and takes the oldest pending job (FIFO); which free
 worker takes it is drawn from the seeded generator, like workers racing to pull from a broker.
 Billing runs from the rental until the machine is destroyed: boot and idle tails are paid, plus
-`World.per_rental_dollars` per rental (disk, image pull).
+`World.per_rental_dollars` per rental (disk, image pull). Which stretch bills what is the one
+money rule production bills by (`policy.billing`, read through `SimMachine.life`).
 
 `World` holds what makes the world harder than exact and instant (all off by default, so the
 default run is the one the tests pin): metrics read `metric_lag_s` late, the source's blind
@@ -61,8 +62,9 @@ from typing import Literal
 from autoscaler.config.models import Autoscale, Config
 from autoscaler.control.executor import execute
 from autoscaler.lifecycle import InstanceState
-from autoscaler.policy import warm
+from autoscaler.policy import billing, warm
 from autoscaler.policy.backoff import active_backoff, after_failure
+from autoscaler.policy.billing import Charge
 from autoscaler.policy.history import QueueHistory, observe_load
 from autoscaler.policy.placement import Candidate, rank
 from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Resume
@@ -184,20 +186,31 @@ class SimMachine:
     preempted_s: float | None = None
     """When it was preempted (it ended then)."""
 
+    def life(self) -> list[billing.Interval[float]]:
+        """Its life as the money rule reads it (`policy.billing`): rented at `created_s` (booting:
+        its price from then on), each stop (`stopped`: its storage price) and resume, its end
+        at `ended_s`. The simulator's end is past a destroy's billing tail
+        (`World.destroy_billing_s`, and a released node's `release_delay_s`), which bills as the
+        machine was when destroyed: its price, or its storage price if it was stopped."""
+        moves = [(InstanceState.BOOTING, self.created_s)]
+        for a, b in self.stopped:
+            moves.append((InstanceState.STOPPED, a))
+            if b is not None:
+                moves.append((InstanceState.RESUMING, b))
+        if self.ended_s is not None:
+            moves.append((InstanceState.TERMINATED, self.ended_s))
+        return billing.intervals(moves)
+
+    def _spans(self, end: float) -> list[billing.Span[float]]:
+        return billing.spans(self.life(), self.ended_s if self.ended_s is not None else end)
+
     def stopped_seconds(self, end: float) -> float:
         """Seconds it was stopped up to its end (or `end` while it lives)."""
-        until = self.ended_s if self.ended_s is not None else end
-        return sum(max(0.0, min(b if b is not None else until, until) - a) for a, b in self.stopped)
+        return sum(s.end - s.start for s in self._spans(end) if s.charge is Charge.STORAGE)
 
     def running_spans(self, end: float) -> list[tuple[float, float]]:
         """The spans it billed at its full price (rented, not stopped)."""
-        until = self.ended_s if self.ended_s is not None else end
-        spans, start = [], self.created_s
-        for a, b in self.stopped:
-            spans.append((start, min(a, until)))
-            start = b if b is not None else until
-        spans.append((start, until))
-        return [(a, b) for a, b in spans if b > a]
+        return [(s.start, s.end) for s in self._spans(end) if s.charge is Charge.FULL]
 
 
 @dataclass
@@ -438,7 +451,7 @@ class Simulation:
 
     def running_machines(self) -> int:
         """Machines billing their full price now (a stopped one bills its disk only)."""
-        return sum(1 for m in self.live.values() if m.state != InstanceState.STOPPED)
+        return sum(1 for m in self.live.values() if billing.charge(m.state) is Charge.FULL)
 
     def _running(self) -> int:
         return sum(len(m.jobs) for m in self.live.values()) + self.handing_back

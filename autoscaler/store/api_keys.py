@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from autoscaler.store.instances import InstanceDetails, details
 from autoscaler.store.models import ApiKey, Instance
+from autoscaler.store.moves import update_rows
 
 
 def add(
@@ -38,14 +40,10 @@ def by_hash(session: Session, key_hash: str, kind: str) -> ApiKey | None:
     return session.scalar(select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.kind == kind))
 
 
-def instance_by_token_hash(session: Session, token_hash: str) -> Instance | None:
-    return session.scalar(select(Instance).where(Instance.worker_token_hash == token_hash))
+def instance_by_token_hash(session: Session, token_hash: str) -> InstanceDetails | None:
+    row = session.scalar(select(Instance).where(Instance.worker_token_hash == token_hash))
+    return details(row) if row is not None else None
 
 
 def forget_token(session: Session, launch_id: str) -> None:
-    session.execute(
-        update(Instance)
-        .where(Instance.launch_id == launch_id)
-        .values(worker_token_hash=None)
-        .execution_options(synchronize_session=False)
-    )
+    update_rows(session, [Instance.launch_id == launch_id], {"worker_token_hash": None})

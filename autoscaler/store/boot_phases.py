@@ -7,7 +7,7 @@ nothing), with the agent's time clamped into [the boot's start, the store's cloc
 store's own receive time. The provider, GPU, host and queue are copied from the instance row.
 
 Nothing decides on these rows: boot statistics and the slow-host rule read the instance rows'
-control-plane times (`fleet.boot_stats`, `fleet.mark_ready`).
+control-plane times (`store.boots`, `control.machines.mark_ready`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from autoscaler.policy.boots import BOOT_PHASES
+from autoscaler.store.instances import InstanceDetails
 from autoscaler.store.models import BootPhase, Instance
 
 KEEP = timedelta(days=30)
@@ -35,7 +36,7 @@ MATCHES = 20
 """Machines a launch id prefix may match before the caller is asked for a longer one."""
 
 
-def boot_start(row: Instance) -> datetime:
+def boot_start(row: InstanceDetails) -> datetime:
     """When the row's current boot began: its resume's start for a resumed machine, else the
     decision that asked for it (`created_at`)."""
     if row.resumes and row.resuming_at is not None and row.resuming_at >= row.created_at:
@@ -44,7 +45,7 @@ def boot_start(row: Instance) -> datetime:
 
 
 def record(
-    session: Session, row: Instance, phases: Mapping[str, datetime], now: datetime
+    session: Session, row: InstanceDetails, phases: Mapping[str, datetime], now: datetime
 ) -> list[str]:
     """Keep the phases `row`'s agent reported for its current boot (`row.resumes`): each one
     not kept yet, its time clamped into [the boot's start, `now`] (the store's clock), `now` as

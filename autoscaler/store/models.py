@@ -83,7 +83,10 @@ class Installation(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class Provider(Base):
+class ProviderRow(Base):
+    """A registered provider: its kind, options and encrypted key (`providers.base.Provider` is
+    the client of one)."""
+
     __tablename__ = "providers"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -318,8 +321,9 @@ class QueueHeadSighting(Base):
     first_seen_at: Mapped[datetime] = mapped_column()
 
 
-class ManualTarget(Base):
-    """An operator's fixed worker count for a queue (`autoscaler scale`), until it expires."""
+class ManualTargetRow(Base):
+    """An operator's fixed worker count for a queue (`autoscaler scale`), until it expires
+    (`policy.snapshot.ManualTarget` is what the loop reads of it)."""
 
     __tablename__ = "manual_targets"
 
@@ -359,15 +363,11 @@ class MetricReading(Base):
     read_at: Mapped[datetime] = mapped_column()
 
 
-ENROLLED_DOMAIN = ""
-"""The `domain` of a hand-made machine's sighting from its enrolled agent's heartbeat (the API)."""
-
-
 class WorkerSighting(Base):
     """A Celery worker seen through a watched broker's remote control, hand-made or ours, or a
     hand-made machine's agent heartbeat. `domain` is where it was heard
-    (`metrics.registry.broker_domain`, or ENROLLED_DOMAIN): it counts for that domain's queues
-    alone, and one worker name heard in two domains is two sightings."""
+    (`metrics.registry.broker_domain`, or `store.worker_sightings.ENROLLED_DOMAIN`): it counts
+    for that domain's queues alone, and one worker name heard in two domains is two sightings."""
 
     __tablename__ = "worker_sightings"
 
@@ -492,3 +492,35 @@ class ReportBudget(Base):
     dropped_jobs: Mapped[int] = mapped_column(Integer, default=0)
     dropped_events: Mapped[int] = mapped_column(Integer, default=0)
     told_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class InstanceTransition(Base):
+    """One state change of a machine's row (`instances`), written in the transaction of the move
+    itself (`store/transitions.py`): the row keeps only the latest time of each state, this its
+    whole history, so a machine stopped and resumed twice bills each stop at its storage price
+    (`policy.billing`). `src` None: the row's first state (its intent written, or the first
+    state a backfill could know). Kept as long as its instance row is (`store/retention.py`)."""
+
+    __tablename__ = "instance_transitions"
+    __table_args__ = (Index("ix_instance_transitions_launch_id_id", "launch_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    launch_id: Mapped[str] = mapped_column(String(64))
+    src: Mapped[InstanceState | None] = mapped_column(
+        Enum(
+            InstanceState,
+            native_enum=False,
+            length=20,
+            values_callable=lambda e: [m.value for m in e],
+        ),
+        default=None,
+    )
+    dst: Mapped[InstanceState] = mapped_column(
+        Enum(
+            InstanceState,
+            native_enum=False,
+            length=20,
+            values_callable=lambda e: [m.value for m in e],
+        )
+    )
+    at: Mapped[datetime] = mapped_column()

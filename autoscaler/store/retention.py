@@ -11,7 +11,8 @@ of the three fails `tests/store/test_retention.py`, so a new table must say how 
 
 Never deleted: a machine that may still exist (`LIVE_STATES`), a hold or an avoided host
 still in force. Each rule is one DELETE in its own transaction (short locks; a sweep that dies
-half-way leaves the rest to the next), on an indexed time column.
+half-way leaves the rest to the next), on an indexed time column - or, for a table of a
+machine's details (`instance_transitions`), on its indexed launch id: gone with its machine's row.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, delete
+from sqlalchemy import ColumnElement, delete, exists
 from sqlalchemy.orm import Session
 
 from autoscaler.lifecycle import LIVE_STATES
@@ -29,6 +30,7 @@ from autoscaler.store.models import (
     AvoidedHost,
     Base,
     Instance,
+    InstanceTransition,
     MockMachine,
     ProviderRateLimit,
     ScaleEvent,
@@ -69,6 +71,12 @@ RULES: tuple[Rule, ...] = (
         "a closed machine's row (its bill, its history); a live one is never forgotten",
     ),
     Rule(
+        "instance_transitions",
+        timedelta(0),
+        lambda cutoff: ~exists().where(Instance.launch_id == InstanceTransition.launch_id),
+        "a machine's state history, kept as long as its instance row (swept after `instances`)",
+    ),
+    Rule(
         "provider_rate_limits",
         timedelta(0),
         lambda cutoff: ProviderRateLimit.until <= cutoff,
@@ -92,6 +100,7 @@ _MODELS = {
     "tick_slots": TickSlot,
     "scale_events": ScaleEvent,
     "instances": Instance,
+    "instance_transitions": InstanceTransition,
     "provider_rate_limits": ProviderRateLimit,
     "avoided_hosts": AvoidedHost,
     "mock_machines": MockMachine,
@@ -105,7 +114,7 @@ SELF_PRUNED = {
     "worker_sightings": "store/worker_sightings.py: sightings older than the silence window",
     "orphan_sightings": "store/orphan_sightings.py: rewritten whole each reconcile round",
     "queue_head_sightings": "store/head_sightings.py: replaced per source and queue",
-    "manual_targets": "store/fleet.py: expired targets removed when targets are read",
+    "manual_targets": "store/manual_targets.py: expired targets removed when targets are read",
     "rental_backoffs": "one row per (queue, provider), cleared on a successful rental",
 }
 

@@ -4,18 +4,27 @@ Shared by `autoscaler status / instances / events` and usable by the API's admin
 the dashboard. Nothing here writes (expired manual targets are skipped, not deleted), and each
 view is a fixed number of queries whatever the number of queues or machines.
 
-Money: a machine bills from the moment the provider created it (`booting_at`; a row still
-`pending` or `creating` has no machine yet) until it was terminated, lost or failed (or now, if
-it may still bill), at its **real** price (`instances.price_per_hour`: the price the provider
-reported for the machine, else the offer's), never the queue's cap. A machine of unknown price
-adds nothing to a sum and is counted in `unknown_price` instead. "Today" is the UTC day.
+Money, by the one rule of `policy.billing`: a machine bills from the moment the provider created
+it (its move to `booting`; a row still `pending` or `creating` has no machine yet) until it was
+terminated, lost or failed (or now, if it may still bill), at its **real** price
+(`instances.price_per_hour`: the price the provider reported for the machine, else the offer's),
+never the queue's cap. A machine of unknown price adds nothing to a sum and is counted in
+`unknown_price` instead. "Today" is the UTC day.
 
 A warm pool's machine bills its running price until it is `stopped` (`stopping` and `resuming`
 bill the full price), and while `stopped` only its storage price
-(`instances.storage_price_per_hour`, 0 when unknown): from `stopped_at` until it left that state
-(resumed, destroyed, lost) or now. The row keeps the times of its latest stop only, so the stops
-before a later resume count at the full price (the most they can have cost). Warm hits and misses
-(the `warm_pool` events) are counted over the same UTC day.
+(`instances.storage_price_per_hour`, 0 when unknown), until it left that state (resumed,
+destroyed, lost) or now. Warm hits and misses (the `warm_pool` events) are counted over the same
+UTC day.
+
+What changed (issue 35): the bill is read from each machine's state history
+(`instance_transitions`, `store/transitions.py`: one row per move), not from the row's one
+timestamp per state. The row keeps the times of its latest stop only, so a machine stopped and
+resumed twice used to be billed its full price for its earlier stops; every stop now counts at
+the storage price, exactly. A row without a history of its own (written before the history
+existed and not backfilled, or written directly) is billed from its columns as before. Every
+other figure is as it was. One more query per view that bills (the histories of the machines
+it read), still a fixed number.
 """
 
 from __future__ import annotations
@@ -31,11 +40,15 @@ from sqlalchemy.orm import Session
 
 from autoscaler.config.durations import parse_duration
 from autoscaler.lifecycle import BOOTING_STATES, LEAVING_STATES, LIVE_STATES, InstanceState
-from autoscaler.store import config_versions
-from autoscaler.store.fleet import HANDBACK_EVENT, PREEMPTION_EVENT, WARM_EVENT, boot_tables
+from autoscaler.policy import billing
+from autoscaler.store import config_versions, transitions
+from autoscaler.store.boots import boot_tables
+from autoscaler.store.events import HANDBACK_EVENT, PREEMPTION_EVENT, WARM_EVENT
+from autoscaler.store.instances import InstanceDetails
+from autoscaler.store.instances import details as instance_details
 from autoscaler.store.models import (
     Instance,
-    ManualTarget,
+    ManualTargetRow,
     MetricReading,
     ProviderRateLimit,
     QueueStatus,
@@ -319,69 +332,43 @@ class EventView:
 # ------------------------------------------------------------------------------ money
 
 
-def billing_interval(row: Instance, now: datetime) -> tuple[datetime, datetime] | None:
-    """When the machine of `row` billed: from its create at the provider to its end."""
-    start = row.booting_at or row.ready_at
-    if start is None:
-        return None
-    if row.state in LIVE_STATES:
-        end = now
-    else:
-        ends = [t for t in (row.terminated_at, row.lost_at, row.failed_at) if t is not None]
-        end = min(ends) if ends else row.updated_at
-    return (start, max(start, min(end, now)))
+Histories = Mapping[str, Sequence[transitions.Transition]]
+"""Launch id -> its moves (`transitions.history`)."""
 
 
-def stopped_interval(row: Instance, now: datetime) -> tuple[datetime, datetime] | None:
-    """When the machine of `row` was last `stopped` (billing its storage price only): from
-    `stopped_at` until it left that state (resumed, destroyed, lost) or now. None when its row
-    holds no stop (never stopped, or no later move that ended it)."""
-    start = row.stopped_at
-    if start is None:
-        return None
-    if row.state == S.STOPPED:
-        return (start, max(start, now))
-    left = [
-        t
-        for t in (row.resuming_at, row.terminating_at, row.lost_at)
-        if t is not None and t >= start
-    ]
-    if not left:  # a stop from before its latest resume: the times were overwritten since
-        return None
-    return (start, max(start, min(min(left), now)))
+def life(row: Instance, histories: Histories | None = None) -> list[billing.Interval[datetime]]:
+    """The machine of `row` as the money rule reads it: its intervals (state, from, to), from
+    its history in `histories`, or from its columns when it has none there."""
+    return transitions.intervals(row, histories or {})
 
 
 def current_rate(row: Instance) -> float | None:
-    """What the machine of `row` bills per hour now: its storage price while stopped (0 when
-    unknown), else its price (None when unknown)."""
-    if row.state == S.STOPPED:
-        return row.storage_price_per_hour or 0.0
-    return row.price_per_hour
-
-
-def _overlap(a: tuple[datetime, datetime], lo: datetime, hi: datetime) -> float:
-    return max(0.0, (min(a[1], hi) - max(a[0], lo)).total_seconds())
+    """What the machine of `row` bills per hour now (`billing.rate`): its storage price while
+    stopped (0 when unknown), else its price (None when unknown). A row that bills nothing (no
+    machine yet, or ended) shows its price, as it always did."""
+    if billing.charge(row.state) is billing.Charge.NONE:
+        return row.price_per_hour
+    return billing.rate(row.state, row.price_per_hour, row.storage_price_per_hour)
 
 
 def billed(
-    row: Instance, now: datetime, since: datetime | None = None
+    row: Instance,
+    now: datetime,
+    since: datetime | None = None,
+    histories: Histories | None = None,
 ) -> tuple[float, float | None]:
     """(Seconds billed, dollars billed) by the machine of `row` from `since` (or its create)
-    to now: its running time at its price, its stopped time at its storage price (0 when
-    unknown). Dollars None when it ran for a price that is unknown."""
-    interval = billing_interval(row, now)
-    if interval is None:
-        return 0.0, 0.0
-    lo = interval[0] if since is None else max(interval[0], since)
-    hi = interval[1]
-    total = _overlap(interval, lo, hi)
-    stopped = stopped_interval(row, now)
-    storage = 0.0 if stopped is None else min(total, _overlap(stopped, lo, hi))
-    running = total - storage
-    if row.price_per_hour is None and (running > 0 or stopped is None):
-        return total, None
-    dollars = (row.storage_price_per_hour or 0.0) * storage / 3600.0
-    return total, dollars + (row.price_per_hour or 0.0) * running / 3600.0
+    to now (`billing.bill` over its `life`): its running time at its price, every stopped
+    time at its storage price (0 when unknown). Dollars None when it ran for a price that is
+    unknown."""
+    bill = billing.bill(
+        life(row, histories),
+        row.price_per_hour,
+        row.storage_price_per_hour,
+        until=now,
+        since=since,
+    )
+    return bill.seconds, bill.dollars
 
 
 def day_start(now: datetime) -> datetime:
@@ -425,8 +412,10 @@ def warm_pools(session: Session) -> dict[str, PoolConfig]:
     return _pool_configs(latest.document if latest else None)
 
 
-def _instance_view(row: Instance, now: datetime, pools: Mapping[str, PoolConfig]) -> InstanceView:
-    seconds, dollars = billed(row, now)
+def _instance_view(
+    row: Instance, now: datetime, pools: Mapping[str, PoolConfig], histories: Histories
+) -> InstanceView:
+    seconds, dollars = billed(row, now, histories=histories)
     pool = pools.get(row.queue)
     destroy_at = (
         row.stopped_at + timedelta(seconds=pool.keep_for)
@@ -475,8 +464,8 @@ def instances(
     pools: Mapping[str, PoolConfig] | None = None,
 ) -> list[InstanceView]:
     """Machines, oldest first: those that may still bill, or (`include_closed`) the newest
-    `limit` of any state. Two queries (one without `pools`: the stopped machines' destroy
-    times come from the newest config's warm pools, or these)."""
+    `limit` of any state. Three queries (two with `pools`: the stopped machines' destroy
+    times come from the newest config's warm pools, or these; one more for their histories)."""
     if pools is None:
         pools = warm_pools(session)
     q = select(Instance)
@@ -487,24 +476,23 @@ def instances(
     if queue is not None:
         q = q.where(Instance.queue == queue)
     rows = list(session.scalars(q.order_by(Instance.id.desc()).limit(limit)))
-    return [_instance_view(r, now, pools) for r in reversed(rows)]
+    histories = transitions.history(session, [r.launch_id for r in rows])
+    return [_instance_view(r, now, pools, histories) for r in reversed(rows)]
 
 
 def spend(session: Session, now: datetime) -> Spend:
-    """Spend rate now and what was billed today (one query: rows that may bill or billed
-    today)."""
+    """Spend rate now and what was billed today (two queries: rows that may bill or billed
+    today, and their histories)."""
     start = day_start(now)
-    rows = session.scalars(
-        select(Instance).where(
-            or_(
-                Instance.state.in_(LIVE_STATES),
-                Instance.terminated_at >= start,
-                Instance.lost_at >= start,
-                Instance.failed_at >= start,
-                Instance.updated_at >= start,
-            )
-        )
+    billing_today = or_(
+        Instance.state.in_(LIVE_STATES),
+        Instance.terminated_at >= start,
+        Instance.lost_at >= start,
+        Instance.failed_at >= start,
+        Instance.updated_at >= start,
     )
+    rows = list(session.scalars(select(Instance).where(billing_today)))
+    histories = transitions.history(session, select(Instance.launch_id).where(billing_today))
     rate = today = 0.0
     unknown = 0
     for row in rows:
@@ -515,7 +503,7 @@ def spend(session: Session, now: datetime) -> Spend:
             continue
         if live:
             rate += now_rate
-        _, dollars = billed(row, now, since=start)
+        _, dollars = billed(row, now, since=start, histories=histories)
         today += dollars or 0.0
     return Spend(rate, today, unknown, start)
 
@@ -689,7 +677,7 @@ def queues(
     listed = {q: names for q, names in _listed_providers(document).items() if q in views}
     for name, states in _provider_states(session, now, listed, backoffs, rows).items():
         views[name].providers = states
-    for t in session.scalars(select(ManualTarget).where(ManualTarget.until > now)):
+    for t in session.scalars(select(ManualTargetRow).where(ManualTargetRow.until > now)):
         if t.queue in views:
             views[t.queue].manual_target = TargetView(t.workers, t.until, t.set_by)
     return [views[n] for n in sorted(views)]
@@ -737,15 +725,15 @@ def instance_rows(
     queue: str | None = None,
     state: InstanceState | None = None,
     limit: int = 200,
-) -> list[Instance]:
-    """The newest `limit` machine rows of any state, newest first (the admin API's list,
-    which shows columns the views leave out). One query."""
+) -> list[InstanceDetails]:
+    """The newest `limit` machine rows of any state, newest first, as frozen records (the admin
+    API's list, which shows columns the views leave out). One query."""
     q = select(Instance).order_by(Instance.id.desc()).limit(limit)
     if queue is not None:
         q = q.where(Instance.queue == queue)
     if state is not None:
         q = q.where(Instance.state == state)
-    return list(session.scalars(q))
+    return [instance_details(r) for r in session.scalars(q)]
 
 
 def newest_events(
@@ -822,7 +810,7 @@ def lost_work(session: Session, since: datetime) -> dict[str, tuple[int, int, in
 
 
 def warm_counts(session: Session, since: datetime | None = None) -> dict[tuple[str, str], int]:
-    """(queue, action) -> warm pool events (`fleet.WARM_EVENT`: stop, stopped, resume, hit,
+    """(queue, action) -> warm pool events (`events.WARM_EVENT`: stop, stopped, resume, hit,
     miss, destroy) since `since` (or ever), queue "" for none. One grouped query."""
     q = select(ScaleEvent.queue, ScaleEvent.action, func.count()).where(
         ScaleEvent.kind == WARM_EVENT
@@ -836,7 +824,7 @@ def warm_counts(session: Session, since: datetime | None = None) -> dict[tuple[s
 @dataclass(frozen=True)
 class BootTimeView:
     """Cold boots of one (provider, GPU) — of one queue where `queue` is set — over the last
-    `fleet.BOOT_STATS_WINDOW`: median and p90 seconds from the launch decision to ready (the
+    `boots.BOOT_STATS_WINDOW`: median and p90 seconds from the launch decision to ready (the
     control plane's own times) and how many boots. `gpu` is "" where it is unknown."""
 
     provider: str
@@ -861,7 +849,7 @@ class BootTimeView:
 
 def boot_times(session: Session, now: datetime, *, queue: str | None = None) -> list[BootTimeView]:
     """Boot times per (provider, GPU), or per (provider, GPU) for `queue`'s machines alone,
-    sorted by provider and GPU (`fleet.boot_stats`). One query."""
+    sorted by provider and GPU (`boots.boot_stats`). One query."""
     by_key, by_queue = boot_tables(session, now)
     if queue is None:
         return [
@@ -882,24 +870,24 @@ def _int(value: Any) -> int | None:
 __all__ = [
     "BootTimeView",
     "EventView",
+    "Histories",
     "InstanceView",
     "PoolConfig",
     "QueueView",
     "Spend",
     "WarmPoolView",
     "billed",
-    "billing_interval",
     "boot_times",
     "current_rate",
     "events",
     "instance_rows",
     "instances",
     "launch_counts",
+    "life",
     "newest_events",
     "queues",
     "spend",
     "statuses",
-    "stopped_interval",
     "warm_counts",
     "warm_pools",
 ]

@@ -16,7 +16,10 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from autoscaler.store.db import upsert
-from autoscaler.store.models import ENROLLED_DOMAIN, WorkerSighting
+from autoscaler.store.models import WorkerSighting
+
+ENROLLED_DOMAIN = ""
+"""The `domain` of a hand-made machine's sighting from its enrolled agent's heartbeat (the API)."""
 
 
 def record(session: Session, sightings: Sequence[dict[str, Any]]) -> None:

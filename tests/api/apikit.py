@@ -15,7 +15,8 @@ from autoscaler.api.app import create_app
 from autoscaler.control.runtime import Runtime
 from autoscaler.lifecycle import InstanceState
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.store import config_versions, events, instances, intents, migrate
+from autoscaler.store.instances import InstanceDetails
 from autoscaler.store.models import Instance
 
 REDIS = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
@@ -57,11 +58,10 @@ class World:
     def h(self, key: str | None) -> dict[str, str]:
         return {"Authorization": f"Bearer {key}"} if key is not None else {}
 
-    def row(self, launch_id: str) -> Instance:
+    def row(self, launch_id: str) -> InstanceDetails:
         with self.rt.transaction() as session:
-            row = fleet.get(session, launch_id)
+            row = instances.get(session, launch_id)
             assert row is not None
-            session.expunge(row)
             return row
 
     def set_state(self, launch_id: str, state: InstanceState) -> None:
@@ -81,7 +81,7 @@ def add_machine(rt: Runtime, launch_id: str, state: InstanceState, queue: str = 
     token = keys.new_secret()
     now = datetime.now(UTC)
     with rt.transaction() as session:
-        fleet.add_intents(session, [(launch_id, queue, "sandbox", "test")], now)
+        intents.add_intents(session, [(launch_id, queue, "sandbox", "test")], now)
         from sqlalchemy import update
 
         session.execute(
@@ -126,9 +126,9 @@ def stop_machine(world: World, launch_id: str, storage: float | None, stopped_at
 def warm_events(world: World, *actions: str, queue: str = "q1") -> None:
     """Warm pool events (hit, miss, …) of `queue`, now, as the lifecycle records them."""
     with world.rt.transaction() as session:
-        fleet.record_events(
+        events.record(
             session,
-            [fleet.warm_event(a, f"test: {a}", queue, f"w-{i}") for i, a in enumerate(actions)],
+            [events.warm_event(a, f"test: {a}", queue, f"w-{i}") for i, a in enumerate(actions)],
             datetime.now(UTC),
         )
 

@@ -55,14 +55,15 @@ def test_a_booting_machine_is_ready_at_its_agents_first_heartbeat(world):
     from sqlalchemy import select
 
     from autoscaler.config.models import Backoff
-    from autoscaler.store import fleet
+    from autoscaler.control import machines
+    from autoscaler.store import backoffs
     from autoscaler.store.models import ScaleEvent
     from tests.api.apikit import add_machine
 
     token = add_machine(world.rt, "m3", S.BOOTING)
     tok = world.h(token)
     with world.rt.transaction() as session:
-        fleet.record_rental_failure(
+        machines.rental_failed(
             session, "q1", "sandbox", datetime.now(UTC), Backoff(base=30, jitter=0), "boom"
         )
     world.client.post("/v1/worker/m3/register", json={"worker_name": "agent@m3"}, headers=tok)
@@ -85,7 +86,7 @@ def test_a_booting_machine_is_ready_at_its_agents_first_heartbeat(world):
             )
         ).all()
         assert moves == ["booting->ready"]  # once
-        assert fleet.backoffs(session) == {}
+        assert backoffs.by_queue(session) == {}
 
 
 def test_heartbeat_answers_drain_now_once_draining_and_drained_hands_it_over(world):

@@ -20,7 +20,7 @@ from autoscaler.control.terminate import run_terminate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.providers.labels import make_label
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.store import config_versions, instances, intents, migrate, moves
 from tests.api.apikit import REDIS
 
 ALLOWED = {
@@ -79,7 +79,7 @@ def test_machine_env_holds_only_its_own_token_and_the_acl_user_dies_with_it(
         with rt.transaction() as session:
             user = make_label(rt.installation_id(session), "envtest1")
             config_versions.record(session, config, "test", now, None)
-            fleet.add_intents(session, [("envtest1", queue, "desk", "test")], now)
+            intents.add_intents(session, [("envtest1", queue, "desk", "test")], now)
         assert run_launch(rt, "envtest1").startswith("booting"), rt
         deadline = time.monotonic() + 10
         while not (out.exists() and out.read_text()):
@@ -95,7 +95,7 @@ def test_machine_env_holds_only_its_own_token_and_the_acl_user_dies_with_it(
         assert "RUNPOD_API_KEY" not in env and "redis://" not in blob
         token = env["AUTOSCALER_WORKER_TOKEN"]
         with rt.transaction() as session:
-            row = fleet.get(session, "envtest1")
+            row = instances.get(session, "envtest1")
             assert row is not None
             assert row.worker_token_hash == keys.digest(token)
             assert row.broker_user == user
@@ -118,10 +118,10 @@ def test_machine_env_holds_only_its_own_token_and_the_acl_user_dies_with_it(
         mine.close()
         # destroy: token dead, user gone
         with rt.transaction() as session:
-            fleet.move(session, "envtest1", S.BOOTING, S.TERMINATING, datetime.now(UTC), "t")
+            moves.move(session, "envtest1", S.BOOTING, S.TERMINATING, datetime.now(UTC), "t")
         assert run_terminate(rt, "envtest1") == "terminated"
         with rt.transaction() as session:
-            row = fleet.get(session, "envtest1")
+            row = instances.get(session, "envtest1")
             assert row is not None and row.worker_token_hash is None and row.broker_user is None
             assert keys.instance_of_token(session, token) is None
         assert user not in str(admin.execute_command("ACL", "USERS"))
@@ -164,10 +164,10 @@ def test_a_failed_launch_leaves_no_broker_user_and_no_token(
         with rt.transaction() as session:
             user = make_label(rt.installation_id(session), "failtest1")
             config_versions.record(session, config, "test", datetime.now(UTC), None)
-            fleet.add_intents(session, [("failtest1", queue, "desk", "test")], datetime.now(UTC))
+            intents.add_intents(session, [("failtest1", queue, "desk", "test")], datetime.now(UTC))
         assert run_launch(rt, "failtest1").startswith("failed"), "the launch should fail"
         with rt.transaction() as session:
-            row = fleet.get(session, "failtest1")
+            row = instances.get(session, "failtest1")
             assert row is not None and row.state == S.FAILED
             assert row.broker_user is None and row.worker_token_hash is None
         assert user not in admin.execute_command("ACL", "USERS")
@@ -197,11 +197,11 @@ def test_reconcile_sweeps_broker_users_of_machines_no_longer_live(
         with rt.transaction() as session:
             install = rt.installation_id(session)
             config_versions.record(session, CONFIG, "test", now, None)
-            fleet.add_intents(
+            intents.add_intents(
                 session, [("gone1", "q1", "sandbox", "t"), ("live1", "q1", "sandbox", "t")], now
             )
-            fleet.move(session, "gone1", S.PENDING, S.CREATING, now, "t")
-            fleet.move(session, "gone1", S.CREATING, S.FAILED, now, "t")
+            moves.move(session, "gone1", S.PENDING, S.CREATING, now, "t")
+            moves.move(session, "gone1", S.CREATING, S.FAILED, now, "t")
         plan = broker_users.plan_for(
             CelerySource.model_validate(CONFIG["queues"]["q1"]["metrics"]), "q1"
         )

@@ -16,7 +16,7 @@ from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.models import (
     ConfigVersion,
     Instance,
-    ManualTarget,
+    ManualTargetRow,
     MetricReading,
     QueueStatus,
     RentalBackoff,
@@ -162,10 +162,10 @@ def _fill(url: str) -> None:
                     RentalBackoff(  # expired: not shown
                         queue="batch", provider="gpu-runpod", failures=1, until=NOW - M
                     ),
-                    ManualTarget(
+                    ManualTargetRow(
                         queue="batch", workers=2, until=NOW + H, set_by="alice", set_at=NOW - M
                     ),
-                    ManualTarget(  # expired: not shown
+                    ManualTargetRow(  # expired: not shown
                         queue="inference", workers=9, until=NOW - M, set_by="bob", set_at=NOW - H
                     ),
                     MetricReading(
@@ -455,13 +455,14 @@ def test_status_refuses_a_store_that_is_not_set_up(tmp_path):
 
 def test_status_reads_what_the_loop_and_the_sources_write(db_url, tmp_path, monkeypatch):
     """The rows written by the tick's own writers (queue_status from a real plan, the last good
-    reading from a real QueueMetrics, a backoff and a manual target from store/fleet.py), not
-    hand-made dicts: the formats `status` reads are the ones the loop writes."""
+    reading from a real QueueMetrics, a backoff and a manual target from the store's own
+    writes), not hand-made dicts: the formats `status` reads are the ones the loop writes."""
     from autoscaler.config.models import Backoff
+    from autoscaler.control import machines
     from autoscaler.control.loop import StoreActions
     from autoscaler.policy.plan import QueuePlan, Wait
     from autoscaler.policy.snapshot import QueueMetrics
-    from autoscaler.store import fleet, metric_readings
+    from autoscaler.store import manual_targets, metric_readings
 
     monkeypatch.setattr(common, "now", lambda: NOW)
     env = {"AUTOSCALER_HOME": str(tmp_path), "AUTOSCALER_DATABASE_URL": db_url}
@@ -493,10 +494,10 @@ def test_status_reads_what_the_loop_and_the_sources_write(db_url, tmp_path, monk
                 )
             )
             actions.flush()
-            fleet.record_rental_failure(
+            machines.rental_failed(
                 s, "gpu", "gpu-vast", NOW - 5 * timedelta(seconds=1), Backoff(), "offer gone"
             )
-            fleet.set_manual_target(s, "gpu", 1, NOW + H, "carol", NOW)
+            manual_targets.put(s, "gpu", 1, NOW + H, "carol", NOW)
     finally:
         engine.dispose()
     res = runner.invoke(main, ["status", "--json"], env=env)

@@ -17,7 +17,7 @@ from autoscaler.cli import common, main
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.store import views
 from autoscaler.store.db import make_engine, session_factory, transaction
-from autoscaler.store.fleet import WARM_EVENT
+from autoscaler.store.events import WARM_EVENT
 from autoscaler.store.models import ConfigVersion, Instance, ScaleEvent
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)

@@ -26,7 +26,7 @@ import requests
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime
 from autoscaler.settings import Settings
-from autoscaler.store import fleet
+from autoscaler.store import intents
 from tests.agent.agentkit import free_port
 from tests.control.loopkit import WATCH_BROKER, Loop, unique
 from tests.fakes.runpod_server import FakeRunPod
@@ -177,7 +177,7 @@ def test_drain_cancels_a_machine_that_is_not_ready_through_every_door(store, tmp
 
 def _intent(rt: Runtime, queue: str, name: str) -> str:
     with rt.transaction() as session:
-        fleet.add_intents(session, [(name, queue, "pods", "test")], datetime.now(UTC))
+        intents.add_intents(session, [(name, queue, "pods", "test")], datetime.now(UTC))
     return name
 
 

@@ -20,7 +20,7 @@ from autoscaler.control.terminate import run_terminate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.store import config_versions, instances, migrate, moves
 from autoscaler.store.models import MockMachine, ScaleEvent
 
 CONFIG = """
@@ -61,7 +61,7 @@ def test_a_launch_rents_what_its_decision_judged_and_terminate_finds_its_provide
             rt, lambda s, lid: None, trigger="t", readings=reading, now=now
         ).launched
         with rt.transaction() as session:
-            row = fleet.get(session, launch_id)
+            row = instances.get(session, launch_id)
             assert row is not None and row.state == S.PENDING
             assert row.config_version == judged
             event = session.get(ScaleEvent, row.decision_id)
@@ -72,16 +72,16 @@ def test_a_launch_rents_what_its_decision_judged_and_terminate_finds_its_provide
         assert newer > judged
         assert run_launch(rt, launch_id).startswith("booting")
         with rt.transaction() as session:
-            row = fleet.get(session, launch_id)
+            row = instances.get(session, launch_id)
             assert row is not None and row.state == S.BOOTING
             assert row.gpu == "RTX 4090"  # what was decided, not the newest version's H100
             (machine,) = session.scalars(select(MockMachine)).all()
             assert (machine.provider, machine.gpu) == ("sandbox", "RTX 4090")
-            fleet.move(session, launch_id, S.BOOTING, S.TERMINATING, utc_now(), "test: go")
+            moves.move(session, launch_id, S.BOOTING, S.TERMINATING, utc_now(), "test: go")
         # the newest version has no provider "sandbox": the row's version still destroys it
         assert run_terminate(rt, launch_id) == "terminated"
         with rt.transaction() as session:
-            row = fleet.get(session, launch_id)
+            row = instances.get(session, launch_id)
             assert row is not None and row.state == S.TERMINATED
             (machine,) = session.scalars(select(MockMachine)).all()
             assert machine.status == "destroyed"

@@ -21,13 +21,21 @@ from sqlalchemy import select
 
 from autoscaler.api import metrics
 from autoscaler.config import load_config_text
-from autoscaler.control import loop, reconciler
+from autoscaler.control import loop, machines, reconciler
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
-from autoscaler.store import avoided_hosts, config_versions, fleet, migrate, views
+from autoscaler.store import (
+    avoided_hosts,
+    backoffs,
+    config_versions,
+    events,
+    heartbeats,
+    migrate,
+    views,
+)
 from autoscaler.store.models import Instance, ScaleEvent
 from tests.fakes.vast_server import FakeVast
 
@@ -86,8 +94,9 @@ queues:
         """Its worker is up and holds `tasks` (its agent's heartbeat)."""
         now = utc_now()
         with self.rt.transaction() as session:
-            fleet.mark_ready(session, launch_id, "render", "vast", now, "its worker is up (t)")
-            fleet.note_heartbeat(session, launch_id, {"last_heartbeat_at": now, "tasks": tasks})
+            machines.mark_ready(session, launch_id, "render", "vast", now, "its worker is up (t)")
+            said = {"last_heartbeat_at": now, "tasks": tasks}
+            heartbeats.note_heartbeat(session, launch_id, said)
 
 
 @pytest.fixture
@@ -139,7 +148,7 @@ def test_an_outbid_machine_is_no_capacity_its_jobs_go_back_and_a_replacement_is_
             f'queue="render"}} 1.0' in scrape
         )
         # no failure of the rental, and the host is not avoided for one preemption
-        assert fleet.backoffs(session) == {}
+        assert backoffs.by_queue(session) == {}
         assert avoided_hosts.active_host_ids(session, "vast", utc_now()) == []
 
 
@@ -164,10 +173,10 @@ def test_a_host_that_preempts_twice_within_a_day_is_avoided(world: World) -> Non
                 interruptible=True,
             )
         )
-        fleet.record_events(
+        events.record(
             session,
             [
-                fleet.event(
+                events.event(
                     "preemption", "preempted", "outbid", queue="render", launch_id="earlier"
                 )
             ],

@@ -30,7 +30,7 @@ from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.control.stop import run_stop
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.store import backoffs, config_versions, migrate
 from tests.control.test_warm_pool_loop import RUNPOD_KEY, VAST_KEY, World, _config
 from tests.fakes.runpod_server import FakeRunPod
 from tests.fakes.vast_server import FakeVast
@@ -123,11 +123,11 @@ def test_a_machine_created_while_the_list_was_taken_is_not_lost(world: World):
     row = w.row(launch_id)
     assert row.state == S.BOOTING, row.state_reason
     with w.rt.transaction() as session:
-        assert fleet.backoffs(session) == {}
+        assert backoffs.by_queue(session) == {}
     reconciler.run_reconcile(w.rt, w.enqueue)  # listed now: still booting, nothing failed
     assert w.row(launch_id).state == S.BOOTING
     with w.rt.transaction() as session:
-        assert fleet.backoffs(session) == {}
+        assert backoffs.by_queue(session) == {}
 
 
 @pytest.mark.timeout(120)

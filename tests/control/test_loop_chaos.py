@@ -24,7 +24,7 @@ from autoscaler.config.models import MockProvider as MockConfig
 from autoscaler.policy.reconcile import INTENT_STALE, ORPHAN_GRACE
 from autoscaler.providers.base import LaunchSpec
 from autoscaler.providers.mock import MockProvider
-from autoscaler.store import fleet
+from autoscaler.store import events, intents
 from autoscaler.store.db import transaction
 from autoscaler.store.mock_machines import StoredMockMachines
 from autoscaler.store.models import OrphanSighting
@@ -241,10 +241,10 @@ def test_chaos_redelivered_launches_and_ticks_make_one_machine(pg_url, make_loop
     launch_id = "redelivered" + datetime.now(UTC).strftime("%H%M%S%f")
     with transaction(loop.sessions) as session:
         now = datetime.now(UTC)
-        fleet.add_intents(session, [(launch_id, q2, "sandbox", "test: an intent")], now)
-        fleet.record_events(
+        intents.add_intents(session, [(launch_id, q2, "sandbox", "test: an intent")], now)
+        events.record(
             session,
-            [fleet.event("scale_up", "launch", "test: an intent", queue=q2, launch_id=launch_id)],
+            [events.event("scale_up", "launch", "test: an intent", queue=q2, launch_id=launch_id)],
             now,
         )
     racing = [client.send_task("autoscaler.launch", args=[launch_id]) for _ in range(2)]
@@ -471,7 +471,7 @@ def test_chaos_orphans_are_destroyed_after_their_grace_and_not_before(pg_url, ma
 def test_chaos_a_busy_worker_that_cannot_answer_is_not_destroyed(pg_url, make_loop):
     """A solo-pool Celery worker (common on GPUs) runs its task on the thread that answers
     remote control: while a job runs it is silent, not dead. Its machine must not be destroyed
-    under the job (ARCHITECTURE: "no reply does not prove it dead")."""
+    under the job (ARCHITECTURE.md: "no reply does not prove it dead")."""
     loop = make_loop(pg_url)
     watched = Watched(loop, "chaos-solo")
     q = watched.queue
@@ -538,17 +538,17 @@ def test_chaos_a_re_enqueued_intent_is_audited(pg_url, make_loop):
     launch_id = "lostenqueue" + datetime.now(UTC).strftime("%H%M%S%f")
     with transaction(loop.sessions) as session:
         then = datetime.now(UTC) - timedelta(seconds=31)  # a tick 31 s ago whose task was lost
-        fleet.add_intents(session, [(launch_id, q, "sandbox", "test: an intent")], then)
-        fleet.record_events(
+        intents.add_intents(session, [(launch_id, q, "sandbox", "test: an intent")], then)
+        events.record(
             session,
-            [fleet.event("scale_up", "launch", "test: an intent", queue=q, launch_id=launch_id)],
+            [events.event("scale_up", "launch", "test: an intent", queue=q, launch_id=launch_id)],
             then,
         )
     loop.worker("w1", concurrency=3)  # no beat: one reconcile, by hand
     assert loop.result(loop.celery_call("autoscaler.reconcile", []))["retries"] == 1
     loop.wait(lambda: loop.rows_in(q, "booting"), 20, "the re-sent launch done")
-    events = [e for e in loop.events(q) if e["launch_id"] == launch_id]
-    assert any(e["kind"] == "reconcile" and "unclaimed" in e["reason"] for e in events), (
+    said = [e for e in loop.events(q) if e["launch_id"] == launch_id]
+    assert any(e["kind"] == "reconcile" and "unclaimed" in e["reason"] for e in said), (
         "reconcile re-sent the launch without an audit event: "
-        f"{[(e['kind'], e['action'], e['reason']) for e in events]}"
+        f"{[(e['kind'], e['action'], e['reason']) for e in said]}"
     )

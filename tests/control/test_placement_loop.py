@@ -22,13 +22,13 @@ from sqlalchemy import select
 from autoscaler.cli.render import render_status
 from autoscaler.config import load_config_text
 from autoscaler.config.models import Backoff
-from autoscaler.control import loop
+from autoscaler.control import loop, machines
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate, views
+from autoscaler.store import backoffs, config_versions, migrate, views
 from autoscaler.store.models import Instance, QueueStatus
 from tests.fakes.runpod_server import FakeRunPod
 from tests.fakes.vast_server import FakeVast
@@ -123,8 +123,8 @@ def test_runpod_out_of_capacity_the_same_launch_rents_on_vast(world: World) -> N
     assert world.creates() == (1, 1)  # one refused on RunPod, one made on Vast
     assert len(world.vast.instances) == 1 and world.runpod.pods == {}
     with world.rt.transaction() as session:
-        backoffs = {b.provider: b for b in fleet.backoffs(session)["render"]}
-    assert set(backoffs) == {"pods"} and backoffs["pods"].cause == "capacity"
+        held = {b.provider: b for b in backoffs.by_queue(session)["render"]}
+    assert set(held) == {"pods"} and held["pods"].cause == "capacity"
     # the next tick rents on Vast alone: RunPod waits out its backoff, and says so
     (second,) = world.tick(pending=15)
     assert world.row(second).placement is None and world.row(second).provider == "vast"
@@ -176,7 +176,7 @@ def test_both_providers_in_backoff_the_queue_waits_naming_both(world: World) -> 
     now = utc_now()
     with world.rt.transaction() as session:
         for name in ("pods", "vast"):
-            fleet.record_rental_failure(
+            machines.rental_failed(
                 session, "render", name, now, Backoff(base=600, cap=600), "no stock", "capacity"
             )
     before = (len(world.runpod.requests), len(world.vast.requests))
@@ -226,5 +226,5 @@ def test_a_provider_that_does_not_answer_in_time_is_skipped_not_waited_for(world
         world.vast.hold_search.set()
     assert world.row(launch_id).provider == "pods"
     with world.rt.transaction() as session:
-        (b,) = fleet.backoffs(session)["render"]
+        (b,) = backoffs.by_queue(session)["render"]
     assert b.provider == "vast" and b.cause == "no_answer"

@@ -26,7 +26,7 @@ from autoscaler.control.terminate import run_terminate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate, rate_limits
+from autoscaler.store import backoffs, config_versions, intents, migrate, rate_limits
 from autoscaler.store.models import Instance, ScaleEvent
 from autoscaler.store.views import queues as queue_views
 from tests.fakes.runpod_server import FakeRunPod
@@ -78,7 +78,7 @@ def test_a_rate_limit_is_recorded_once_and_no_step_calls_the_provider_before_its
         t0 = utc_now()
         with rt.transaction() as session:
             config_versions.record(session, config.model_dump(mode="json"), "t", t0)
-            fleet.add_intents(
+            intents.add_intents(
                 session,
                 [
                     ("p1", "on-pods", "pods", "t"),
@@ -106,7 +106,7 @@ def test_a_rate_limit_is_recorded_once_and_no_step_calls_the_provider_before_its
         assert "rate limited" in run_launch(rt, "v1")
         with rt.transaction() as session:
             limits = {r.provider: r for r in rate_limits.active(session, utc_now())}
-            assert fleet.backoffs(session) == {}  # no failure of a rental was counted
+            assert backoffs.by_queue(session) == {}  # no failure of a rental was counted
         assert set(limits) == {"pods", "vast"}
         assert 29 <= (limits["pods"].until - t0).total_seconds() <= 31 + _slack(t0)
         assert (limits["vast"].until - t0).total_seconds() >= DEFAULT_RESET - 1

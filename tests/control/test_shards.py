@@ -31,7 +31,7 @@ from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.shards import shard_of
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, leases, migrate
+from autoscaler.store import config_versions, instances, intents, leases, migrate
 from autoscaler.store.db import make_engine
 
 
@@ -82,7 +82,7 @@ def _readings(pending: dict[str, int]) -> dict[str, QueueMetrics]:
 
 def _pending_by_queue(rt: Runtime) -> dict[str, int]:
     with rt.transaction() as session:
-        rows = fleet.live_rows(session)
+        rows = instances.live_rows(session)
     out: dict[str, int] = {}
     for r in rows:
         out[r.queue] = out.get(r.queue, 0) + 1
@@ -151,10 +151,10 @@ def test_a_shard_counts_again_what_another_committed_while_it_decided(tmp_path, 
             while not _waiting_for_advisory_lock(pg_url):
                 assert worker.is_alive() and time.monotonic() < deadline
                 time.sleep(0.02)
-            fleet.add_intents(
+            intents.add_intents(
                 session,
                 [
-                    fleet.Intent(uuid.uuid4().hex, theirs, "sandbox", "other shard")
+                    intents.Intent(uuid.uuid4().hex, theirs, "sandbox", "other shard")
                     for _ in range(3)
                 ],
                 utc_now(),
@@ -237,6 +237,6 @@ def test_sqlite_runs_one_shard(tmp_path, sqlite_url):
         assert sorted(got.evaluated) == sorted(queues) and len(got.launched) == 4
         with rt.transaction() as s:
             assert leases.evaluation_shards(s, 2) == 1
-            assert {r.state for r in fleet.live_rows(s)} == {S.PENDING}
+            assert {r.state for r in instances.live_rows(s)} == {S.PENDING}
     finally:
         rt.close()

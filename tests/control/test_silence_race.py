@@ -23,7 +23,7 @@ from autoscaler.control import reconciler
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.lifecycle import InstanceState as S
-from autoscaler.store import fleet
+from autoscaler.store import instances, intents
 from autoscaler.store.db import store_now
 from autoscaler.store.models import Instance
 from tests.fakes.runpod_server import FakeRunPod
@@ -36,7 +36,7 @@ class Machine:
     def __init__(self, rt: Runtime, client: TestClient, fake: FakeRunPod, launch_id: str) -> None:
         self.rt, self.client, self.launch_id = rt, client, launch_id
         with rt.transaction() as session:
-            fleet.add_intents(session, [(launch_id, "q", "pods", "t")], utc_now())
+            intents.add_intents(session, [(launch_id, "q", "pods", "t")], utc_now())
         assert run_launch(rt, launch_id).startswith("booting")
         create = fake.calls("POST", "/v2/pods")[-1]
         self.token = create.body["env"]["AUTOSCALER_WORKER_TOKEN"]
@@ -66,7 +66,7 @@ class Machine:
 
     def state(self) -> S:
         with self.rt.transaction() as session:
-            row = fleet.get(session, self.launch_id)
+            row = instances.get(session, self.launch_id)
             assert row is not None
             return S(row.state)
 

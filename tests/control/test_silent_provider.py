@@ -24,7 +24,7 @@ from autoscaler.providers import http
 from autoscaler.providers.base import UnansweredError
 from autoscaler.providers.http import HttpClient
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.store import config_versions, migrate, moves
 from autoscaler.store.models import ScaleEvent
 from tests.control.test_warm_pool_loop import RUNPOD_KEY, Q, World
 from tests.fakes.runpod_server import FakeRunPod
@@ -116,7 +116,7 @@ def test_a_silent_provider_holds_its_steps_not_the_loop(tmp_path, db_url) -> Non
         for launch_id in launched:
             assert run_launch(rt, launch_id).startswith("booting")
             with rt.transaction() as session:
-                assert fleet.move(session, launch_id, S.BOOTING, S.TERMINATING, now, "test")
+                assert moves.move(session, launch_id, S.BOOTING, S.TERMINATING, now, "test")
         first, second = launched
 
         runpod.silent_for = 60.0  # takes the connection, never answers within the test

@@ -3,7 +3,7 @@
 The loop's own steps in this process — tick (`loop.evaluate` with a reading), launch, drain,
 stop, resume, reconcile, terminate — on real HTTP to the fakes, which serve the stop/start
 endpoints as the specs say. A machine's worker is "up" when its heartbeat would say so
-(`fleet.mark_ready`, the one function every sign of life goes through); the queue is a plain
+(`machines.mark_ready`, the one function every sign of life goes through); the queue is a plain
 Redis list (the tick is handed its reading), so no remote control is asked.
 
 - burst → idle → drained → stopped at the provider (RunPod `EXITED`, Vast `stopped`), its
@@ -27,7 +27,7 @@ import pytest
 from sqlalchemy import select
 
 from autoscaler.config import load_config_text
-from autoscaler.control import loop, reconciler
+from autoscaler.control import loop, machines, reconciler
 from autoscaler.control.drain import run_drain
 from autoscaler.control.launch import run_launch
 from autoscaler.control.resume import run_resume
@@ -37,7 +37,8 @@ from autoscaler.control.terminate import run_terminate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.store import backoffs, config_versions, events, instances, migrate
+from autoscaler.store.instances import InstanceDetails
 from autoscaler.store.models import Instance, ScaleEvent
 from tests.fakes.runpod_server import FakeRunPod
 from tests.fakes.vast_server import FakeVast
@@ -87,11 +88,10 @@ class World:
         reading = {Q: QueueMetrics(Q, pending, 10.0 if pending else None, 0, now)}
         return loop.evaluate(self.rt, self.enqueue, trigger="t", readings=reading, now=now)
 
-    def row(self, launch_id: str) -> Instance:
+    def row(self, launch_id: str) -> InstanceDetails:
         with self.rt.transaction() as session:
-            row = fleet.get(session, launch_id)
+            row = instances.get(session, launch_id)
             assert row is not None
-            session.expunge(row)
             return row
 
     def live(self) -> list[Instance]:
@@ -103,7 +103,7 @@ class World:
 
     def ready(self, launch_id: str) -> None:
         with self.rt.transaction() as session:
-            fleet.mark_ready(session, launch_id, Q, "gpu", utc_now(), "its worker is up (test)")
+            machines.mark_ready(session, launch_id, Q, "gpu", utc_now(), "its worker is up (test)")
 
     def warm_actions(self) -> list[str]:
         with self.rt.transaction() as session:
@@ -111,7 +111,7 @@ class World:
                 e.action
                 for e in session.scalars(
                     select(ScaleEvent)
-                    .where(ScaleEvent.kind == fleet.WARM_EVENT)
+                    .where(ScaleEvent.kind == events.WARM_EVENT)
                     .order_by(ScaleEvent.id)
                 )
             ]
@@ -191,7 +191,7 @@ def test_idle_machines_are_stopped_and_resumed_not_rented_again(world: World):
     assert w.created() == created
     assert w.warm_actions() == ["stop", "stopped", "resume", "hit"]
     with w.rt.transaction() as session:
-        assert fleet.backoffs(session) == {}
+        assert backoffs.by_queue(session) == {}
 
 
 @pytest.mark.timeout(120)
@@ -226,7 +226,7 @@ def test_a_start_refused_is_a_warm_miss_and_a_fresh_machine_is_rented_at_once(wo
     assert ("terminate", launch_id) in w.sent and ("evaluate", Q) in w.sent
     assert run_terminate(w.rt, launch_id) == "terminated"
     with w.rt.transaction() as session:
-        assert fleet.backoffs(session) == {}  # a miss is not a failed rental
+        assert backoffs.by_queue(session) == {}  # a miss is not a failed rental
     fresh = w.tick(3, utc_now())  # what the "evaluate" step does
     assert len(fresh.launched) == 1 and fresh.resumed == []
     assert "miss" in w.warm_actions()

@@ -10,7 +10,7 @@ from typing import Any
 
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.snapshot import QueueMetrics
-from autoscaler.store import fleet, metric_readings, queue_status
+from autoscaler.store import events, metric_readings, queue_status
 from tests.api.apikit import World, add_machine, make_world
 
 SOURCE = "celery:redis://127.0.0.1:6379/11"
@@ -65,13 +65,13 @@ def dashboard_world(db_url: str, tmp_path: Any) -> World:
         r = world.client.get("/v1/admin/overview", headers=world.h(world.admin))
         assert r.status_code == 200, r.text
     with world.rt.transaction() as session:
-        fleet.record_events(
+        events.record(
             session,
             [
-                fleet.event(
+                events.event(
                     "scale_up", "launch", "no_workers: 12 pending and no live worker", queue="q1"
                 ),
-                fleet.event("drain", "drained", "idle for 5m", queue="q1", launch_id="m3"),
+                events.event("drain", "drained", "idle for 5m", queue="q1", launch_id="m3"),
             ],
             now,
         )

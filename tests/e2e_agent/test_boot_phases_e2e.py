@@ -31,7 +31,7 @@ from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.boots import BOOT_PHASES
 from autoscaler.providers.local import DEFAULT_COMMAND
 from autoscaler.settings import Settings
-from autoscaler.store import boot_phases, config_versions, fleet, migrate
+from autoscaler.store import boot_phases, boots, config_versions, instances, intents, migrate
 from autoscaler.store.db import store_now
 from tests.agent.agentkit import free_port, git_repo, wait_for
 
@@ -121,9 +121,9 @@ def test_e2e_local_machine_reports_its_phases_in_order_with_the_rows_provider_gp
             now = store_now(session)
             version = config_versions.record(session, config(repo), "e2e", now, "phases")
             assert version is not None
-            fleet.add_intents(
+            intents.add_intents(
                 session,
-                [fleet.Intent("phases1", QUEUE, "desk", "e2e: one machine")],
+                [intents.Intent("phases1", QUEUE, "desk", "e2e: one machine")],
                 now,
                 config_version=version.version,
             )
@@ -131,7 +131,7 @@ def test_e2e_local_machine_reports_its_phases_in_order_with_the_rows_provider_gp
             outcome = run_launch(rt, "phases1")
             assert outcome.startswith("booting"), outcome
             with rt.transaction() as session:
-                row = fleet.get(session, "phases1")
+                row = instances.get(session, "phases1")
                 assert row is not None
                 machine_id = row.provider_instance_id
 
@@ -149,10 +149,9 @@ def test_e2e_local_machine_reports_its_phases_in_order_with_the_rows_provider_gp
                 lambda: machine_log(home),
             )
         with rt.transaction() as session:
-            row = fleet.get(session, "phases1")
+            row = instances.get(session, "phases1")
             assert row is not None
-            session.expunge(row)
-            stats = fleet.boot_stats(session, store_now(session))
+            stats = boots.boot_stats(session, store_now(session))
         # in their order, for the cold boot, with the row's provider, GPU and host
         assert [p for _, p, *_ in sorted(got, key=lambda g: g[2])] == list(BOOT_PHASES)
         assert row.provider == "desk" and row.gpu == "RTX 4090"

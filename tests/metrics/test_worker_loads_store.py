@@ -53,7 +53,7 @@ def test_one_worker_name_heard_in_two_domains_is_two_sightings_each_scoped(sessi
 
 def test_a_queues_boot_time_is_the_longest_of_its_last_five_boots(sessions):
     from autoscaler.lifecycle import InstanceState
-    from autoscaler.store.fleet import boot_estimates
+    from autoscaler.store.boots import boot_estimates
     from autoscaler.store.models import Instance
 
     boots = [300, 40, 90, 60, 70, 50]  # seconds from intent to ready, oldest first
@@ -77,15 +77,16 @@ def test_a_booting_machine_seen_through_remote_control_is_ready_at_once(sessions
     from sqlalchemy import select
 
     from autoscaler.config.models import Backoff
+    from autoscaler.control import machines
     from autoscaler.lifecycle import InstanceState as S
-    from autoscaler.store import fleet
+    from autoscaler.store import backoffs
     from autoscaler.store.models import Instance, ScaleEvent
 
     with transaction(sessions) as s:
         for lid, state in (("boot1", S.BOOTING), ("ready1", S.READY)):
             s.add(Instance(launch_id=lid, queue="gpu", provider="p", state=state,
                            created_at=T0, booting_at=T0))
-        fleet.record_rental_failure(s, "gpu", "p", T0, Backoff(base=30, jitter=0), "boom")
+        machines.rental_failed(s, "gpu", "p", T0, Backoff(base=30, jitter=0), "boom")
     seen = {
         "asg-inst-boot1@gpu-host": WorkerStatus(("gpu",), 0),
         "asg-inst-ready1@gpu-host2": WorkerStatus(("gpu",), 1),
@@ -102,4 +103,4 @@ def test_a_booting_machine_seen_through_remote_control_is_ready_at_once(sessions
         assert rows["ready1"].ready_at is None  # was ready already: not moved again
         events = [(e.kind, e.action, e.launch_id) for e in s.scalars(select(ScaleEvent))]
         assert events == [("lifecycle", "booting->ready", "boot1")]
-        assert fleet.backoffs(s) == {}  # the rental worked
+        assert backoffs.by_queue(s) == {}  # the rental worked

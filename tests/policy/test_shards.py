@@ -4,7 +4,7 @@ shards decide exactly what one evaluation of every queue decides.
 
 The commit protocol is the loop's (`control.loop._evaluate`): a shard lists its own queues and
 counts every other machine of the account (`Snapshot.elsewhere`) as the store counts it at its
-commit (`store.fleet.billing_elsewhere`: a launch intent has no price yet, so it counts at its
+commit (`store.instances.billing_elsewhere`: a launch intent has no price yet, so it counts at its
 queue's cap). The same protocol against PostgreSQL, with the account lock held by another
 writer, is `tests/control/test_shards.py`.
 """
@@ -89,7 +89,7 @@ def _machines(w: World) -> dict[str, list[Machine]]:
 
 
 def _billing(machines: dict[str, list[Machine]], queues: Iterable[str]) -> tuple[Billing, ...]:
-    """What `store.fleet.billing_elsewhere` returns for these queues' machines."""
+    """What `store.instances.billing_elsewhere` returns for these queues' machines."""
     out = []
     for q in queues:
         by_state: dict[InstanceState, list[Machine]] = {}

@@ -23,7 +23,7 @@ from autoscaler.api.app import create_app
 from autoscaler.control import reconciler
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import utc_now
-from autoscaler.store import fleet
+from autoscaler.store import instances, intents
 from autoscaler.store.db import store_now
 from autoscaler.store.models import ScaleEvent
 from tests.fakes.runpod_server import FakeRunPod
@@ -38,7 +38,7 @@ def test_a_reconciler_five_minutes_ahead_destroys_no_machine_seen_seconds_ago(tm
     client = TestClient(create_app(rt), raise_server_exceptions=False)
     try:
         with rt.transaction() as session:
-            fleet.add_intents(session, [("skew1", "q", "pods", "t")], utc_now())
+            intents.add_intents(session, [("skew1", "q", "pods", "t")], utc_now())
         assert run_launch(rt, "skew1").startswith("booting")
         (create,) = fake.calls("POST", "/v2/pods")
         token = create.body["env"]["AUTOSCALER_WORKER_TOKEN"]
@@ -58,7 +58,7 @@ def test_a_reconciler_five_minutes_ahead_destroys_no_machine_seen_seconds_ago(tm
                 reconciler.run_reconcile(rt, lambda step, lid: None)
                 time.sleep(1.1)
         with rt.transaction() as session:
-            row = fleet.get(session, "skew1")
+            row = instances.get(session, "skew1")
             assert row is not None and row.state.value == "ready", (row.state, row.state_reason)
             silent = session.scalars(
                 select(ScaleEvent).where(ScaleEvent.action.in_(["silent", "ready->terminating"]))

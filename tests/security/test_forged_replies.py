@@ -22,7 +22,7 @@ from autoscaler.lifecycle import InstanceState as S
 from autoscaler.metrics.workers import WorkerStatus
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.store import config_versions, instances, migrate
 from autoscaler.store.models import Instance
 
 DOMAIN = "redis://127.0.0.1:6379/0"  # queue b's, where its replies are heard
@@ -122,8 +122,8 @@ def test_a_reply_under_an_agent_machines_label_moves_nothing_of_its_row(tmp_path
         with rt.transaction() as session:
             record_sightings(session, forged, install, utc_now(), DOMAIN)
         with rt.transaction() as session:
-            agent_row = fleet.get(session, "agentrow")
-            boot_row = fleet.get(session, "bootrow")
+            agent_row = instances.get(session, "agentrow")
+            boot_row = instances.get(session, "bootrow")
             assert agent_row is not None and boot_row is not None
             assert agent_row.running_tasks == 0 and agent_row.last_heartbeat_at == then
             assert agent_row.worker_name == "agent@agentrow"

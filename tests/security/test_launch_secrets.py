@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import utc_now
-from autoscaler.store import fleet
+from autoscaler.store import intents
 from autoscaler.store.models import ScaleEvent
 from tests.fakes.runpod_server import FakeRunPod
 from tests.security.kit import runpod_runtime
@@ -31,7 +31,7 @@ def test_a_refusal_quoting_the_request_never_carries_the_worker_token(tmp_path, 
     rt = runpod_runtime(tmp_path, db_url, fake, KEY)
     try:
         with rt.transaction() as session:
-            fleet.add_intents(session, [("l1", "q", "pods", "t")], utc_now())
+            intents.add_intents(session, [("l1", "q", "pods", "t")], utc_now())
         result = run_launch(rt, "l1")
         (create,) = fake.calls("POST", "/v2/pods")
         token = create.body["env"]["AUTOSCALER_WORKER_TOKEN"]

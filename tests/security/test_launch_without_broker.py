@@ -20,7 +20,7 @@ from autoscaler.config import load_config_text
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.store import backoffs, config_versions, instances, intents, migrate
 from autoscaler.store.models import Instance, MockMachine
 
 
@@ -82,19 +82,19 @@ queues:
 """)
         with rt.transaction() as session:
             config_versions.record(session, config.model_dump(mode="json"), "t", utc_now())
-            fleet.add_intents(session, [("down1", "q", "sandbox", "t")], utc_now())
+            intents.add_intents(session, [("down1", "q", "sandbox", "t")], utc_now())
         result = run_launch(rt, "down1")  # nothing listens on the broker's port
         assert result.startswith("failed") and "no broker user" in result, result
         with rt.transaction() as session:
             assert session.scalars(select(MockMachine)).all() == []  # nothing rented
-            row = fleet.get(session, "down1")
+            row = instances.get(session, "down1")
             assert row is not None and row.state.value == "failed" and row.broker_user is None
-            assert fleet.backoffs(session)["q"][0].failures == 1  # it backs off
+            assert backoffs.by_queue(session)["q"][0].failures == 1  # it backs off
 
         server = _redis(port, tmp_path)  # the broker is back
         with rt.transaction() as session:
-            fleet.clear_backoff(session, "q", "sandbox")
-            fleet.add_intents(session, [("up1", "q", "sandbox", "t")], utc_now())
+            backoffs.clear(session, "q", "sandbox")
+            intents.add_intents(session, [("up1", "q", "sandbox", "t")], utc_now())
         assert run_launch(rt, "up1").startswith("booting")
         with rt.transaction() as session:
             user = session.scalar(select(Instance.broker_user).where(Instance.launch_id == "up1"))

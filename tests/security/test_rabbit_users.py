@@ -188,7 +188,7 @@ def test_a_launch_makes_its_user_and_the_destroy_deletes_it(tmp_path, sqlite_url
     from autoscaler.control.terminate import run_terminate
     from autoscaler.lifecycle import InstanceState as S
     from autoscaler.settings import Settings
-    from autoscaler.store import config_versions, fleet, migrate
+    from autoscaler.store import config_versions, instances, intents, migrate, moves
 
     queue = f"rq-{uuid.uuid4().hex[:8]}"
     migrate.upgrade(sqlite_url)
@@ -213,10 +213,10 @@ queues:
         now = datetime.now(UTC)
         with rt.transaction() as session:
             config_versions.record(session, config.model_dump(mode="json"), "t", now)
-            fleet.add_intents(session, [("r1", queue, "sandbox", "t")], now)
+            intents.add_intents(session, [("r1", queue, "sandbox", "t")], now)
         assert run_launch(rt, "r1").startswith("booting")
         with rt.transaction() as session:
-            row = fleet.get(session, "r1")
+            row = instances.get(session, "r1")
             assert row is not None and row.broker_user
             user = row.broker_user
         plan = plan_for(CelerySource(url=AMQP_URL, management_url=MGMT), queue)
@@ -231,7 +231,7 @@ queues:
             machine = session.scalars(select(MockMachine)).one()
         assert "guest" not in str(machine.env)  # never the broker's own credentials
         with rt.transaction() as session:
-            fleet.move(session, "r1", S.BOOTING, S.TERMINATING, datetime.now(UTC), "test")
+            moves.move(session, "r1", S.BOOTING, S.TERMINATING, datetime.now(UTC), "test")
         assert run_terminate(rt, "r1") == "terminated"
         assert user not in rabbit_users.list_users(plan)
     finally:

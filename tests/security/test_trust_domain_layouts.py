@@ -40,7 +40,7 @@ from autoscaler.metrics.registry import broker_domain
 from autoscaler.metrics.workers import CeleryWorkerProbe, WorkerStatus
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, fleet, migrate
+from autoscaler.store import config_versions, instances, migrate
 from tests.conftest import REDIS_URL
 from tests.security.flood import ReplyFlood
 
@@ -255,7 +255,7 @@ def test_a_reply_counts_only_for_the_queues_of_the_domain_it_came_through(
         readings = {q: QueueMetrics(q, 200, 60.0, 0, now) for q in ("a", "b")}
         loop.evaluate(rt, lambda s, lid: None, trigger="t", readings=readings, now=now)
         with rt.transaction() as session:
-            launched = [r.queue for r in fleet.live_rows(session)]
+            launched = [r.queue for r in instances.live_rows(session)]
         assert launched.count("b") == 3  # nobody serves b
         assert launched.count("a") == 0  # a's five hand-made workers cover its 200 jobs
     finally:

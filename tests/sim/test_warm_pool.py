@@ -122,7 +122,7 @@ def test_a_launch_resumes_a_stopped_machine_before_renting(tmp_path):
 
 
 def test_a_resumed_machine_looks_to_decide_as_production_s_row_does(tmp_path):
-    """As `store.fleet`: a resume forgets the machine's last task (idle since it is ready
+    """As `store.moves`: a resume forgets the machine's last task (idle since it is ready
     again, not since before its stop), and only cold boots feed the boot estimate (a resumed
     machine's ready came hours after its rental)."""
     resuming: list[datetime | None] = []

@@ -10,9 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
+from autoscaler.control import machines
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.boots import BootStat
-from autoscaler.store import boot_phases, fleet
+from autoscaler.store import boot_phases, boots, instances
 from autoscaler.store.db import transaction
 from autoscaler.store.models import BootPhase, Instance, ScaleEvent
 
@@ -63,8 +64,8 @@ def test_boot_stats_per_provider_gpu_and_per_queue(sessions):
         s.add(machine(seconds=60, provider="runpod", gpu="A100", host="EU-RO-1"))
         s.add(machine(seconds=45, gpu=None))
     with transaction(sessions) as s:
-        stats = fleet.boot_stats(s, NOW)
-        by_queue = fleet.boot_stats_by_queue(s, NOW)
+        stats = boots.boot_stats(s, NOW)
+        by_queue = boots.boot_stats_by_queue(s, NOW)
     assert stats == {
         # median of 100..190 = 145; p90 nearest rank: the 9th of 10 = 180
         ("vast", "RTX 4090"): BootStat(145.0, 180.0, 10),
@@ -95,8 +96,8 @@ def test_only_the_newest_50_per_key_count(sessions):
         for i in range(3):
             s.add(machine(seconds=500, queue="rare", ready_ago=timedelta(days=3, minutes=i)))
     with transaction(sessions) as s:
-        stats = fleet.boot_stats(s, NOW)
-        by_queue = fleet.boot_stats_by_queue(s, NOW)
+        stats = boots.boot_stats(s, NOW)
+        by_queue = boots.boot_stats_by_queue(s, NOW)
     assert stats == {("vast", "RTX 4090"): BootStat(60.0, 60.0, 50)}
     assert by_queue[("q1", "vast", "RTX 4090")] == BootStat(60.0, 60.0, 50)
     assert by_queue[("rare", "vast", "RTX 4090")] == BootStat(500.0, 500.0, 3)
@@ -112,7 +113,7 @@ def test_boot_estimates_keep_their_meaning_whatever_one_queue_holds(sessions):
             s.add(machine(seconds=secs, queue="quiet", ready_ago=timedelta(hours=2 + i)))
         s.add(machine(seconds=5000, queue="quiet", resumes=2, ready_ago=timedelta(minutes=1)))
     with transaction(sessions) as s:
-        assert fleet.boot_estimates(s, ["busy", "quiet", "none"], NOW) == {
+        assert boots.boot_estimates(s, ["busy", "quiet", "none"], NOW) == {
             "busy": 50.0,
             "quiet": 110.0,
         }
@@ -130,9 +131,9 @@ def _slow_setup(sessions, earlier: int, took: float, **booting: object) -> None:
         s.add(row)
 
 
-def _mark(sessions) -> fleet.Readied | None:
+def _mark(sessions) -> machines.Readied | None:
     with transaction(sessions) as s:
-        return fleet.mark_ready(s, "new", "q1", "vast", NOW, "its worker is up (test)")
+        return machines.mark_ready(s, "new", "q1", "vast", NOW, "its worker is up (test)")
 
 
 def _events(sessions) -> list[ScaleEvent]:
@@ -159,7 +160,7 @@ def test_a_cold_boot_over_three_medians_names_its_host_with_an_event(sessions):
         "factor": 3.0,
     }
     with transaction(sessions) as s:
-        row = fleet.get(s, "new")
+        row = instances.get(s, "new")
         assert row is not None and row.state == S.READY and row.ready_at == NOW
     # the move is made once: a second caller gets nothing, and no second event
     assert _mark(sessions) is None and len(_events(sessions)) == 1
@@ -185,7 +186,7 @@ def test_nothing_is_judged_slow_without_reason(sessions, earlier, took, booting)
 def test_judge_false_moves_without_judging(sessions):
     _slow_setup(sessions, 5, 1000.0)
     with transaction(sessions) as s:
-        ready = fleet.mark_ready(s, "new", "q1", "vast", NOW, "drain", judge=False)
+        ready = machines.mark_ready(s, "new", "q1", "vast", NOW, "drain", judge=False)
     assert ready is not None and ready.slow_host is None and _events(sessions) == []
 
 
@@ -194,7 +195,7 @@ def test_phases_first_report_wins_clamped_and_old_ones_expire(sessions):
         s.add(machine(seconds=None, state=S.BOOTING, launch_id="b1", host="h9"))
         s.add(machine(seconds=None, state=S.BOOTING, launch_id="old", host="h8"))
     with transaction(sessions) as s:
-        row = fleet.get(s, "b1")
+        row = instances.get(s, "b1")
         assert row is not None
         start = row.created_at
         kept = boot_phases.record(
@@ -207,7 +208,7 @@ def test_phases_first_report_wins_clamped_and_old_ones_expire(sessions):
         with pytest.raises(ValueError, match="not a boot phase"):
             boot_phases.record(s, row, {"rebooted": NOW}, NOW)
     with transaction(sessions) as s:
-        row = fleet.get(s, "b1")
+        row = instances.get(s, "b1")
         assert row is not None
         assert boot_phases.record(s, row, {"started": start + timedelta(seconds=1)}, NOW) == []
         got = {p.phase: p for p in boot_phases.of_launch(s, "b1")}
@@ -221,7 +222,7 @@ def test_phases_first_report_wins_clamped_and_old_ones_expire(sessions):
     # a month later, a new report forgets the phases received over KEEP ago
     later = NOW + boot_phases.KEEP + timedelta(minutes=1)
     with transaction(sessions) as s:
-        row = fleet.get(s, "old")
+        row = instances.get(s, "old")
         assert row is not None
         assert boot_phases.record(s, row, {"started": later}, later) == ["started"]
     with transaction(sessions) as s:
@@ -251,7 +252,7 @@ def test_the_boot_estimate_follows_the_provider_and_gpu_the_queue_rents_from_now
         s.add(machine(seconds=900, queue="mixed", provider="pods", ready_ago=timedelta(hours=2)))
         s.add(machine(seconds=100, queue="mixed", provider="vast", gpu="A100 80GB"))
     with transaction(sessions) as s:
-        assert fleet.boot_estimates(s, ["moved", "mixed"], NOW) == {"moved": 80.0, "mixed": 100.0}
+        assert boots.boot_estimates(s, ["moved", "mixed"], NOW) == {"moved": 80.0, "mixed": 100.0}
 
 
 def test_a_slow_boot_seen_through_remote_control_returns_its_host_to_avoid(sessions):
@@ -266,5 +267,5 @@ def test_a_slow_boot_seen_through_remote_control_returns_its_host_to_avoid(sessi
         slow = record_sightings(s, {worker: (("q1",), 0)}, "inst1", NOW, "redis://x/0")
     assert [(h.provider, h.host_id) for h in slow] == [("vast", "slowhost")]
     with transaction(sessions) as s:
-        row = fleet.get(s, "new")
+        row = instances.get(s, "new")
         assert row is not None and row.state == S.READY

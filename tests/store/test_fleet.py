@@ -11,19 +11,32 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.config.models import Backoff
+from autoscaler.control import machines
 from autoscaler.lifecycle import ALLOWED_TRANSITIONS, InstanceState
 from autoscaler.policy.snapshot import BackoffState, Machine, ManualTarget, RateLimit
-from autoscaler.store import fleet, leases, migrate, rate_limits, retention
+from autoscaler.store import (
+    backoffs,
+    events,
+    instances,
+    intents,
+    leases,
+    manual_targets,
+    migrate,
+    moves,
+    rate_limits,
+    retention,
+)
 from autoscaler.store.db import JSON_ROWS_FROM, make_engine, session_factory, transaction
+from autoscaler.store.instances import InstanceDetails
 from autoscaler.store.models import (
     Base,
     Instance,
+    ManualTargetRow,
     ProviderRateLimit,
     RentalBackoff,
     ScaleEvent,
     TickSlot,
 )
-from autoscaler.store.models import ManualTarget as ManualTargetRow
 
 S = InstanceState
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -40,9 +53,9 @@ def add(factory: sessionmaker[Session], lid: str, state: InstanceState, **kw) ->
         )
 
 
-def load(factory: sessionmaker[Session], lid: str) -> Instance:
+def load(factory: sessionmaker[Session], lid: str) -> InstanceDetails:
     with factory() as s:
-        row = fleet.get(s, lid)
+        row = instances.get(s, lid)
         assert row is not None
         return row
 
@@ -53,10 +66,10 @@ def load(factory: sessionmaker[Session], lid: str) -> Instance:
 def test_of_two_moves_from_the_same_state_exactly_one_wins(sessions):
     add(sessions, "L1", S.READY)
     with transaction(sessions) as s:
-        first = fleet.move(s, "L1", S.READY, S.DRAINING, at(1), "idle")
+        first = moves.move(s, "L1", S.READY, S.DRAINING, at(1), "idle")
     with transaction(sessions) as s:
-        second = fleet.move(s, "L1", S.READY, S.TERMINATING, at(2), "silent")
-        again = fleet.move(s, "L1", S.READY, S.DRAINING, at(2), "idle again")
+        second = moves.move(s, "L1", S.READY, S.TERMINATING, at(2), "silent")
+        again = moves.move(s, "L1", S.READY, S.DRAINING, at(2), "idle again")
     assert (first, second, again) == (True, False, False)
     row = load(sessions, "L1")
     assert row.state == S.DRAINING and row.state_reason == "idle"
@@ -75,7 +88,7 @@ def test_racing_moves_on_postgresql_have_one_winner(pg_url):
         dst = S.DRAINING if i % 2 else S.TERMINATING
         start.wait()
         with transaction(factory) as s:
-            if fleet.move(s, "L1", S.READY, dst, at(i), f"w{i}"):
+            if moves.move(s, "L1", S.READY, dst, at(i), f"w{i}"):
                 won.append(dst)
 
     threads = [threading.Thread(target=contender, args=(i,)) for i in range(8)]
@@ -99,11 +112,11 @@ def test_move_refuses_every_transition_outside_the_table(sessions):
                 if dst in ALLOWED_TRANSITIONS[src]:
                     continue
                 with pytest.raises(ValueError):
-                    fleet.move(s, "L1", src, dst, at(1), "no")
+                    moves.move(s, "L1", src, dst, at(1), "no")
                 refused += 1
         # one bad source among good ones is refused too, and nothing is written
         with pytest.raises(ValueError):
-            fleet.move(s, "L1", (S.READY, S.TERMINATED), S.TERMINATING, at(1), "no")
+            moves.move(s, "L1", (S.READY, S.TERMINATED), S.TERMINATING, at(1), "no")
     assert refused == len(S) ** 2 - sum(len(v) for v in ALLOWED_TRANSITIONS.values())
     row = load(sessions, "L1")
     assert row.state == S.READY and row.terminating_at is None
@@ -116,26 +129,26 @@ def test_each_move_sets_its_states_timestamp_and_the_given_fields(sessions):
     for i, dst in enumerate(path, start=1):
         extra = {"provider_instance_id": "p9", "host_id": "h9"} if dst == S.BOOTING else {}
         with transaction(sessions) as s:
-            assert fleet.move(s, "L1", src, dst, at(i), f"to {dst.value}", **extra)
+            assert moves.move(s, "L1", src, dst, at(i), f"to {dst.value}", **extra)
         row = load(sessions, "L1")
         assert row.state == dst and row.state_reason == f"to {dst.value}"
-        assert getattr(row, fleet.STATE_SINCE[dst]) == at(i)
+        assert getattr(row, instances.STATE_SINCE[dst]) == at(i)
         assert row.updated_at == at(i)
         with sessions() as s:
-            (record,) = fleet.rows_of(s, ["L1"])
+            (record,) = instances.rows_of(s, ["L1"])
         assert record.since == at(i) and record.state == dst
-        assert fleet.as_row(record).since == at(i)
+        assert instances.as_row(record).since == at(i)
         src = dst
     row = load(sessions, "L1")
     assert (row.provider_instance_id, row.host_id) == ("p9", "h9")
     for i, state in enumerate(path, start=1):  # earlier timestamps are kept
-        assert getattr(row, fleet.STATE_SINCE[state]) == at(i)
+        assert getattr(row, instances.STATE_SINCE[state]) == at(i)
     # the two other final states, from a set of sources
     add(sessions, "L2", S.CREATING)
     add(sessions, "L3", S.DRAINING)
     with transaction(sessions) as s:
-        assert fleet.move(s, "L2", (S.PENDING, S.CREATING), S.FAILED, at(50), "x" * 5000)
-        assert fleet.move(s, "L3", (S.READY, S.DRAINING, S.DRAINED), S.LOST, at(51), "gone")
+        assert moves.move(s, "L2", (S.PENDING, S.CREATING), S.FAILED, at(50), "x" * 5000)
+        assert moves.move(s, "L3", (S.READY, S.DRAINING, S.DRAINED), S.LOST, at(51), "gone")
     assert load(sessions, "L2").failed_at == at(50)
     assert load(sessions, "L2").state_reason == "x" * 2000
     assert load(sessions, "L3").lost_at == at(51) and load(sessions, "L3").state == S.LOST
@@ -153,8 +166,8 @@ def test_move_many_moves_only_rows_still_in_the_source_state_each_with_its_reaso
         add(sessions, f"X{i}", S.READY if i % 2 else S.BOOTING)
     others = {f"X{i}": f"idle x{i} 'quoted' \\ é" for i in range(extra)}
     with transaction(sessions) as s:
-        assert fleet.move_many(s, {}, S.READY, S.DRAINING, at(1)) == []
-        moved = fleet.move_many(
+        assert moves.move_many(s, {}, S.READY, S.DRAINING, at(1)) == []
+        moved = moves.move_many(
             s,
             {"A": "idle a", "B": "idle b", "C": "idle c", "nope": "x", **others},
             S.READY,
@@ -170,11 +183,11 @@ def test_move_many_moves_only_rows_still_in_the_source_state_each_with_its_reaso
     if extra:
         assert load(sessions, "X0").state == S.BOOTING
     with transaction(sessions) as s:  # a second process making the same moves wins nothing
-        assert fleet.move_many(
+        assert moves.move_many(
             s, {"A": "again", "B": "again", **others}, S.READY, S.DRAINING, at(2)
         ) == []
         with pytest.raises(ValueError):
-            fleet.move_many(s, {"A": "x"}, S.DRAINING, S.READY, at(2))
+            moves.move_many(s, {"A": "x"}, S.DRAINING, S.READY, at(2))
     assert load(sessions, "A").state_reason == "idle a"
 
 
@@ -183,8 +196,8 @@ def test_move_many_moves_only_rows_still_in_the_source_state_each_with_its_reaso
 
 def test_intents_round_trip_through_live_rows_and_machines_by_queue(sessions):
     with transaction(sessions) as s:
-        fleet.add_intents(s, [], T0)  # nothing to write: no statement, no error
-        fleet.add_intents(
+        intents.add_intents(s, [], T0)  # nothing to write: no statement, no error
+        intents.add_intents(
             s,
             [
                 ("L1", "q", "gpu", "queue_depth 5 > 3"),
@@ -194,22 +207,22 @@ def test_intents_round_trip_through_live_rows_and_machines_by_queue(sessions):
             T0,
         )
     with transaction(sessions) as s:
-        assert fleet.move(s, "L2", S.PENDING, S.FAILED, at(5), "create failed")
-        assert fleet.move(s, "L3", S.PENDING, S.CREATING, at(6), "creating")
+        assert moves.move(s, "L2", S.PENDING, S.FAILED, at(5), "create failed")
+        assert moves.move(s, "L3", S.PENDING, S.CREATING, at(6), "creating")
     with transaction(sessions) as s:
-        live = fleet.live_rows(s)
+        live = instances.live_rows(s)
         assert [r.launch_id for r in live] == ["L1", "L3"]
         l1, l3 = live
         assert (l1.queue, l1.provider, l1.state) == ("q", "gpu", S.PENDING)
         assert l1.since == T0 and l1.created_at == T0
         assert (l1.drain_requested, l1.running_tasks, l1.provider_instance_id) == (False, 0, None)
         assert (l3.state, l3.since) == (S.CREATING, at(6))
-        assert fleet.as_row(l3).since == at(6)
-        by_queue = fleet.machines_by_queue(live)
-        reasons = {lid: fleet.get(s, lid).state_reason for lid in ("L1", "L2", "L3")}
-        assert fleet.get(s, "L1").pending_at == T0 and fleet.get(s, "L1").updated_at == T0
-        assert [r.launch_id for r in fleet.rows_of(s, ["L2", "L3", "nope"])] == ["L2", "L3"]
-        assert fleet.rows_of(s, []) == []
+        assert instances.as_row(l3).since == at(6)
+        by_queue = instances.machines_by_queue(live)
+        reasons = {lid: instances.get(s, lid).state_reason for lid in ("L1", "L2", "L3")}
+        assert instances.get(s, "L1").pending_at == T0 and instances.get(s, "L1").updated_at == T0
+        assert [r.launch_id for r in instances.rows_of(s, ["L2", "L3", "nope"])] == ["L2", "L3"]
+        assert instances.rows_of(s, []) == []
     assert reasons == {"L1": "queue_depth 5 > 3", "L2": "create failed", "L3": "creating"}
     assert by_queue == {
         "q": (Machine("L1", S.PENDING, T0, "gpu"),),
@@ -221,11 +234,11 @@ def test_drain_requested_marks_only_ready_rows(sessions):
     add(sessions, "R", S.READY)
     add(sessions, "B", S.BOOTING)
     with transaction(sessions) as s:
-        fleet.set_drain_requested(s, ["R", "B"], True)
+        moves.set_drain_requested(s, ["R", "B"], True)
     assert load(sessions, "R").drain_requested is True
     assert load(sessions, "B").drain_requested is False
     with transaction(sessions) as s:
-        fleet.set_drain_requested(s, ["R"], False)
+        moves.set_drain_requested(s, ["R"], False)
     assert load(sessions, "R").drain_requested is False
 
 
@@ -237,17 +250,17 @@ def test_rental_failures_grow_the_backoff_up_to_its_cap_and_survive_a_restart(db
     waits = []
     for n in range(1, 6):
         with transaction(sessions) as s:
-            state = fleet.record_rental_failure(s, "q", "gpu", T0, cfg, f"error {n}")
+            state = machines.rental_failed(s, "q", "gpu", T0, cfg, f"error {n}")
         assert state.failures == n
         waits.append((state.until - T0).total_seconds())
     assert waits == [30, 60, 100, 100, 100]
     with transaction(sessions) as s:  # another (queue, provider) starts from its own count
-        assert fleet.record_rental_failure(s, "r", "gpu", T0, cfg, "x" * 3000).failures == 1
+        assert machines.rental_failed(s, "r", "gpu", T0, cfg, "x" * 3000).failures == 1
     # a new engine (a restarted process) reads what was written
     engine = make_engine(db_url)
     try:
         with session_factory(engine)() as s:
-            got = fleet.backoffs(s)
+            got = backoffs.by_queue(s)
     finally:
         engine.dispose()
     assert got == {
@@ -260,7 +273,7 @@ def test_jitter_only_shortens_and_the_cap_is_hard(sessions):
     cfg = Backoff(base=30, cap=100, jitter=0.5)
     for n in range(1, 12):
         with transaction(sessions) as s:
-            state = fleet.record_rental_failure(s, "q", "gpu", T0, cfg, "e")
+            state = machines.rental_failed(s, "q", "gpu", T0, cfg, "e")
         exp = min(100, 30 * 2 ** (n - 1))
         assert 0.5 * exp <= (state.until - T0).total_seconds() <= exp
         assert state.failures == n
@@ -279,7 +292,7 @@ def test_a_rate_limit_never_shortens_counts_no_failure_and_is_one_stretch(sessio
         assert rate_limits.of(s, "gpu", at(119)) == RateLimit("gpu", at(120), "later reset")
         assert rate_limits.of(s, "gpu", at(120)) is None  # the reset has come
         assert rate_limits.active(s, at(120)) == ()
-        assert fleet.backoffs(s) == {}  # no failure of any rental was counted
+        assert backoffs.by_queue(s) == {}  # no failure of any rental was counted
         assert rate_limits.record(s, "gpu", at(200), "again", at(150))  # a new stretch
         assert s.get(ProviderRateLimit, "gpu").since == at(150)
         rule = next(r for r in retention.RULES if r.table == "provider_rate_limits")
@@ -310,11 +323,11 @@ def test_clear_backoff_removes_only_its_queue_and_provider(sessions):
     cfg = Backoff(base=30, jitter=0)
     with transaction(sessions) as s:
         for q, p in (("q", "gpu"), ("q", "vast"), ("r", "gpu")):
-            fleet.record_rental_failure(s, q, p, T0, cfg, "e")
+            machines.rental_failed(s, q, p, T0, cfg, "e")
     with transaction(sessions) as s:
-        fleet.clear_backoff(s, "q", "gpu")
+        backoffs.clear(s, "q", "gpu")
     with transaction(sessions) as s:
-        got = fleet.backoffs(s)
+        got = backoffs.by_queue(s)
         assert {(q, b.provider) for q, bs in got.items() for b in bs} == {
             ("q", "vast"),
             ("r", "gpu"),
@@ -326,24 +339,24 @@ def test_clear_backoff_removes_only_its_queue_and_provider(sessions):
 
 def test_manual_targets_are_set_replaced_and_expire(sessions):
     with transaction(sessions) as s:
-        fleet.set_manual_target(s, "q", 2, at(600), "alice", T0)
-        fleet.set_manual_target(s, "r", 0, at(60), "bob", T0)
+        manual_targets.put(s, "q", 2, at(600), "alice", T0)
+        manual_targets.put(s, "r", 0, at(60), "bob", T0)
     with transaction(sessions) as s:
-        fleet.set_manual_target(s, "q", 5, at(1200), "carol", at(10))
+        manual_targets.put(s, "q", 5, at(1200), "carol", at(10))
     with transaction(sessions) as s:
-        assert fleet.manual_targets(s, at(59)) == {
+        assert manual_targets.in_force(s, at(59)) == {
             "q": ManualTarget(5, at(1200), "carol"),
             "r": ManualTarget(0, at(60), "bob"),
         }
         assert s.scalar(select(func.count()).select_from(ManualTargetRow)) == 2
     with transaction(sessions) as s:  # r expires at exactly its deadline, and is deleted
-        assert fleet.manual_targets(s, at(60)) == {"q": ManualTarget(5, at(1200), "carol")}
+        assert manual_targets.in_force(s, at(60)) == {"q": ManualTarget(5, at(1200), "carol")}
     with transaction(sessions) as s:
         assert s.scalars(select(ManualTargetRow.queue)).all() == ["q"]
         assert s.get(ManualTargetRow, "q").set_at == at(10)
-        assert fleet.clear_manual_target(s, "q") is True
-        assert fleet.clear_manual_target(s, "q") is False
-        assert fleet.manual_targets(s, T0) == {}
+        assert manual_targets.clear(s, "q") is True
+        assert manual_targets.clear(s, "q") is False
+        assert manual_targets.in_force(s, T0) == {}
 
 
 # --------------------------------------------------------------------------- tick slots
@@ -397,11 +410,11 @@ def test_racing_claims_on_postgresql_split_the_slots_without_overlap(pg_url):
 
 def test_record_events_writes_every_field(sessions):
     with transaction(sessions) as s:
-        fleet.record_events(s, [], T0)
-        fleet.record_events(
+        events.record(s, [], T0)
+        events.record(
             s,
             [
-                fleet.event(
+                events.event(
                     "scale_up",
                     "launch",
                     "queue_depth 5 > 3",
@@ -409,7 +422,7 @@ def test_record_events_writes_every_field(sessions):
                     launch_id="L1",
                     details={"trigger": "queue_depth", "provider": "gpu"},
                 ),
-                fleet.event("reconcile", "destroy_orphan", "y" * 5000),
+                events.event("reconcile", "destroy_orphan", "y" * 5000),
             ],
             at(7),
         )
@@ -441,21 +454,21 @@ def test_the_fleet_queries_run_on_the_migrated_schema(db_url):
     factory = session_factory(engine)
     try:
         with transaction(factory) as s:
-            fleet.add_intents(s, [("L1", "q", "gpu", "launch")], T0)
-            fleet.record_rental_failure(s, "q", "gpu", T0, Backoff(base=30, jitter=0), "e")
+            intents.add_intents(s, [("L1", "q", "gpu", "launch")], T0)
+            machines.rental_failed(s, "q", "gpu", T0, Backoff(base=30, jitter=0), "e")
             rate_limits.record(s, "gpu", at(90), "rate limited", T0)
-            fleet.set_manual_target(s, "q", 1, at(60), "alice", T0)
-            fleet.record_events(s, [fleet.event("k", "a", "r", details={"n": 1})], T0)
+            manual_targets.put(s, "q", 1, at(60), "alice", T0)
+            events.record(s, [events.event("k", "a", "r", details={"n": 1})], T0)
             assert leases.claim_ticks(s, [("q", 1)], "t", T0) == {"q"}
         with transaction(factory) as s:
-            assert fleet.move(s, "L1", S.PENDING, S.CREATING, at(1), "creating")
-            assert fleet.move(s, "L1", S.CREATING, S.BOOTING, at(2), "up", provider_instance_id="p")
-            live = fleet.live_rows(s)
+            assert moves.move(s, "L1", S.PENDING, S.CREATING, at(1), "creating")
+            assert moves.move(s, "L1", S.CREATING, S.BOOTING, at(2), "up", provider_instance_id="p")
+            live = instances.live_rows(s)
             assert [(r.launch_id, r.state, r.since) for r in live] == [("L1", S.BOOTING, at(2))]
-            assert fleet.backoffs(s)["q"][0].failures == 1
+            assert backoffs.by_queue(s)["q"][0].failures == 1
             assert rate_limits.active(s, T0) == (RateLimit("gpu", at(90), "rate limited"),)
-            assert fleet.manual_targets(s, T0) == {"q": ManualTarget(1, at(60), "alice")}
-            assert fleet.manual_targets(s, at(60)) == {}
+            assert manual_targets.in_force(s, T0) == {"q": ManualTarget(1, at(60), "alice")}
+            assert manual_targets.in_force(s, at(60)) == {}
             assert s.scalar(select(ScaleEvent.details)) == {"n": 1}
             assert s.scalar(select(func.count()).select_from(RentalBackoff)) == 1
     finally:
@@ -469,15 +482,15 @@ def test_a_retried_step_is_noted_once_per_stretch_and_again_after_the_row_moves(
     add(sessions, "a", InstanceState.DRAINING, state_reason="idle")
     add(sessions, "b", InstanceState.DRAINING, state_reason="retrying drain: 40s")
     with transaction(sessions) as s:
-        assert fleet.unnoted_retries(s, [("a", "drain"), ("b", "drain"), ("gone", "drain")]) == {
+        assert moves.unnoted_retries(s, [("a", "drain"), ("b", "drain"), ("gone", "drain")]) == {
             "a"
         }
-        assert fleet.unnoted_retries(s, [("b", "terminate")]) == {"b"}  # another step
-        assert fleet.unnoted_retries(s, []) == set()
-        assert fleet.note_retry(s, "a", "drain", "draining for 60s")
+        assert moves.unnoted_retries(s, [("b", "terminate")]) == {"b"}  # another step
+        assert moves.unnoted_retries(s, []) == set()
+        assert moves.note_retry(s, "a", "drain", "draining for 60s")
     with transaction(sessions) as s:
-        assert fleet.unnoted_retries(s, [("a", "drain")]) == set()
-        assert not fleet.note_retry(s, "a", "drain", "draining for 90s")  # (a racing round)
-        assert fleet.move(s, "a", InstanceState.DRAINING, InstanceState.DRAINED, at(5), "idle")
-        assert fleet.unnoted_retries(s, [("a", "terminate")]) == {"a"}
+        assert moves.unnoted_retries(s, [("a", "drain")]) == set()
+        assert not moves.note_retry(s, "a", "drain", "draining for 90s")  # (a racing round)
+        assert moves.move(s, "a", InstanceState.DRAINING, InstanceState.DRAINED, at(5), "idle")
+        assert moves.unnoted_retries(s, [("a", "terminate")]) == {"a"}
     assert load(sessions, "a").state_reason == "idle"

@@ -4,7 +4,8 @@
   growth), and a new table that says nothing fails;
 - hypothesis over rows of every ruled table at random ages and states, swept at a random time:
   everything past its keep is gone; a live machine, a hold or avoidance in force and anything
-  younger than its keep is still there;
+  younger than its keep is still there; a machine's state history goes with its row, and only
+  then;
 - tick slots after 1,000 polls × 100 queues with the sweep on its schedule stay within an
   hour's worth (they reached 100,000 rows without it).
 """
@@ -24,6 +25,7 @@ from autoscaler.store.models import (
     AvoidedHost,
     Base,
     Instance,
+    InstanceTransition,
     MockMachine,
     ProviderRateLimit,
     ScaleEvent,
@@ -56,9 +58,10 @@ ages = st.integers(min_value=0, max_value=200 * 86400)  # seconds before the swe
     holds=st.lists(st.integers(-86400, 86400), max_size=3),
     avoided=st.lists(st.integers(-86400, 86400), max_size=3),
     mocks=st.lists(st.one_of(st.none(), ages), max_size=4),
+    orphans=st.integers(0, 3),
 )
 def test_retention_forgets_exactly_what_is_past_its_keep(
-    tmp_path_factory, slots, events, machines, holds, avoided, mocks
+    tmp_path_factory, slots, events, machines, holds, avoided, mocks, orphans
 ) -> None:
     path = tmp_path_factory.mktemp("retention") / "s.db"
     engine = make_engine(f"sqlite:///{path}")
@@ -80,6 +83,10 @@ def test_retention_forgets_exactly_what_is_past_its_keep(
                     launch_id=f"m{i}", queue="q", provider="p", state=state, updated_at=ago(age)
                 )
             )
+            for dst in (InstanceState.PENDING, state):  # its history, as old as it is
+                s.add(InstanceTransition(launch_id=f"m{i}", dst=dst, at=ago(age)))
+        for i in range(orphans):  # a history whose machine's row is gone
+            s.add(InstanceTransition(launch_id=f"gone{i}", dst=InstanceState.PENDING, at=now))
         for i, left in enumerate(holds):
             s.add(
                 ProviderRateLimit(
@@ -117,6 +124,8 @@ def test_retention_forgets_exactly_what_is_past_its_keep(
         for i, (age, state) in enumerate(machines):
             live_or_young = state in LIVE_STATES or timedelta(seconds=age) <= KEEP["instances"]
             assert (f"m{i}" in left) == live_or_young, (age, state)
+        histories = [t.launch_id for t in s.scalars(select(InstanceTransition))]
+        assert sorted(histories) == sorted(2 * list(left))  # kept as long as its machine's row
         assert s.scalar(select(func.count()).select_from(ProviderRateLimit)) == sum(
             1 for x in holds if x > 0
         )

@@ -22,9 +22,9 @@ from autoscaler.control.drain import run_drain
 from autoscaler.control.manual import ManualError, request_drain, set_target
 from autoscaler.control.runtime import utc_now
 from autoscaler.lifecycle import InstanceState
-from autoscaler.store import config_versions, fleet, views
+from autoscaler.store import config_versions, views
 from autoscaler.store import providers as provider_rows
-from autoscaler.store.models import Instance
+from autoscaler.store.instances import InstanceDetails, live_rows
 
 router = APIRouter(prefix="/v1/admin")
 
@@ -44,7 +44,7 @@ class ScaleRequest(Strict):
 def queues(who: Admin, session: DB, rt: Rt) -> list[dict[str, Any]]:
     loaded = rt.load(session)
     status = views.statuses(session)
-    rows = fleet.live_rows(session)
+    rows = live_rows(session)
     names = sorted(set(loaded.config.queues if loaded else ()) | set(status))
     out = []
     for q in names:
@@ -168,7 +168,7 @@ def providers(who: Admin, session: DB) -> list[dict[str, Any]]:
     return out
 
 
-def _instance(r: Instance) -> dict[str, Any]:
+def _instance(r: InstanceDetails) -> dict[str, Any]:
     def t(v: datetime | None) -> str | None:
         return v.isoformat() if v else None
 

@@ -33,8 +33,8 @@ from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.dashboard import STATIC
 from autoscaler.dashboard.documents import changes, dump, normal
 from autoscaler.store import config_versions, queue_samples, views
+from autoscaler.store.config_versions import ConfigRecord
 from autoscaler.store.db import Session
-from autoscaler.store.models import ConfigVersion
 
 QueueName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\s/]+$")]
 PAGE_HEADERS = {
@@ -91,7 +91,7 @@ def _check(
     return apply.runnable(config, source, rt.settings, os.environ), registered
 
 
-def _current(session: Session) -> ConfigVersion:
+def _current(session: Session) -> ConfigRecord:
     row = config_versions.latest(session)
     if row is None:
         raise HTTPException(404, "no config applied yet ('autoscaler apply FILE')")

@@ -14,8 +14,9 @@ from autoscaler.api import machines
 from autoscaler.api.deps import DB, Enrolled, Rt
 from autoscaler.api.inputs import Strict
 from autoscaler.api.machines import Deployment, HeartbeatAnswer, JobReport, Name, WorkerState
+from autoscaler.control.machines import job_rows
 from autoscaler.policy.reports import Want
-from autoscaler.store import fleet, job_records, report_budgets, worker_sightings
+from autoscaler.store import events, job_records, report_budgets, worker_sightings
 from autoscaler.store.db import store_now
 
 router = APIRouter(prefix="/v1/hand-made")
@@ -54,13 +55,13 @@ def hand_made_heartbeat(body: HandMadeBeat, who: Enrolled, session: DB) -> Heart
     want = Want(jobs=len(body.jobs), running=body.running_tasks)
     granted = report_budgets.spend(session, reporter, want, now)
     worker = f"agent@{body.name}"
-    rows = machines.job_rows(body.jobs[: granted.jobs], worker, reporter, list(body.queues), now)
+    rows = job_rows(body.jobs[: granted.jobs], worker, reporter, list(body.queues), now)
     job_records.record(session, rows, now)
     if granted.tell is not None:
-        said = fleet.event(
+        said = events.event(
             "agent", "reports_dropped", f"{body.name}: {granted.tell}", queue=body.queues[0]
         )
-        fleet.record_events(session, [said], now)
+        events.record(session, [said], now)
     return HeartbeatAnswer(drain=False, state="hand-made")
 
 

@@ -1,10 +1,10 @@
 """`/v1/worker/{launch_id}/…`: a rented machine's agent, with the worker token minted at its
-launch, for its own launch only."""
+launch, for its own launch only. Each route parses the report, asks `control.machines` what it
+means, and answers; what must wait for the request's commit (a slow host avoided, a drained
+machine's next step sent) runs as a background task, once the answer is sent and the request's
+transaction closed."""
 
 from __future__ import annotations
-
-from datetime import timedelta
-from typing import Any
 
 from fastapi import APIRouter, BackgroundTasks, HTTPException, Request
 from pydantic import BaseModel, Field
@@ -21,29 +21,13 @@ from autoscaler.api.machines import (
     TaskId,
     WorkerState,
 )
-from autoscaler.config.models import Queue
-from autoscaler.control.drain import finish_drain
-from autoscaler.control.launch import create_broker_user
+from autoscaler.control import machines as control
+from autoscaler.control.launch import remake_broker_user
 from autoscaler.control.resume import avoid_host
-from autoscaler.control.runtime import Runtime, log
 from autoscaler.lifecycle import InstanceState
-from autoscaler.policy.reports import Grant, Want
-from autoscaler.store import boot_phases, fleet, job_records, report_budgets
-from autoscaler.store.db import Session, store_now
-from autoscaler.store.models import Instance
+from autoscaler.store.db import store_now
 
 S = InstanceState
-HEARTBEAT_INTERVAL = 10.0
-CRASH_EVENT_EVERY = timedelta(seconds=60)
-"""At most one `crashed` event per machine in this span: an agent restarts a crashing worker
-and says so with its next heartbeat (every 10 s), so an honest machine's crash loop still
-shows, while a hostile one (2,051 `crashed` reports in 8 s, issue 33) cannot bury the audit
-trail; the machine's state is moved by every report as before."""
-
-MAY_SERVE = (S.CREATING, S.BOOTING, S.RESUMING, S.READY)
-"""The states whose heartbeat answer lets the worker run (a create's answer may still be on
-its way back when a fast machine first calls); any other is told to drain and start nothing."""
-
 router = APIRouter(prefix="/v1/worker/{launch_id}")
 
 
@@ -100,22 +84,9 @@ class PhasesKept(BaseModel):
 
 @router.post("/register", response_model=Registered)
 def register(body: Register, row: Worker, session: DB) -> Registered:
-    now = store_now(session)
-    name = body.worker_name
-    granted = report_budgets.spend(session, row.launch_id, Want(events=1), now)
-    said = [
-        fleet.event(
-            "agent",
-            "register",
-            f"agent {name} registered",
-            queue=row.queue,
-            launch_id=row.launch_id,
-        )
-    ]
-    fleet.record_events(session, said[: granted.events] + _told(row, granted), now)
-    fleet.note_registered(session, row.launch_id, name, now)
+    control.register(session, row, body.worker_name, store_now(session))
     return Registered(
-        launch_id=row.launch_id, queue=row.queue, heartbeat_interval=HEARTBEAT_INTERVAL
+        launch_id=row.launch_id, queue=row.queue, heartbeat_interval=control.HEARTBEAT_INTERVAL
     )
 
 
@@ -125,15 +96,17 @@ def deployment(request: Request, row: Worker, session: DB, rt: Rt) -> Deployment
     queue_cfg = loaded.config.queues.get(row.queue) if loaded else None
     dep = getattr(queue_cfg, "deployment", None)
     broker_url, note = None, None
-    if queue_cfg is not None and row.state == S.RESUMING and row.broker_user is None:
-        _broker_user_again(rt, session, row, queue_cfg, bearer(request))
+    user = row.broker_user
+    if queue_cfg is not None and row.state == S.RESUMING and user is None:
+        # resumed from a warm pool: its user, deleted while it was stopped, is made again
+        user = remake_broker_user(rt, session, row, queue_cfg, bearer(request))
     if queue_cfg is not None:
         # the machine's own user, made at its launch: its URL needs no question to the
         # broker (the broker may be busy; the user exists)
         admin = broker_users.admin_url(queue_cfg.metrics, rt.env)
-        if row.broker_user and admin is not None:
+        if user and admin is not None:
             password = keys.derive(bearer(request), "broker")
-            broker_url = broker_users.machine_url(admin, row.broker_user, password)
+            broker_url = broker_users.machine_url(admin, user, password)
         else:
             try:
                 broker_users.plan_for(queue_cfg.metrics, row.queue, rt.env)
@@ -143,29 +116,13 @@ def deployment(request: Request, row: Worker, session: DB, rt: Rt) -> Deployment
     return machines.deployment(row.queue, dep, rt.env, broker_url, note)
 
 
-def _broker_user_again(
-    rt: Runtime, session: Session, row: Instance, queue_cfg: Queue, token: str
-) -> None:
-    """A machine resumed from a warm pool: its broker user, deleted while it was stopped, is
-    made again from the token it presents (the server keeps only the token's hash)."""
-    install = rt.installation_id(session)
-    user, why = create_broker_user(rt, install, row.launch_id, row.queue, queue_cfg, token)
-    if user is not None:
-        fleet.set_broker_user(session, row.launch_id, user)
-        row.broker_user = user
-    elif why is not None:
-        log.warning("resumed %s has no broker user yet: %s", row.launch_id, why)
-
-
 @router.post("/phases", response_model=PhasesKept)
 def phases(body: BootPhases, row: Worker, session: DB) -> PhasesKept:
     """This machine's boot phases, for display (where its boot's time went): written to its
     own rows only, with the provider, GPU and host of its instance row. No decision reads them:
     boot statistics and the slow-host rule use the control plane's own times."""
-    now = store_now(session)
     reported = body.model_dump(exclude_none=True)
-    kept = boot_phases.record(session, row, reported, now)
-    boot = row.resumes or 0
+    boot, kept = control.phases(session, row, reported, store_now(session))
     return PhasesKept(boot=boot, resume=boot > 0, recorded=kept)
 
 
@@ -173,103 +130,43 @@ def phases(body: BootPhases, row: Worker, session: DB) -> PhasesKept:
 def heartbeat(
     body: Heartbeat, row: Worker, session: DB, rt: Rt, background: BackgroundTasks
 ) -> HeartbeatAnswer:
-    """The agent's word on its worker. Every state but `starting` and `crashed` says the
-    worker is up (the agent sends its first heartbeat as it starts the worker): a booting
-    machine is ready at once, with the move and event reconcile would make. The answer
+    """The agent's word on its worker (`control.machines.heartbeat`: a booting machine is
+    ready at its first heartbeat, with the move and event reconcile would make). The answer
     tells the agent to drain, and its state (a machine no longer live gets a 401 from the
     token instead, and its agent starts nothing)."""
-    now = store_now(session)
-    up = body.state not in ("starting", "crashed")
-    values: dict[str, Any] = {
-        "last_heartbeat_at": now,
-        "running_tasks": body.running_tasks,
-        "gpu_utilisation": body.gpu_utilisation,
-        "tasks": list(dict.fromkeys(body.tasks)),
-    }
-    if body.acks_late is not None:
-        values["acks_late"] = body.acks_late
-    if not up:
-        values.pop("last_heartbeat_at")
-    if not row.worker_name:
-        values["worker_name"] = f"agent@{row.launch_id}"
-    busy = body.running_tasks > 0 or row.running_tasks > 0
-    if body.last_task_at is not None:
-        values["last_task_at"] = min(body.last_task_at, now)
-    elif busy:
-        values["last_task_at"] = now
-    said = []
-    if body.state == "crashed":
-        # the worker process died: no sign of life from it; reconcile replaces the machine
-        values["running_tasks"] = 0
-        last = fleet.last_event_at(session, row.launch_id, "agent", "crashed")
-        if last is None or now - last >= CRASH_EVENT_EVERY:
-            why = f"the worker process crashed: {body.detail or 'no detail'}"
-            said.append(
-                fleet.event("agent", "crashed", why, queue=row.queue, launch_id=row.launch_id)
-            )
-    # what the report writes beyond its own row, within the machine's budget, first: the
-    # instance row's UPDATE comes last, so its lock is held only for the commit's tail
-    want = Want(jobs=len(body.jobs), events=len(said), running=body.running_tasks)
-    granted = report_budgets.spend(session, row.launch_id, want, now)
-    worker = row.worker_name or f"agent@{row.launch_id}"
-    jobs = machines.job_rows(body.jobs[: granted.jobs], worker, row.launch_id, [row.queue], now)
-    job_records.record(session, jobs, now)
-    fleet.record_events(session, said[: granted.events] + _told(row, granted), now)
-    # the answer comes from the state this write found, not the token check's read: a cancel
-    # or a boot timeout committed in between makes it drain, so no worker starts on a machine
-    # that is being destroyed
-    state = fleet.note_heartbeat(session, row.launch_id, values) or S.TERMINATED
-    if up and state in (S.BOOTING, S.RESUMING):
-        why = "its worker is up (its agent's first heartbeat)"
-        if state == S.RESUMING:
-            why = "its worker is up again: resumed from the warm pool (its agent's heartbeat)"
-        ready = fleet.mark_ready(session, row.launch_id, row.queue, row.provider, now, why)
-        if ready:
-            state = S.READY
-        if ready and ready.slow_host is not None:
-            # after this request's transaction commits (background tasks run once the answer
-            # is sent, the request's transaction closed before it): a connection of its own
-            slow = ready.slow_host
-            rt.load(session)  # the provider is built from the running config
-            background.add_task(avoid_host, rt, slow.provider, slow.host_id, slow.reason)
-    return HeartbeatAnswer(drain=state not in MAY_SERVE, state=state.value)
-
-
-def _told(row: Instance, granted: Grant) -> list[dict[str, Any]]:
-    """The event saying what the machine's budget dropped, when it is time to say it."""
-    if granted.tell is None:
-        return []
-    return [
-        fleet.event(
-            "agent", "reports_dropped", granted.tell, queue=row.queue, launch_id=row.launch_id
-        )
-    ]
+    report = control.Report(
+        state=body.state,
+        running_tasks=body.running_tasks,
+        last_task_at=body.last_task_at,
+        gpu_utilisation=body.gpu_utilisation,
+        detail=body.detail,
+        jobs=body.jobs,
+        tasks=body.tasks,
+        acks_late=body.acks_late,
+    )
+    answer = control.heartbeat(session, row, report, store_now(session))
+    if answer.slow_host is not None:
+        # after this request's transaction commits: a connection of its own
+        slow = answer.slow_host
+        rt.load(session)  # the provider is built from the running config
+        background.add_task(avoid_host, rt, slow.provider, slow.host_id, slow.reason)
+    return HeartbeatAnswer(drain=answer.drain, state=answer.state.value)
 
 
 @router.post("/drained", response_model=Drained)
-def drained(row: Worker, session: DB) -> Drained:
-    # the drain ends as the loop's own drain step ends it, then the machine's destruction is sent
-    now = store_now(session)
-    if row.state not in (S.DRAINING, S.DRAINED):
-        raise HTTPException(409, f"this machine is {row.state.value}: nobody asked it to drain")
-    why = "its agent reports its worker stopped after its last task"
-    step = finish_drain(session, row.launch_id, row.queue, why, now)
-    if step is not None:
-        _send_step(step, row.launch_id)
-    return Drained(state="stopping" if step == "stop" else "terminating")
-
-
-def _send_step(step: str, launch_id: str) -> None:
-    """Destroy (or stop, for the warm pool) the drained machine now rather than at the next
-    reconcile. Sent a second later, after this request's transaction commits (a step that runs
-    too early finds the row not yet moved and does nothing); reconcile re-sends it if the
-    broker cannot be reached."""
+def drained(row: Worker, session: DB, background: BackgroundTasks) -> Drained:
+    """The drain ends as the loop's own drain step ends it; the machine's destruction (or its
+    stop, for the warm pool) is sent once this request's transaction has committed (reconcile
+    sends it again if the broker cannot be reached)."""
     try:
-        from autoscaler.control.tasks import STEPS  # the Celery app: only when needed
+        step = control.drained(session, row, store_now(session))
+    except control.NotDraining as exc:
+        raise HTTPException(409, str(exc)) from None
+    if step is not None:
+        from autoscaler.control.tasks import send_step  # the Celery app: only when needed
 
-        STEPS[step].apply_async((launch_id,), countdown=1.0, expires=600.0)
-    except Exception:  # the broker is down: reconcile's retry sends it a poll later
-        log.warning("could not send the %s step of %s; reconcile will", step, launch_id)
+        background.add_task(send_step, step, row.launch_id)
+    return Drained(state="stopping" if step == "stop" else "terminating")
 
 
 __all__ = ["router"]
