@@ -16,7 +16,7 @@ token and the agent's body; latency counts from the due time, and a heartbeat no
 HTTP/1.1 on asyncio streams, at most 256 connections: httpx.AsyncClient (`--client httpx`)
 spent ~3 ms of CPU per request, as much as the server, and on two cores starved the server it
 measured (46-64 % of a core at 200/s, against 5-6 % for this one). The tick
-(`control.loop.evaluate` over every queue, readings injected so that only the store is read
+(`control.tick.evaluate.evaluate` over every queue, readings injected so that only the store is read
 and written) runs in a process of its own, 5 times before the load and 5 times under each
 rate; its own CPU time and its run-queue delay tell waiting for a CPU from waiting for the
 store. Server CPU, its event loops' run-queue delay, transactions and connections opened
@@ -308,12 +308,12 @@ def ticks_text(ticks: Sequence[Tick]) -> str:
 
 
 def tick_process(url: str, home: str, conn: Connection) -> None:
-    """A process of the benchmark that runs the loop's tick (`control.loop.evaluate`, every
+    """A process of the benchmark that runs the loop's tick (`control.tick.evaluate.evaluate`, every
     queue, readings injected: nothing pending, so the store alone is read and written) on
     demand: ("run", n, gap) -> n Tick records (its wall time, its own CPU time, and its time
     waiting for a CPU: what is left is waiting for the store)."""
-    from autoscaler.control.loop import evaluate
     from autoscaler.control.runtime import Runtime
+    from autoscaler.control.tick.evaluate import evaluate
     from autoscaler.policy.snapshot import QueueMetrics
     from autoscaler.settings import Settings
 

@@ -12,7 +12,7 @@ queues are one round trip), `--instances` rows across the queues (ready / bootin
 timestamps relative to now; some queues without any machine), and pending jobs in a fifth of
 the queues (heads half stamped, half unstamped so sightings are kept).
 
-It times `autoscaler.control.loop.evaluate` (trigger "poll", a no-op enqueue) after a warm-up
+It times `autoscaler.control.evaluate` (trigger "poll", a no-op enqueue) after a warm-up
 tick, median of `--runs`. Every run passes the same `now`, and the tick slots of the previous run
 are deleted before it, outside the timing: every queue's poll slot is due on every run (as with
 a new `now` per poll interval) while the seeded idle and boot times keep their meaning.
@@ -145,19 +145,14 @@ from sqlalchemy import event, insert, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import autoscaler.control.tick.evaluate as tick
 from autoscaler.config.models import Config
-from autoscaler.control import loop
 from autoscaler.control.executor import execute
-from autoscaler.control.loop import (
-    EVALUATION_LEASE,
-    LEASE_TTL,
-    StoreActions,
-    build_snapshot,
-    evaluate,
-    holder_id,
-    read_metrics,
-)
 from autoscaler.control.runtime import Runtime
+from autoscaler.control.tick.actions import StoreActions
+from autoscaler.control.tick.evaluate import EVALUATION_LEASE, LEASE_TTL, evaluate, holder_id
+from autoscaler.control.tick.read import read_metrics
+from autoscaler.control.tick.snapshot import build_snapshot
 from autoscaler.lifecycle import InstanceState
 from autoscaler.metrics.base import PUBLISHED_AT_HEADER
 from autoscaler.metrics.celery_redis import CeleryRedisLayout
@@ -612,11 +607,11 @@ def time_steps() -> tuple[dict[str, float], dict[str, int]]:
         return wrapper
 
     steps: tuple[tuple[Any, str, str], ...] = (
-        (loop, "_claim_slots", "claim slots"), (leases, "acquire_evaluation", "evaluation lease"),
-        (loop, "read_metrics", "metrics read"),
-        (loop, "build_snapshot", "snapshot build"), (loop, "decide", "decide()"),
-        (leases, "lock_account", "account lock wait"), (loop, "execute", "execute"),
-        (loop.StoreActions, "flush", "flush"))
+        (tick, "_claim_slots", "claim slots"), (leases, "acquire_evaluation", "evaluation lease"),
+        (tick, "read_metrics", "metrics read"),
+        (tick, "build_snapshot", "snapshot build"), (tick, "decide", "decide()"),
+        (leases, "lock_account", "account lock wait"), (tick, "execute", "execute"),
+        (StoreActions, "flush", "flush"))
     for owner, name, label in steps:
         setattr(owner, name, timed(label, getattr(owner, name)))
     return spent, calls

@@ -2,7 +2,7 @@
 
 `execute` walks a plan in a fixed order — reclaims, drains, resumes, launches, then the queue's
 status —
-and hands each action to a `PlanActions` port. Production's port (`control.loop.StoreActions`)
+and hands each action to a `PlanActions` port. Production's port (`tick.actions.StoreActions`)
 writes launch intents, drain marks and events in the tick's transaction; the simulator's port
 changes its virtual world. Both therefore carry out exactly what `decide()` said, in the same
 order, with the same rule for drains: a busy machine only ever gets "drain once idle".

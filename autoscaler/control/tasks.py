@@ -22,12 +22,14 @@ from typing import Any
 from autoscaler.control import drain as drain_step
 from autoscaler.control import handback as handback_step
 from autoscaler.control import launch as launch_step
-from autoscaler.control import loop, manual, reconciler
+from autoscaler.control import manual, reconciler
 from autoscaler.control import resume as resume_step
 from autoscaler.control import stop as stop_step
 from autoscaler.control import terminate as terminate_step
 from autoscaler.control.app import app
 from autoscaler.control.runtime import log, runtime, utc_now
+from autoscaler.control.tick import fast_path as fast_path_tick
+from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.settings import Settings, redact_url
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.inspect import store_summary
@@ -61,16 +63,16 @@ def send_step(step: str, launch_id: str) -> None:
 def tick(
     trigger: str = "poll", queue: str | None = None, shard: int | None = None
 ) -> dict[str, Any]:
-    """Evaluate (see `loop.evaluate`); with `evaluation.shards` > 1 the poll tick sends one
+    """Evaluate (see `evaluate`); with `evaluation.shards` > 1 the poll tick sends one
     tick per shard, each with its `shard` number."""
     queues = [queue] if queue else None
     rt = runtime()
-    return loop.evaluate(rt, enqueue, trigger=trigger, queues=queues, shard=shard).as_dict()
+    return evaluate(rt, enqueue, trigger=trigger, queues=queues, shard=shard).as_dict()
 
 
 @app.task(name="autoscaler.fast_path", ignore_result=True)  # every second: keep no result
 def fast_path() -> dict[str, Any]:
-    return loop.fast_path(runtime(), enqueue).as_dict()
+    return fast_path_tick.fast_path(runtime(), enqueue).as_dict()
 
 
 @app.task(name="autoscaler.launch", acks_late=True)
@@ -143,7 +145,7 @@ def scale(queue: str, workers: int | None, for_: str | None = None) -> str:
     """Pin QUEUE at WORKERS machines (within max_workers) for FOR_ (default 1h); null clears."""
     rt = runtime()
     reason = manual.set_target(rt, queue, workers, for_, by="celery call")
-    loop.evaluate(rt, enqueue, trigger="manual", queues=[queue])
+    evaluate(rt, enqueue, trigger="manual", queues=[queue])
     return reason
 
 

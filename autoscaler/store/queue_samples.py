@@ -1,6 +1,6 @@
 """Samples of each queue's numbers over time: the dashboard's chart of pending jobs and workers.
 
-Every evaluation tick writes one per queue it evaluated (`control.loop.StoreActions`), and the
+Every evaluation tick writes one per queue it evaluated (`tick.actions.StoreActions`), and the
 API writes one whenever it shows the numbers (the dashboard, a /metrics scrape), from the rows
 every reader shares. A sample is keyed by (queue, the reading's own time): a reading recorded
 twice, by the tick and the API or by two API processes, is one row.

@@ -1,7 +1,7 @@
 """Each queue's last evaluation: its status (what `autoscaler status` and the dashboard show) and
 its history (`policy.history`: quiet gaps, kept between ticks as JSON).
 
-One row per queue, written by every evaluation tick (`control.loop.StoreActions.flush`).
+One row per queue, written by every evaluation tick (`control.tick.actions.StoreActions.flush`).
 """
 
 from __future__ import annotations

@@ -459,7 +459,7 @@ def test_status_reads_what_the_loop_and_the_sources_write(db_url, tmp_path, monk
     writes), not hand-made dicts: the formats `status` reads are the ones the loop writes."""
     from autoscaler.config.models import Backoff
     from autoscaler.control import machines
-    from autoscaler.control.loop import StoreActions
+    from autoscaler.control.tick.actions import StoreActions
     from autoscaler.policy.plan import QueuePlan, Wait
     from autoscaler.policy.snapshot import QueueMetrics
     from autoscaler.store import manual_targets, metric_readings

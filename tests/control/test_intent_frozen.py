@@ -13,10 +13,10 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from autoscaler.config import load_config_text
-from autoscaler.control import loop
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.control.terminate import run_terminate
+from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
@@ -57,7 +57,7 @@ def test_a_launch_rents_what_its_decision_judged_and_terminate_finds_its_provide
         judged = _version(rt, "sandbox", "RTX 4090")
         now = utc_now()
         reading = {"q": QueueMetrics("q", 5, 60.0, 0, now)}
-        (launch_id,) = loop.evaluate(
+        (launch_id,) = evaluate(
             rt, lambda s, lid: None, trigger="t", readings=reading, now=now
         ).launched
         with rt.transaction() as session:

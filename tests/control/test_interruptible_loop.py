@@ -21,9 +21,10 @@ from sqlalchemy import select
 
 from autoscaler.api import metrics
 from autoscaler.config import load_config_text
-from autoscaler.control import loop, machines, reconciler
+from autoscaler.control import machines, reconciler
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
@@ -75,7 +76,7 @@ queues:
     def tick(self, pending: int) -> list[str]:
         now = utc_now()
         sent: list[tuple[str, str]] = []
-        loop.evaluate(
+        evaluate(
             self.rt,
             lambda step, lid: sent.append((step, lid)),
             trigger="t",

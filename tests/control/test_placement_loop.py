@@ -22,9 +22,10 @@ from sqlalchemy import select
 from autoscaler.cli.render import render_status
 from autoscaler.config import load_config_text
 from autoscaler.config.models import Backoff
-from autoscaler.control import loop, machines
+from autoscaler.control import machines
 from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
@@ -78,7 +79,7 @@ class World:
         """One evaluation with `pending` jobs waiting; returns the launch ids it asked for."""
         now = utc_now()
         sent: list[tuple[str, str]] = []
-        loop.evaluate(
+        evaluate(
             self.rt,
             lambda step, lid: sent.append((step, lid)),
             trigger="t",

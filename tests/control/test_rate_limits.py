@@ -18,11 +18,12 @@ import pytest
 from sqlalchemy import select
 
 from autoscaler.config import load_config_text
-from autoscaler.control import loop, reconciler
+from autoscaler.control import reconciler
 from autoscaler.control.launch import run_launch
 from autoscaler.control.rate_limits import DEFAULT_RESET
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.control.terminate import run_terminate
+from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
@@ -127,7 +128,7 @@ def test_a_rate_limit_is_recorded_once_and_no_step_calls_the_provider_before_its
         now = utc_now()
         readings = {q: QueueMetrics(q, 5, 10.0, 0, now) for q in ("on-pods", "on-vast")}
         launched: list[tuple[str, str]] = []
-        loop.evaluate(
+        evaluate(
             rt, lambda s, lid: launched.append((s, lid)), trigger="t", readings=readings, now=now
         )
         assert launched == []

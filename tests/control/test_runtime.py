@@ -122,23 +122,25 @@ def test_an_evaluation_runs_with_the_collector_off(tmp_path, monkeypatch):
     the collector): seen from inside `build_snapshot`."""
     import gc
 
-    from autoscaler.control import loop
+    import autoscaler.control.tick.evaluate as tick
+    from autoscaler.control.tick.evaluate import evaluate
+    from autoscaler.control.tick.snapshot import build_snapshot
 
     rt = _runtime(tmp_path, f"sqlite:///{tmp_path / 'state.db'}")
     seen: list[bool] = []
-    real = loop.build_snapshot
+    real = build_snapshot
 
     def spy(*args, **kwargs):
         seen.append(gc.isenabled())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "build_snapshot", spy)
+    monkeypatch.setattr(tick, "build_snapshot", spy)
     try:
         with rt.transaction() as session:
             config_versions.record(
                 session, load_config_text(GOOD).model_dump(mode="json"), "alice", utc_now()
             )
-        loop.evaluate(rt, lambda step, launch_id: None, trigger="manual")
+        evaluate(rt, lambda step, launch_id: None, trigger="manual")
     finally:
         rt.close()
     assert seen == [False] and gc.isenabled()

@@ -25,8 +25,8 @@ import yaml
 from sqlalchemy import text
 
 from autoscaler.config import load_config_text
-from autoscaler.control import loop
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.tick.evaluate import TickResult, evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.shards import shard_of
 from autoscaler.policy.snapshot import QueueMetrics
@@ -95,22 +95,22 @@ def test_a_poll_tick_sends_a_tick_per_shard_and_each_evaluates_its_own_queues(tm
     rt = _runtime(tmp_path, pg_url, queues, 3)
     try:
         sent: list[tuple[str, str]] = []
-        result = loop.evaluate(rt, lambda step, arg: sent.append((step, arg)), trigger="poll")
+        result = evaluate(rt, lambda step, arg: sent.append((step, arg)), trigger="poll")
         assert sent == [("shard", "0"), ("shard", "1"), ("shard", "2")]
         assert result.evaluated == [] and result.launched == []
 
         readings = _readings(dict.fromkeys(queues, 2))
         for shard, mine in names.items():
-            got = loop.evaluate(rt, lambda s, a: None, shard=shard, readings=readings)
+            got = evaluate(rt, lambda s, a: None, shard=shard, readings=readings)
             assert sorted(got.evaluated) == sorted(mine)
             assert len(got.launched) == 2 * len(mine)
         assert _pending_by_queue(rt) == dict.fromkeys(queues, 2)
         # the slots are claimed: a redelivered shard tick in the same poll evaluates nothing
-        again = loop.evaluate(rt, lambda s, a: None, shard=0, readings=readings)
+        again = evaluate(rt, lambda s, a: None, shard=0, readings=readings)
         assert again.evaluated == [] and again.skipped == "nothing due"
         # a manual evaluation of every queue goes through the shards one after another and,
         # every machine being on its way, launches nothing more (no stacking)
-        manual = loop.evaluate(rt, lambda s, a: None, trigger="manual", readings=readings)
+        manual = evaluate(rt, lambda s, a: None, trigger="manual", readings=readings)
         assert sorted(manual.evaluated) == sorted(queues) and manual.launched == []
     finally:
         rt.close()
@@ -136,14 +136,14 @@ def test_a_shard_counts_again_what_another_committed_while_it_decided(tmp_path, 
     names = _names(2, 1)
     mine, theirs = names[0][0], names[1][0]
     rt = _runtime(tmp_path, pg_url, [mine, theirs], 2, **{cap: 4})
-    result: list[loop.TickResult] = []
+    result: list[TickResult] = []
     try:
         with rt.transaction() as session:
             leases.lock_account(session)  # as a shard that is committing
             version = config_versions.current_version(session)
             worker = threading.Thread(
                 target=lambda: result.append(
-                    loop.evaluate(rt, lambda s, a: None, shard=0, readings=_readings({mine: 5}))
+                    evaluate(rt, lambda s, a: None, shard=0, readings=_readings({mine: 5}))
                 )
             )
             worker.start()
@@ -176,13 +176,13 @@ def test_a_shard_that_rents_nothing_does_not_wait_for_the_account_lock(tmp_path,
     names = _names(2, 1)
     mine = names[0][0]
     rt = _runtime(tmp_path, pg_url, [mine, names[1][0]], 2, max_machines=4)
-    result: list[loop.TickResult] = []
+    result: list[TickResult] = []
     try:
         with rt.transaction() as session:
             leases.lock_account(session)  # held to the end of this block
             worker = threading.Thread(
                 target=lambda: result.append(
-                    loop.evaluate(rt, lambda s, a: None, shard=0, readings=_readings({mine: 0}))
+                    evaluate(rt, lambda s, a: None, shard=0, readings=_readings({mine: 0}))
                 )
             )
             worker.start()
@@ -229,7 +229,7 @@ def test_sqlite_runs_one_shard(tmp_path, sqlite_url):
     rt = _runtime(tmp_path, sqlite_url, queues, 2)
     try:
         sent: list[tuple[str, str]] = []
-        got = loop.evaluate(
+        got = evaluate(
             rt, lambda s, a: sent.append((s, a)), readings=_readings(dict.fromkeys(queues, 1))
         )
         # no shard ticks: the one evaluation did every queue

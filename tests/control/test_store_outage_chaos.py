@@ -20,8 +20,9 @@ from sqlalchemy.exc import DBAPIError
 
 from autoscaler.config import load_config_text
 from autoscaler.control import drain as drain_step
-from autoscaler.control import launch, loop, reconciler, terminate
+from autoscaler.control import launch, reconciler, terminate
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import LIVE_STATES
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, migrate
@@ -70,7 +71,7 @@ def _round(rt: Runtime, now_shift: float = 0.0) -> int:
     }
     later = utc_now() + timedelta(seconds=now_shift)
     for call in (
-        lambda: loop.evaluate(rt, enqueue, trigger="chaos", now=later),
+        lambda: evaluate(rt, enqueue, trigger="chaos", now=later),
         lambda: reconciler.run_reconcile(rt, enqueue, later),
     ):
         try:

@@ -9,8 +9,9 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from autoscaler.config import load_config_text
-from autoscaler.control import loop
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.tick.evaluate import evaluate
+from autoscaler.control.tick.snapshot import build_snapshot
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, job_records, migrate, queue_status
@@ -43,7 +44,7 @@ def test_quiet_gaps_and_job_runtimes_reach_the_snapshot(tmp_path, db_url):
     def tick(pending: int, at_s: float, *, stale: bool = False) -> None:
         at = t0 + timedelta(seconds=at_s)
         reading = QueueMetrics("jobs", pending, 1.0 if pending else None, 0, at, stale=stale)
-        loop.evaluate(
+        evaluate(
             rt, lambda step, launch_id: None, trigger="test", readings={"jobs": reading}, now=at
         )
 
@@ -90,9 +91,9 @@ def test_quiet_gaps_and_job_runtimes_reach_the_snapshot(tmp_path, db_url):
             assert loaded is not None
             at = t0 + timedelta(seconds=500)
             quiet = QueueMetrics("jobs", 0, None, 0, at)
-            snap = loop.build_snapshot(session, rt, loaded, {"jobs": quiet}, at)
+            snap = build_snapshot(session, rt, loaded, {"jobs": quiet}, at)
             waiting = QueueMetrics("jobs", 2, 5.0, 0, at)
-            busy = loop.build_snapshot(session, rt, loaded, {"jobs": waiting}, at)
+            busy = build_snapshot(session, rt, loaded, {"jobs": waiting}, at)
         qs = snap.queue("jobs")
         assert qs is not None
         assert qs.history.quiet_gaps == (100.0, 240.0)

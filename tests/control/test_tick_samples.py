@@ -9,8 +9,8 @@ import redis
 from sqlalchemy import select
 
 from autoscaler.config import load_config_text
-from autoscaler.control import loop
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, migrate
 from autoscaler.store.models import QueueSample
@@ -43,7 +43,7 @@ def test_an_evaluation_records_a_chart_point(tmp_path, db_url):
         config = load_config_text(CONFIG.format(redis=REDIS_URL, queue=queue))
         with rt.transaction() as session:
             config_versions.record(session, config.model_dump(mode="json"), "t", utc_now())
-        result = loop.evaluate(rt, lambda step, launch_id: None, trigger="test")
+        result = evaluate(rt, lambda step, launch_id: None, trigger="test")
         assert len(result.launched) == 1
         with rt.transaction() as session:
             points = session.scalars(select(QueueSample)).all()

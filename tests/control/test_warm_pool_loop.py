@@ -1,6 +1,6 @@
 """The loop's warm pool against the project's RunPod and Vast fakes, on SQLite and PostgreSQL.
 
-The loop's own steps in this process — tick (`loop.evaluate` with a reading), launch, drain,
+The loop's own steps in this process — tick (`evaluate` with a reading), launch, drain,
 stop, resume, reconcile, terminate — on real HTTP to the fakes, which serve the stop/start
 endpoints as the specs say. A machine's worker is "up" when its heartbeat would say so
 (`machines.mark_ready`, the one function every sign of life goes through); the queue is a plain
@@ -27,13 +27,14 @@ import pytest
 from sqlalchemy import select
 
 from autoscaler.config import load_config_text
-from autoscaler.control import loop, machines, reconciler
+from autoscaler.control import machines, reconciler
 from autoscaler.control.drain import run_drain
 from autoscaler.control.launch import run_launch
 from autoscaler.control.resume import run_resume
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.control.stop import run_stop
 from autoscaler.control.terminate import run_terminate
+from autoscaler.control.tick.evaluate import TickResult, evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
@@ -84,9 +85,9 @@ class World:
     def enqueue(self, step: str, arg: str) -> None:
         self.sent.append((step, arg))
 
-    def tick(self, pending: int, now: datetime) -> loop.TickResult:
+    def tick(self, pending: int, now: datetime) -> TickResult:
         reading = {Q: QueueMetrics(Q, pending, 10.0 if pending else None, 0, now)}
-        return loop.evaluate(self.rt, self.enqueue, trigger="t", readings=reading, now=now)
+        return evaluate(self.rt, self.enqueue, trigger="t", readings=reading, now=now)
 
     def row(self, launch_id: str) -> InstanceDetails:
         with self.rt.transaction() as session:

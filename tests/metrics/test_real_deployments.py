@@ -21,9 +21,10 @@ import redis
 from celery import Celery
 
 from autoscaler.config.models import CelerySource
-from autoscaler.control import loop
 from autoscaler.control.observe import observe_celery_workers
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.tick.read import read_metrics
+from autoscaler.control.tick.snapshot import build_snapshot
 from autoscaler.metrics.celery_rabbitmq import CeleryRabbitMQReader
 from autoscaler.metrics.celery_redis import CeleryRedisLayout, CeleryRedisReader
 from autoscaler.metrics.workers import CeleryWorkerProbe
@@ -76,9 +77,9 @@ def look(rt: Runtime, now: datetime | None = None) -> tuple[Snapshot, Plan]:
         loaded = rt.load(session)
     assert loaded is not None
     observe_celery_workers(rt, loaded, utc_now())
-    metrics = loop.read_metrics(rt, loaded, list(loaded.autoscaled))
+    metrics = read_metrics(rt, loaded, list(loaded.autoscaled))
     with rt.transaction() as session:
-        snapshot = loop.build_snapshot(session, rt, loaded, metrics, now)
+        snapshot = build_snapshot(session, rt, loaded, metrics, now)
     return snapshot, decide(snapshot, loaded.config, now)
 
 

@@ -2,7 +2,7 @@
 launches committed one after another never pass an account-wide cap, and without caps the
 shards decide exactly what one evaluation of every queue decides.
 
-The commit protocol is the loop's (`control.loop._evaluate`): a shard lists its own queues and
+The commit protocol is the loop's (`tick.evaluate._evaluate`): a shard lists its own queues and
 counts every other machine of the account (`Snapshot.elsewhere`) as the store counts it at its
 commit (`store.instances.billing_elsewhere`: a launch intent has no price yet, so it counts at its
 queue's cap). The same protocol against PostgreSQL, with the account lock held by another

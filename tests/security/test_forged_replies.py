@@ -15,9 +15,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from autoscaler.config import load_config_text
-from autoscaler.control import loop
 from autoscaler.control.observe import record_sightings
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.metrics.workers import WorkerStatus
 from autoscaler.policy.snapshot import QueueMetrics
@@ -58,7 +58,7 @@ def _launches(rt: Runtime, hand_made: str | None, ghosts: int) -> int:
         seen = {f"ghost-{i}@host-{i}": WorkerStatus(("b",), 0) for i in range(ghosts)}
         record_sightings(session, seen, install, now, DOMAIN)
     reading = {"b": QueueMetrics("b", 200, 60.0, 0, now)}
-    result = loop.evaluate(rt, lambda s, lid: None, trigger="t", readings=reading, now=now)
+    result = evaluate(rt, lambda s, lid: None, trigger="t", readings=reading, now=now)
     return len(result.launched)
 
 
