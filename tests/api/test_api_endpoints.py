@@ -5,7 +5,7 @@ config updates validate like `autoscaler validate` and version like `apply`, /me
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -158,6 +158,27 @@ def test_a_crashed_worker_is_reported_in_the_events(world):
         "/v1/admin/events?kind=agent&launch_id=m1", headers=world.h(world.admin)
     ).json()
     assert any(e["action"] == "crashed" and "exit 3" in e["reason"] for e in events)
+
+
+def test_an_events_since_outside_utc_is_refused_and_one_inside_is_converted(world):
+    """Year 1 at +08:00 is before UTC's first instant: a 422 naming `since`, not a 503 from
+    the store's conversion (found by the API fuzz)."""
+    admin = world.h(world.admin)
+    r = world.client.get("/v1/admin/events?since=0001-01-01T01:00:00%2B08:00", headers=admin)
+    assert r.status_code == 422, r.text
+    assert [p["field"] for p in r.json()["detail"]] == ["query.since"]
+    tok = world.h(world.tokens["m1"])
+    world.client.post(
+        "/v1/worker/m1/heartbeat", json={"state": "crashed", "detail": "x"}, headers=tok
+    )
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    earlier = (datetime.now(UTC) - timedelta(hours=1)).astimezone(
+        timezone(timedelta(hours=-5))
+    )
+    for since, seen in ((later, False), (earlier.isoformat(), True)):
+        r = world.client.get("/v1/admin/events", params={"since": since}, headers=admin)
+        assert r.status_code == 200, r.text
+        assert any(e["action"] == "crashed" for e in r.json()) is seen, since
 
 
 def test_bad_input_is_a_4xx_naming_the_field(world):

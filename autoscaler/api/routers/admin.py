@@ -5,7 +5,7 @@ targets and drains, the registered providers (never their keys)."""
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query
@@ -14,7 +14,7 @@ from pydantic import Field
 
 from autoscaler.access.credentials import describe_credentials, registered_provider_configs
 from autoscaler.api.deps import DB, Admin, LaunchId, Message, Rt
-from autoscaler.api.inputs import Strict
+from autoscaler.api.inputs import Strict, UtcTime
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.loader import load_config_text
 from autoscaler.control import apply
@@ -83,11 +83,9 @@ def events(
     queue: Annotated[str | None, Query(max_length=200)] = None,
     kind: Annotated[str | None, Query(max_length=40)] = None,
     launch_id: Annotated[str | None, Query(max_length=64)] = None,
-    since: datetime | None = None,
+    since: UtcTime | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict[str, Any]]:
-    if since is not None and since.tzinfo is None:
-        since = since.replace(tzinfo=UTC)
     found = views.newest_events(
         session, queue=queue, kind=kind, launch_id=launch_id, since=since, limit=limit
     )
