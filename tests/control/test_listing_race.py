@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from typing import Any
 
 import pytest
@@ -179,6 +180,12 @@ def test_a_silent_provider_is_unread_and_holds_no_other(tmp_path, db_url):
         def two_rounds() -> None:
             for _ in range(2):
                 rounds.append(reconciler.run_reconcile(rt, w.enqueue))
+                # the round's list of the silent provider is cut at the round's deadline: its
+                # thread ends within seconds, not the 170 s of silence (a round that starts
+                # while it is still ending would rightly not ask again; wait it out)
+                lists = list(reconciler._IN_FLIGHT.values())
+                _, running = futures.wait(lists, timeout=15)
+                assert not running, "a list thread outlived its deadline"
 
         thread = threading.Thread(target=two_rounds, daemon=True)
         thread.start()
