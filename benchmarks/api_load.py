@@ -131,9 +131,7 @@ sys.path.insert(0, str(ROOT))
 PG_ADMIN = os.environ.get(
     "TEST_PG_ADMIN_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 )
-PG_URL = os.environ.get(
-    "TEST_PG_URL_TEMPLATE", "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
-)
+PG_URL = os.environ.get("TEST_PG_URL_TEMPLATE", "postgresql+psycopg://postgres@127.0.0.1:5432/{db}")
 PROVIDER = "bench-mock"
 QUEUES = 4
 BODY = {"state": "idle", "running_tasks": 0, "tasks": []}
@@ -180,25 +178,45 @@ def machine_rows(n: int, now: datetime) -> tuple[list[dict[str, Any]], list[tupl
         launch = uuid.uuid4().hex
         token = keys.new_secret()
         created = now - timedelta(minutes=30)
-        rows.append({
-            "launch_id": launch, "queue": f"load-q{k % QUEUES}", "provider": PROVIDER,
-            "state": InstanceState.READY, "state_reason": "worker answered",
-            "provider_instance_id": f"mock-{k + 1}", "host_id": f"host-{k}", "gpu": "RTX 4090",
-            "price_per_hour": 0.4, "attempts": 1, "drain_requested": False,
-            "pending_at": created, "creating_at": created, "booting_at": created,
-            "ready_at": created + timedelta(minutes=2), "created_at": created,
-            "updated_at": now, "running_tasks": 0, "last_task_at": now,
-            "last_heartbeat_at": now, "worker_name": f"agent@{launch}",
-            "agent_registered_at": created + timedelta(minutes=1),
-            "worker_token_hash": keys.digest(token),
-        })
+        rows.append(
+            {
+                "launch_id": launch,
+                "queue": f"load-q{k % QUEUES}",
+                "provider": PROVIDER,
+                "state": InstanceState.READY,
+                "state_reason": "worker answered",
+                "provider_instance_id": f"mock-{k + 1}",
+                "host_id": f"host-{k}",
+                "gpu": "RTX 4090",
+                "price_per_hour": 0.4,
+                "attempts": 1,
+                "drain_requested": False,
+                "pending_at": created,
+                "creating_at": created,
+                "booting_at": created,
+                "ready_at": created + timedelta(minutes=2),
+                "created_at": created,
+                "updated_at": now,
+                "running_tasks": 0,
+                "last_task_at": now,
+                "last_heartbeat_at": now,
+                "worker_name": f"agent@{launch}",
+                "agent_registered_at": created + timedelta(minutes=1),
+                "worker_token_hash": keys.digest(token),
+            }
+        )
         creds.append((launch, token))
     return rows, creds
 
 
 def cli(env: dict[str, str], *argv: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "autoscaler.cli", *argv], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "autoscaler.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if done.returncode != 0:
         raise SystemExit(f"autoscaler {' '.join(argv)} failed:\n{done.stdout}{done.stderr}")
     return done.stdout.strip()
@@ -226,8 +244,8 @@ def cpu_of(match: Any) -> dict[int, float]:
             raw = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        name = raw[raw.index("(") + 1:raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2:].split()
+        name = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2 :].split()
         if match(int(entry), name, fields):
             total[int(entry)] = (int(fields[11]) + int(fields[12])) / TICK
     return total
@@ -253,7 +271,7 @@ def loop_wait(pgid: int) -> float:
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
-            if int(stat[stat.rindex(")") + 2:].split()[2]) != pgid:
+            if int(stat[stat.rindex(")") + 2 :].split()[2]) != pgid:
                 continue
             total += int(Path(f"/proc/{entry}/schedstat").read_text().split()[1]) / 1e9
         except (OSError, ValueError, IndexError):
@@ -263,6 +281,7 @@ def loop_wait(pgid: int) -> float:
 
 def postgres_cpu(db: str) -> dict[int, float]:
     """The PostgreSQL backends serving this benchmark's database (their title names it)."""
+
     def ours(pid: int, name: str, _f: list[str]) -> bool:
         if not name.startswith("postgres"):
             return False
@@ -270,6 +289,7 @@ def postgres_cpu(db: str) -> dict[int, float]:
             return f" {db} ".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             return False
+
     return cpu_of(ours)
 
 
@@ -278,8 +298,9 @@ def commits(url: str) -> tuple[int, int, int]:
     one counts itself, taken out by the caller), and checkpoints the server was asked for
     (CREATE / DROP DATABASE by anyone: each flushes the cluster and commits wait)."""
     with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as conn:
-        row = conn.execute("SELECT xact_commit, sessions FROM pg_stat_database "
-                           "WHERE datname = current_database()").fetchone()
+        row = conn.execute(
+            "SELECT xact_commit, sessions FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
         assert row is not None
         try:
             asked = conn.execute("SELECT checkpoints_req FROM pg_stat_bgwriter").fetchone()
@@ -302,8 +323,9 @@ def ticks_text(ticks: Sequence[Tick]) -> str:
     """Median wall, CPU and CPU-wait of `ticks`, in ms."""
     if not ticks:
         return "no tick"
-    wall, cpu, wait = (statistics.median(getattr(t, k) for t in ticks) * 1000
-                       for k in ("wall", "cpu", "cpu_wait"))
+    wall, cpu, wait = (
+        statistics.median(getattr(t, k) for t in ticks) * 1000 for k in ("wall", "cpu", "cpu_wait")
+    )
     return f"{wall:.0f} ms (cpu {cpu:.0f}, waiting for a cpu {wait:.0f})"
 
 
@@ -317,15 +339,17 @@ def tick_process(url: str, home: str, conn: Connection) -> None:
     from autoscaler.policy.snapshot import QueueMetrics
     from autoscaler.settings import Settings
 
-    rt = Runtime(Settings.from_env({"AUTOSCALER_DATABASE_URL": url, "AUTOSCALER_HOME": home}),
-                 env={})
+    rt = Runtime(
+        Settings.from_env({"AUTOSCALER_DATABASE_URL": url, "AUTOSCALER_HOME": home}), env={}
+    )
 
     schedstat = Path(f"/proc/self/task/{threading.get_native_id()}/schedstat")
 
     def one() -> Tick:
         now = datetime.now(UTC)
-        readings = {f"load-q{i}": QueueMetrics(f"load-q{i}", 0, None, 0, now)
-                    for i in range(QUEUES)}
+        readings = {
+            f"load-q{i}": QueueMetrics(f"load-q{i}", 0, None, 0, now) for i in range(QUEUES)
+        }
         w0 = int(schedstat.read_text().split()[1])
         c0, t = time.thread_time(), time.perf_counter()
         res = evaluate(rt, lambda *_: None, trigger="manual", readings=readings, now=now)
@@ -391,14 +415,17 @@ class Client:
 class HttpxClient(Client):
     def __init__(self, base: str, limit: int) -> None:
         limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
-        self.client = httpx.AsyncClient(base_url=base, limits=limits,
-                                        timeout=httpx.Timeout(TIMEOUT))
+        self.client = httpx.AsyncClient(
+            base_url=base, limits=limits, timeout=httpx.Timeout(TIMEOUT)
+        )
         self.body = json.dumps(BODY).encode()
 
     async def heartbeat(self, launch: str, token: str) -> int:
         resp = await self.client.post(
-            f"/v1/worker/{launch}/heartbeat", content=self.body,
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            f"/v1/worker/{launch}/heartbeat",
+            content=self.body,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         return resp.status_code
 
     async def close(self) -> None:
@@ -418,10 +445,12 @@ class RawClient(Client):
         self.body = json.dumps(BODY).encode()
 
     async def heartbeat(self, launch: str, token: str) -> int:
-        request = (f"POST /v1/worker/{launch}/heartbeat HTTP/1.1\r\n"
-                   f"Host: {self.host}:{self.port}\r\nAuthorization: Bearer {token}\r\n"
-                   f"Content-Type: application/json\r\nContent-Length: {len(self.body)}\r\n"
-                   "\r\n").encode() + self.body
+        request = (
+            f"POST /v1/worker/{launch}/heartbeat HTTP/1.1\r\n"
+            f"Host: {self.host}:{self.port}\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(self.body)}\r\n"
+            "\r\n"
+        ).encode() + self.body
         async with self.slots:
             reader, writer = await self.connection()
             try:
@@ -451,8 +480,9 @@ class RawClient(Client):
         return reader, writer
 
     @staticmethod
-    async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                       request: bytes) -> tuple[int, bool]:
+    async def exchange(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+    ) -> tuple[int, bool]:
         writer.write(request)
         head = await reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
@@ -460,7 +490,7 @@ class RawClient(Client):
         at = lower.find(b"\r\ncontent-length:")
         if at < 0:
             raise ConnectionError("an answer without Content-Length")
-        await reader.readexactly(int(lower[at + 17:lower.index(b"\r\n", at + 2)]))
+        await reader.readexactly(int(lower[at + 17 : lower.index(b"\r\n", at + 2)]))
         return status, b"\r\nconnection: close" in lower
 
     async def close(self) -> None:
@@ -470,8 +500,14 @@ class RawClient(Client):
         self.idle.clear()
 
 
-async def drive(client: Client, creds: Sequence[tuple[str, str]], rate: float, duration: float,
-                start_at: int, result: Result | None) -> int:
+async def drive(
+    client: Client,
+    creds: Sequence[tuple[str, str]],
+    rate: float,
+    duration: float,
+    start_at: int,
+    result: Result | None,
+) -> int:
     """Open loop: request i is due at t0 + i / rate, whatever the earlier ones are doing, for
     `duration` seconds; machines taken in turn from `start_at`. Latency counts from the due
     time (a request the client could not send on time waits in the figure)."""
@@ -519,12 +555,26 @@ async def drive(client: Client, creds: Sequence[tuple[str, str]], rate: float, d
     return start_at + total
 
 
-async def run_rate(port: int, kind: str, creds: Sequence[tuple[str, str]], rate: float,
-                   duration: float, start_at: int, connections: int, tick: Connection,
-                   tick_runs: int, pgid: int, url: str, db: str) -> tuple[Result, int]:
+async def run_rate(
+    port: int,
+    kind: str,
+    creds: Sequence[tuple[str, str]],
+    rate: float,
+    duration: float,
+    start_at: int,
+    connections: int,
+    tick: Connection,
+    tick_runs: int,
+    pgid: int,
+    url: str,
+    db: str,
+) -> tuple[Result, int]:
     result = Result(rate, duration)
-    client: Client = (HttpxClient(f"http://127.0.0.1:{port}", connections) if kind == "httpx"
-                      else RawClient("127.0.0.1", port, connections))
+    client: Client = (
+        HttpxClient(f"http://127.0.0.1:{port}", connections)
+        if kind == "httpx"
+        else RawClient("127.0.0.1", port, connections)
+    )
     try:
         # a second at the rate, not counted: connections opened, server threads warm
         start_at = await drive(client, creds, rate, 1.0, start_at, None)
@@ -565,19 +615,23 @@ def row(r: Result) -> str:
     window = max(r.duration, r.elapsed)
     errors = sum(r.errors.values())
     tick = statistics.median(t.wall for t in r.ticks) * 1000 if r.ticks else float("nan")
-    return (f"{r.rate:6.0f}/s {r.ok / window:8.1f}/s {pct(ms, 50):8.1f} {pct(ms, 99):8.1f} "
-            f"{max(ms, default=float('nan')):8.1f} {errors:6d} "
-            f"{max(r.lag, default=0) * 1000:7.1f} "
-            f"{r.server_cpu / window * 100:6.0f}% {r.loop_wait / window * 100:5.0f}% "
-            f"{r.postgres_cpu / window * 100:5.0f}% "
-            f"{r.client_cpu / window * 100:6.0f}% "
-            f"{r.server_cpu / max(1, r.ok + errors) * 1000:6.2f} "
-            f"{r.commits / max(1, r.ok + errors):6.2f} {r.sessions:6d} {tick:8.1f}")
+    return (
+        f"{r.rate:6.0f}/s {r.ok / window:8.1f}/s {pct(ms, 50):8.1f} {pct(ms, 99):8.1f} "
+        f"{max(ms, default=float('nan')):8.1f} {errors:6d} "
+        f"{max(r.lag, default=0) * 1000:7.1f} "
+        f"{r.server_cpu / window * 100:6.0f}% {r.loop_wait / window * 100:5.0f}% "
+        f"{r.postgres_cpu / window * 100:5.0f}% "
+        f"{r.client_cpu / window * 100:6.0f}% "
+        f"{r.server_cpu / max(1, r.ok + errors) * 1000:6.2f} "
+        f"{r.commits / max(1, r.ok + errors):6.2f} {r.sessions:6d} {tick:8.1f}"
+    )
 
 
-HEAD = (f"{'rate':>8s} {'held':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} {'errors':>6s} "
-        f"{'lag ms':>7s} {'server':>7s} {'wait':>6s} {'pg':>6s} {'client':>7s} {'cpu ms':>6s} "
-        f"{'xact':>6s} {'conns':>6s} {'tick ms':>8s}")
+HEAD = (
+    f"{'rate':>8s} {'held':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} {'errors':>6s} "
+    f"{'lag ms':>7s} {'server':>7s} {'wait':>6s} {'pg':>6s} {'client':>7s} {'cpu ms':>6s} "
+    f"{'xact':>6s} {'conns':>6s} {'tick ms':>8s}"
+)
 
 
 LEGEND = """\
@@ -598,16 +652,33 @@ def main() -> None:
     ap.add_argument("--machines", type=int, default=2000)
     ap.add_argument("--rates", default="50,200,500")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds per rate")
-    ap.add_argument("--workers", type=int, default=None,
-                    help="`autoscaler serve --workers N` (default: serve's own default)")
-    ap.add_argument("--connections", type=int, default=256,
-                    help="the client's connection limit (requests beyond it wait in the client)")
-    ap.add_argument("--client", choices=("raw", "httpx"), default="raw",
-                    help="raw: keep-alive HTTP/1.1 on asyncio streams; httpx: httpx.AsyncClient")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="`autoscaler serve --workers N` (default: serve's own default)",
+    )
+    ap.add_argument(
+        "--connections",
+        type=int,
+        default=256,
+        help="the client's connection limit (requests beyond it wait in the client)",
+    )
+    ap.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="raw: keep-alive HTTP/1.1 on asyncio streams; httpx: httpx.AsyncClient",
+    )
     ap.add_argument("--tick-runs", type=int, default=5)
     ap.add_argument("--log-level", default="info", help="serve's --log-level (info: access log)")
-    ap.add_argument("--serve-env", action="append", default=[], metavar="NAME=VALUE",
-                    help="extra environment of the serve process (repeatable)")
+    ap.add_argument(
+        "--serve-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment of the serve process (repeatable)",
+    )
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `finally` stops and drops all
     rates = [float(x) for x in args.rates.split(",")]
@@ -615,8 +686,12 @@ def main() -> None:
     db = f"bench_api_{uuid.uuid4().hex[:10]}"
     url = PG_URL.format(db=db)
     home = tempfile.mkdtemp(prefix="bench-api-")
-    env = {**os.environ, "AUTOSCALER_DATABASE_URL": url, "AUTOSCALER_HOME": home,
-           "AUTOSCALER_DEBUG": "1"}
+    env = {
+        **os.environ,
+        "AUTOSCALER_DATABASE_URL": url,
+        "AUTOSCALER_HOME": home,
+        "AUTOSCALER_DEBUG": "1",
+    }
     for item in args.serve_env:
         name, _, value = item.partition("=")
         env[name] = value
@@ -647,19 +722,29 @@ def main() -> None:
         engine.dispose()
 
         port = free_port()
-        argv = [sys.executable, "-m", "autoscaler.cli", "serve", "--bind", f"127.0.0.1:{port}",
-                "--log-level", args.log_level]
+        argv = [
+            sys.executable,
+            "-m",
+            "autoscaler.cli",
+            "serve",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            args.log_level,
+        ]
         if args.workers is not None:
             argv += ["--workers", str(args.workers)]
         with open(log_path, "wb") as log:
-            server = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+            server = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while True:
             if server.poll() is not None:
-                raise SystemExit(f"serve exited ({server.returncode}):\n"
-                                 f"{log_path.read_text()[-4000:]}")
+                raise SystemExit(
+                    f"serve exited ({server.returncode}):\n{log_path.read_text()[-4000:]}"
+                )
             try:
                 if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
                     break
@@ -676,32 +761,57 @@ def main() -> None:
         parent.send(("run", args.tick_runs, 0.5))
         idle_ticks: list[Tick] = parent.recv()
 
-        print(f"{args.machines} ready machines in {QUEUES} queues, PostgreSQL; "
-              f"`autoscaler serve{' --workers ' + str(args.workers) if args.workers else ''}` "
-              f"(log level {args.log_level}); open-loop heartbeats, each with its machine's "
-              f"token, {args.duration:.0f} s per rate, client limit {args.connections} "
-              f"connections; setup {time.perf_counter() - started:.0f} s")
+        print(
+            f"{args.machines} ready machines in {QUEUES} queues, PostgreSQL; "
+            f"`autoscaler serve{' --workers ' + str(args.workers) if args.workers else ''}` "
+            f"(log level {args.log_level}); open-loop heartbeats, each with its machine's "
+            f"token, {args.duration:.0f} s per rate, client limit {args.connections} "
+            f"connections; setup {time.perf_counter() - started:.0f} s"
+        )
         print(f"tick without load: median {ticks_text(idle_ticks)}; {len(idle_ticks)} runs")
         print(HEAD)
         results = []
         at = 0
         for rate in rates:
-            result, at = asyncio.run(run_rate(port, args.client, creds, rate, args.duration, at,
-                                              args.connections, parent, args.tick_runs,
-                                              server.pid, url, db))
+            result, at = asyncio.run(
+                run_rate(
+                    port,
+                    args.client,
+                    creds,
+                    rate,
+                    args.duration,
+                    at,
+                    args.connections,
+                    parent,
+                    args.tick_runs,
+                    server.pid,
+                    url,
+                    db,
+                )
+            )
             results.append(result)
             print(row(result), flush=True)
-            print(f"{'':9s}tick under this load: median {ticks_text(result.ticks)}; "
-                  f"{result.checkpoints} checkpoint(s) asked of PostgreSQL in the window")
+            print(
+                f"{'':9s}tick under this load: median {ticks_text(result.ticks)}; "
+                f"{result.checkpoints} checkpoint(s) asked of PostgreSQL in the window"
+            )
             if result.errors:
-                print("         errors: " + ", ".join(f"{k} x{v}" for k, v in
-                                                      sorted(result.errors.items())))
+                print(
+                    "         errors: "
+                    + ", ".join(f"{k} x{v}" for k, v in sorted(result.errors.items()))
+                )
         print(LEGEND)
-        print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}; "
-              f"{time.perf_counter() - started:.0f} s in all")
-        other = Counter(line[:200] for line in log_path.read_text(errors="replace").splitlines()
-                        if '"POST /v1/worker/' not in line and "/healthz" not in line
-                        and not line.startswith("INFO:"))
+        print(
+            f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}; "
+            f"{time.perf_counter() - started:.0f} s in all"
+        )
+        other = Counter(
+            line[:200]
+            for line in log_path.read_text(errors="replace").splitlines()
+            if '"POST /v1/worker/' not in line
+            and "/healthz" not in line
+            and not line.startswith("INFO:")
+        )
         if other:
             print("serve's log besides the access log and uvicorn's start (most frequent):")
             for line, n in other.most_common(8):

@@ -350,12 +350,24 @@ def median_of(trials: int, run: Callable[[], Case], label: str) -> Case:
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=2)
-    ap.add_argument("--visibility-timeout", type=float, default=20.0,
-                    help="kombu's visibility_timeout on the Redis 'today' worker (s)")
-    ap.add_argument("--restore-interval", type=float, default=10.0,
-                    help="kombu's unacked_restore_interval there (its sweep; throttle 1)")
-    ap.add_argument("--heartbeat", type=float, default=10.0,
-                    help="Celery's broker_heartbeat on the frozen RabbitMQ worker (s)")
+    ap.add_argument(
+        "--visibility-timeout",
+        type=float,
+        default=20.0,
+        help="kombu's visibility_timeout on the Redis 'today' worker (s)",
+    )
+    ap.add_argument(
+        "--restore-interval",
+        type=float,
+        default=10.0,
+        help="kombu's unacked_restore_interval there (its sweep; throttle 1)",
+    )
+    ap.add_argument(
+        "--heartbeat",
+        type=float,
+        default=10.0,
+        help="Celery's broker_heartbeat on the frozen RabbitMQ worker (s)",
+    )
     args = ap.parse_args()  # fmt: skip
 
     tmp = Path(tempfile.mkdtemp(prefix="handback-bench-"))

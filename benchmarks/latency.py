@@ -92,15 +92,29 @@ def document(watch_url: str, prefix: str) -> dict[str, Any]:
 
 def envelope(queue: str) -> bytes:
     task_id = str(uuid.uuid4())
-    return json.dumps({
-        "body": "W1siaW1hZ2UucG5nIl0sIHt9LCB7ImNhbGxiYWNrcyI6IG51bGx9XQ==",
-        "content-encoding": "utf-8", "content-type": "application/json",
-        "headers": {"lang": "py", "task": "app.tasks.infer", "id": task_id, "retries": 0,
-                    "eta": None, PUBLISHED_AT_HEADER: time.time()},
-        "properties": {"correlation_id": task_id, "delivery_tag": str(uuid.uuid4()),
-                       "priority": 0, "body_encoding": "base64", "delivery_mode": 2,
-                       "delivery_info": {"exchange": "", "routing_key": queue}},
-    }).encode()
+    return json.dumps(
+        {
+            "body": "W1siaW1hZ2UucG5nIl0sIHt9LCB7ImNhbGxiYWNrcyI6IG51bGx9XQ==",
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {
+                "lang": "py",
+                "task": "app.tasks.infer",
+                "id": task_id,
+                "retries": 0,
+                "eta": None,
+                PUBLISHED_AT_HEADER: time.time(),
+            },
+            "properties": {
+                "correlation_id": task_id,
+                "delivery_tag": str(uuid.uuid4()),
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+            },
+        }
+    ).encode()
 
 
 @dataclass
@@ -120,8 +134,14 @@ class Result:
 
 def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     out = log.open("wb")
-    return subprocess.Popen([CELERY, "-A", "autoscaler", *args], env=env, cwd=ROOT, stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [CELERY, "-A", "autoscaler", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -145,8 +165,9 @@ def tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
-def run_setup(name: str, db_url: str, extra_env: dict[str, str], home: Path,
-              args: argparse.Namespace) -> Result:
+def run_setup(
+    name: str, db_url: str, extra_env: dict[str, str], home: Path, args: argparse.Namespace
+) -> Result:
     result = Result(name)
     home.mkdir(parents=True, exist_ok=True)
     watch_url = f"redis://{args.redis_host}:6379/{WATCH_DB}"
@@ -161,14 +182,27 @@ def run_setup(name: str, db_url: str, extra_env: dict[str, str], home: Path,
     engine = make_engine(db_url)
     sessions = session_factory(engine)
     with transaction(sessions) as s:
-        config_versions.record(s, document(watch_url, prefix), "benchmarks/latency.py",
-                               datetime.now(UTC))
+        config_versions.record(
+            s, document(watch_url, prefix), "benchmarks/latency.py", datetime.now(UTC)
+        )
     procs = []
     logs = {"worker": home / "worker.log", "beat": home / "beat.log"}
     try:
-        procs.append(start(["worker", "-l", "warning", "--concurrency", str(args.concurrency),
-                            "-n", f"bench-latency-{uuid.uuid4().hex[:6]}@%h"], env,
-                           logs["worker"]))
+        procs.append(
+            start(
+                [
+                    "worker",
+                    "-l",
+                    "warning",
+                    "--concurrency",
+                    str(args.concurrency),
+                    "-n",
+                    f"bench-latency-{uuid.uuid4().hex[:6]}@%h",
+                ],
+                env,
+                logs["worker"],
+            )
+        )
         procs.append(start(["beat", "-l", "warning"], env, logs["beat"]))
 
         def empty_queue() -> None:
@@ -177,16 +211,26 @@ def run_setup(name: str, db_url: str, extra_env: dict[str, str], home: Path,
             deadline = time.monotonic() + TRIAL_TIMEOUT
             while time.monotonic() < deadline:  # let the trial's launch finish first
                 with transaction(sessions) as s:
-                    busy = s.scalar(select(Instance.id).where(Instance.state.in_(
-                        (InstanceState.PENDING, InstanceState.CREATING))).limit(1))
+                    busy = s.scalar(
+                        select(Instance.id)
+                        .where(Instance.state.in_((InstanceState.PENDING, InstanceState.CREATING)))
+                        .limit(1)
+                    )
                 if busy is None:
                     break
                 time.sleep(0.05)
             with transaction(sessions) as s:
                 now = datetime.now(UTC)
-                s.execute(update(Instance).where(Instance.state.in_(LIVE_STATES)).values(
-                    state=InstanceState.TERMINATED, terminated_at=now, updated_at=now,
-                    state_reason="benchmarks/latency.py: back to zero between trials"))
+                s.execute(
+                    update(Instance)
+                    .where(Instance.state.in_(LIVE_STATES))
+                    .values(
+                        state=InstanceState.TERMINATED,
+                        terminated_at=now,
+                        updated_at=now,
+                        state_reason="benchmarks/latency.py: back to zero between trials",
+                    )
+                )
                 s.execute(delete(MockMachine))
 
         def launch_event(pushed: float) -> float | None:
@@ -194,9 +238,15 @@ def run_setup(name: str, db_url: str, extra_env: dict[str, str], home: Path,
             since = datetime.fromtimestamp(pushed, UTC)
             for _ in range(100):
                 with transaction(sessions) as s:
-                    at = s.scalar(select(ScaleEvent.at).where(
-                        ScaleEvent.kind == "launch", ScaleEvent.action == "created",
-                        ScaleEvent.at >= since).limit(1))
+                    at = s.scalar(
+                        select(ScaleEvent.at)
+                        .where(
+                            ScaleEvent.kind == "launch",
+                            ScaleEvent.action == "created",
+                            ScaleEvent.at >= since,
+                        )
+                        .limit(1)
+                    )
                 if at is not None:
                     return at.timestamp() - pushed
                 time.sleep(0.02)
@@ -211,12 +261,15 @@ def run_setup(name: str, db_url: str, extra_env: dict[str, str], home: Path,
             while time.monotonic() < deadline:
                 with transaction(sessions) as s:
                     created = s.scalar(select(MockMachine.created_at).limit(1))
-                    pending = s.scalar(select(Instance.pending_at).where(
-                        Instance.state.in_(LIVE_STATES)).limit(1))
+                    pending = s.scalar(
+                        select(Instance.pending_at).where(Instance.state.in_(LIVE_STATES)).limit(1)
+                    )
                 if created is not None:
-                    return Trial(created.timestamp() - pushed,
-                                 (pending.timestamp() - pushed) if pending else float("nan"),
-                                 launch_event(pushed))
+                    return Trial(
+                        created.timestamp() - pushed,
+                        (pending.timestamp() - pushed) if pending else float("nan"),
+                        launch_event(pushed),
+                    )
                 for p, (label, log) in zip(procs, logs.items(), strict=True):
                     if p.poll() is not None:
                         raise RuntimeError(f"{label} exited ({p.returncode}):\n{tail(log)}")
@@ -229,9 +282,11 @@ def run_setup(name: str, db_url: str, extra_env: dict[str, str], home: Path,
             if warm is not None:
                 break
         if warm is None:
-            raise RuntimeError(f"{name}: no machine created within {3 * TRIAL_TIMEOUT:.0f} s\n"
-                               f"--- worker ---\n{tail(logs['worker'])}\n"
-                               f"--- beat ---\n{tail(logs['beat'])}")
+            raise RuntimeError(
+                f"{name}: no machine created within {3 * TRIAL_TIMEOUT:.0f} s\n"
+                f"--- worker ---\n{tail(logs['worker'])}\n"
+                f"--- beat ---\n{tail(logs['beat'])}"
+            )
         result.warmup = warm.created
         for i in range(args.trials):
             got = trial()
@@ -239,10 +294,16 @@ def run_setup(name: str, db_url: str, extra_env: dict[str, str], home: Path,
                 result.failed += 1
             else:
                 result.trials.append(got)
-            print(f"  {name} trial {i + 1:2d}/{args.trials}: "
-                  + (f"create {got.created:6.3f} s after the push (tick started "
-                     f"{got.intent:+6.3f} s)" if got else f"nothing within {TRIAL_TIMEOUT:.0f} s"),
-                  flush=True)
+            print(
+                f"  {name} trial {i + 1:2d}/{args.trials}: "
+                + (
+                    f"create {got.created:6.3f} s after the push (tick started "
+                    f"{got.intent:+6.3f} s)"
+                    if got
+                    else f"nothing within {TRIAL_TIMEOUT:.0f} s"
+                ),
+                flush=True,
+            )
         watched.delete(key)
     finally:
         for p in procs:
@@ -273,9 +334,11 @@ def main() -> None:
     random.seed(1)
     results: list[Result] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-latency-"))
-    print(f"scale from zero, {args.trials} trials per setup after a warm-up; worker pool "
-          f"{args.concurrency} processes; load average (1 min) {os.getloadavg()[0]:.2f} on "
-          f"{os.cpu_count()} CPUs")
+    print(
+        f"scale from zero, {args.trials} trials per setup after a warm-up; worker pool "
+        f"{args.concurrency} processes; load average (1 min) {os.getloadavg()[0]:.2f} on "
+        f"{os.cpu_count()} CPUs"
+    )
     if args.only in (None, "embedded"):
         home = tmp / "embedded"
         results.append(run_setup("embedded", f"sqlite:///{home / 'state.db'}", {}, home, args))
@@ -286,11 +349,19 @@ def main() -> None:
         control = f"redis://{args.redis_host}:6379/{CONTROL_DB}"
         try:
             url = args.pg_url.format(db=db)
-            results.append(run_setup(
-                "postgres-redis", url,
-                {"AUTOSCALER_DATABASE_URL": url, "AUTOSCALER_BROKER_URL": control,
-                 "AUTOSCALER_RESULT_BACKEND": control},
-                tmp / "postgres-redis", args))
+            results.append(
+                run_setup(
+                    "postgres-redis",
+                    url,
+                    {
+                        "AUTOSCALER_DATABASE_URL": url,
+                        "AUTOSCALER_BROKER_URL": control,
+                        "AUTOSCALER_RESULT_BACKEND": control,
+                    },
+                    tmp / "postgres-redis",
+                    args,
+                )
+            )
         finally:
             with psycopg.connect(args.pg_admin, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
@@ -298,7 +369,7 @@ def main() -> None:
             for pattern in (f"{CONTROL_KEYPREFIX}*", "celery-task-meta-*"):
                 keys = list(r.scan_iter(match=pattern, count=1000))
                 for i in range(0, len(keys), 500):
-                    r.delete(*keys[i:i + 500])
+                    r.delete(*keys[i : i + 500])
             r.close()
 
     if args.keep_logs or any(r.failed for r in results):
@@ -306,8 +377,10 @@ def main() -> None:
     else:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"\nfirst job at an empty queue -> provider create (seconds); load average (1 min) at "
-          f"the end {os.getloadavg()[0]:.2f}:")
+    print(
+        f"\nfirst job at an empty queue -> provider create (seconds); load average (1 min) at "
+        f"the end {os.getloadavg()[0]:.2f}:"
+    )
     for res in results:
         xs = [t.created for t in res.trials]
         if not xs:
@@ -315,21 +388,26 @@ def main() -> None:
             continue
         intents = [t.intent for t in res.trials]
         events = [t.event for t in res.trials if t.event is not None]
-        print(f"  {res.name:15s} p50 {statistics.median(xs):5.2f}   p95 {pct(xs, 95):5.2f}   "
-              f"max {max(xs):5.2f}   mean {statistics.fmean(xs):5.2f}   trials {len(xs)}"
-              f" (+{res.failed} timed out; warm-up {res.warmup:.2f} s not counted)")
-        print(f"  {'':15s} of which: tick that wrote the intent started p50 "
-              f"{statistics.median(intents):+5.2f} s, intent tick start -> create p50 "
-              f"{statistics.median([t.created - t.intent for t in res.trials]):5.2f} s"
-              + (f"; 'launch created' event p50 {statistics.median(events):5.2f} s"
-                 if events else ""))
+        print(
+            f"  {res.name:15s} p50 {statistics.median(xs):5.2f}   p95 {pct(xs, 95):5.2f}   "
+            f"max {max(xs):5.2f}   mean {statistics.fmean(xs):5.2f}   trials {len(xs)}"
+            f" (+{res.failed} timed out; warm-up {res.warmup:.2f} s not counted)"
+        )
+        print(
+            f"  {'':15s} of which: tick that wrote the intent started p50 "
+            f"{statistics.median(intents):+5.2f} s, intent tick start -> create p50 "
+            f"{statistics.median([t.created - t.intent for t in res.trials]):5.2f} s"
+            + (f"; 'launch created' event p50 {statistics.median(events):5.2f} s" if events else "")
+        )
     verdicts = []
     for res in results:
         met = res.trials and pct([t.created for t in res.trials], 95) <= 2
         verdicts.append(f"{res.name} {'met' if met else 'NOT met'}")
     print("  goal: p95 <= 2 s -> " + ", ".join(verdicts))
-    print("  baselines (KEDA, runqy: poll every 30 s; a job arriving at a random time waits for "
-          "the next poll): average 15 s, worst 30 s, before their create call even starts")
+    print(
+        "  baselines (KEDA, runqy: poll every 30 s; a job arriving at a random time waits for "
+        "the next poll): average 15 s, worst 30 s, before their create call even starts"
+    )
 
 
 if __name__ == "__main__":

@@ -83,18 +83,31 @@ from autoscaler.metrics.celery_redis import (
 
 
 def message(queue: str, stamped: bool, eta: datetime | None = None) -> bytes:
-    headers: dict[str, object] = {"task": "app.tasks.infer", "id": str(uuid.uuid4()),
-                                  "eta": eta.isoformat() if eta else None, "retries": 0,
-                                  "argsrepr": "('x',)"}
+    headers: dict[str, object] = {
+        "task": "app.tasks.infer",
+        "id": str(uuid.uuid4()),
+        "eta": eta.isoformat() if eta else None,
+        "retries": 0,
+        "argsrepr": "('x',)",
+    }
     if stamped:
         headers[PUBLISHED_AT_HEADER] = time.time() - 30
-    return json.dumps({
-        "body": "W1siaW1hZ2UucG5nIl0sIHt9LCB7ImNhbGxiYWNrcyI6IG51bGx9XQ==",
-        "content-encoding": "utf-8", "content-type": "application/json", "headers": headers,
-        "properties": {"correlation_id": headers["id"], "delivery_tag": str(uuid.uuid4()),
-                       "priority": 0, "body_encoding": "base64", "delivery_mode": 2,
-                       "delivery_info": {"exchange": "", "routing_key": queue}},
-    }).encode()
+    return json.dumps(
+        {
+            "body": "W1siaW1hZ2UucG5nIl0sIHt9LCB7ImNhbGxiYWNrcyI6IG51bGx9XQ==",
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                "correlation_id": headers["id"],
+                "delivery_tag": str(uuid.uuid4()),
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+            },
+        }
+    ).encode()
 
 
 def fill(r: redis.Redis, layout: CeleryRedisLayout, queues: list[str]) -> None:
@@ -142,10 +155,25 @@ def free_port() -> int:
 def start_server(workdir: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", workdir, "--slowlog-log-slower-than", "0",
-         "--slowlog-max-len", "10000000"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            "--slowlog-log-slower-than",
+            "0",
+            "--slowlog-max-len",
+            "10000000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 10
@@ -170,14 +198,17 @@ def commands_since_reset(r: redis.Redis) -> list[tuple[float, str]]:
     commands a script runs are logged too (client "?:0"): they are part of their EVALSHA."""
     log = r.slowlog_get(10_000_000)
     r.slowlog_reset()
-    return [(e["duration"] / 1000, e["command"].split(b" ", 1)[0].decode(errors="replace"))
-            for e in log
-            if e.get("client_address") != b"?:0"
-            and not e["command"].upper().startswith((b"SLOWLOG", b"INFO"))]
+    return [
+        (e["duration"] / 1000, e["command"].split(b" ", 1)[0].decode(errors="replace"))
+        for e in log
+        if e.get("client_address") != b"?:0"
+        and not e["command"].upper().startswith((b"SLOWLOG", b"INFO"))
+    ]
 
 
-def measured(r: redis.Redis, proc: subprocess.Popen[bytes], fn: Callable[[], object],
-             rounds: int) -> dict[str, Any]:
+def measured(
+    r: redis.Redis, proc: subprocess.Popen[bytes], fn: Callable[[], object], rounds: int
+) -> dict[str, Any]:
     """Per round: wall ms, client CPU ms, server CPU ms, the commands it caused."""
     wall, cpu, server, longest, commands = [], [], [], [], []
     durations: list[float] = []
@@ -194,13 +225,19 @@ def measured(r: redis.Redis, proc: subprocess.Popen[bytes], fn: Callable[[], obj
         longest.append(max(sent, default=(0.0, "-")))
     top = max(longest)
     return {
-        "median": statistics.median(wall), "p90": p90(wall), "cpu": statistics.median(cpu),
-        "server_cpu": statistics.mean(server), "commands": statistics.median(commands),
-        "longest": top[0], "longest_cmd": top[1],
+        "median": statistics.median(wall),
+        "p90": p90(wall),
+        "cpu": statistics.median(cpu),
+        "server_cpu": statistics.mean(server),
+        "commands": statistics.median(commands),
+        "longest": top[0],
+        "longest_cmd": top[1],
         "typical_longest": statistics.median(ms for ms, _ in longest),
-        "p99_command": statistics.quantiles(durations, n=100)[-1] if len(durations) > 1
+        "p99_command": statistics.quantiles(durations, n=100)[-1]
+        if len(durations) > 1
         else max(durations, default=0.0),
-        "over_5ms": sum(ms > 5 for ms in durations), "all_commands": len(durations),
+        "over_5ms": sum(ms > 5 for ms in durations),
+        "all_commands": len(durations),
     }
 
 
@@ -208,8 +245,9 @@ def p90(values: list[float]) -> float:
     return statistics.quantiles(values, n=10)[-1] if len(values) >= 2 else values[0]
 
 
-def run(r: redis.Redis, url: str, proc: subprocess.Popen[bytes], n: int, rounds: int,
-        deep: int) -> dict[str, Any]:
+def run(
+    r: redis.Redis, url: str, proc: subprocess.Popen[bytes], n: int, rounds: int, deep: int
+) -> dict[str, Any]:
     r.flushall()
     layout = CeleryRedisLayout(global_keyprefix="bench:")
     queues = [f"queue-{i}" for i in range(n)]
@@ -224,11 +262,13 @@ def run(r: redis.Redis, url: str, proc: subprocess.Popen[bytes], n: int, rounds:
     loop = measured(r, proc, lambda: per_key_loop(r, layout, queues), max(2, rounds // 5))
     reader.close()
     return {
-        "keys": n * len(layout.steps), "rounds": reader.rounds,
+        "keys": n * len(layout.steps),
+        "rounds": reader.rounds,
         "pending": sum(m.pending for m in got.values()),
         "scheduled": sum(m.scheduled for m in got.values()),
         "unacked": sum(m.in_flight for m in got.values()),
-        "read": read, "loop": loop,
+        "read": read,
+        "loop": loop,
     }
 
 
@@ -236,32 +276,41 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--queues", default="1000,10000", help="comma-separated sizes")
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--deep", type=int, default=0,
-                    help="add one list of this many countdown messages")
+    ap.add_argument(
+        "--deep", type=int, default=0, help="add one list of this many countdown messages"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         proc, url = start_server(workdir)
         r = redis.Redis.from_url(url)
         try:
-            print(f"redis-server {r.info('server')['redis_version']} (throwaway, SLOWLOG of "
-                  f"every command), {os.cpu_count()} cores, load average "
-                  f"{os.getloadavg()[0]:.1f}")
-            print(f"{'queues':>7} {'read median':>12} {'p90':>9} {'client CPU':>11} "
-                  f"{'server CPU':>11} {'rounds':>6} {'cmds':>5} {'longest command':>24} "
-                  f"{'(typical)':>10} {'per-key loop':>13} {'its longest':>12}")
+            print(
+                f"redis-server {r.info('server')['redis_version']} (throwaway, SLOWLOG of "
+                f"every command), {os.cpu_count()} cores, load average "
+                f"{os.getloadavg()[0]:.1f}"
+            )
+            print(
+                f"{'queues':>7} {'read median':>12} {'p90':>9} {'client CPU':>11} "
+                f"{'server CPU':>11} {'rounds':>6} {'cmds':>5} {'longest command':>24} "
+                f"{'(typical)':>10} {'per-key loop':>13} {'its longest':>12}"
+            )
             for n in (int(x) for x in args.queues.split(",")):
                 m = run(r, url, proc, n, args.rounds, args.deep)
                 rd, lp = m["read"], m["loop"]
-                print(f"{n:>7,} {rd['median']:>9.1f} ms {rd['p90']:>6.1f} ms "
-                      f"{rd['cpu']:>8.1f} ms {rd['server_cpu']:>8.1f} ms {m['rounds']:>6} "
-                      f"{rd['commands']:>5.0f} {rd['longest_cmd']:>12} "
-                      f"{rd['longest']:>6.2f} ms {rd['typical_longest']:>7.2f} ms "
-                      f"{lp['median']:>10.1f} ms {lp['longest']:>9.2f} ms")
-                print(f"{'':>7} ({m['keys']:,} priority keys, {m['pending']:,} pending, "
-                      f"{m['scheduled']:,} scheduled, {m['unacked']:,} unacked; the loop is "
-                      f"{lp['median'] / rd['median']:.1f}x the read; the read's commands: p99 "
-                      f"{rd['p99_command']:.2f} ms, {rd['over_5ms']} of {rd['all_commands']} "
-                      f"over 5 ms)")
+                print(
+                    f"{n:>7,} {rd['median']:>9.1f} ms {rd['p90']:>6.1f} ms "
+                    f"{rd['cpu']:>8.1f} ms {rd['server_cpu']:>8.1f} ms {m['rounds']:>6} "
+                    f"{rd['commands']:>5.0f} {rd['longest_cmd']:>12} "
+                    f"{rd['longest']:>6.2f} ms {rd['typical_longest']:>7.2f} ms "
+                    f"{lp['median']:>10.1f} ms {lp['longest']:>9.2f} ms"
+                )
+                print(
+                    f"{'':>7} ({m['keys']:,} priority keys, {m['pending']:,} pending, "
+                    f"{m['scheduled']:,} scheduled, {m['unacked']:,} unacked; the loop is "
+                    f"{lp['median'] / rd['median']:.1f}x the read; the read's commands: p99 "
+                    f"{rd['p99_command']:.2f} ms, {rd['over_5ms']} of {rd['all_commands']} "
+                    f"over 5 ms)"
+                )
             print(f"load average at the end {os.getloadavg()[0]:.1f}")
         finally:
             r.close()

@@ -121,11 +121,17 @@ def mock_machine_rows(rows: list[dict[str, Any]], install: str) -> list[dict[str
     return [
         {
             "id": int(r["provider_instance_id"].removeprefix("mock-")),
-            "provider": PROVIDER, "label": make_label(install, r["launch_id"]), "env": {},
-            "gpu": r["gpu"], "price_per_hour": r["price_per_hour"], "status": CREATED,
-            "boots_at": (later if r["state"] == S.BOOTING
-                         else r["created_at"] + timedelta(seconds=60)),
-            "will_fail": False, "created_at": r["created_at"],
+            "provider": PROVIDER,
+            "label": make_label(install, r["launch_id"]),
+            "env": {},
+            "gpu": r["gpu"],
+            "price_per_hour": r["price_per_hour"],
+            "status": CREATED,
+            "boots_at": (
+                later if r["state"] == S.BOOTING else r["created_at"] + timedelta(seconds=60)
+            ),
+            "will_fail": False,
+            "created_at": r["created_at"],
         }
         for r in rows
     ]
@@ -261,9 +267,20 @@ def timed_pass(rt: Runtime, counter: Counter_, clock: PhaseClock, now: datetime)
         name: (clock.walls[name], by_phase[name]) for name in PHASE_NAMES[:-1]
     }
     phases["other"] = (wall - sum(clock.walls.values()), by_phase["-"])
-    return Run(wall, cpu, len(counter.statements), Counter(k for _, k in counter.statements),
-               phases, res["transitions"], res["retries"], sent, GC.seconds, GC.passes,
-               GC.full_seconds, GC.full_passes)
+    return Run(
+        wall,
+        cpu,
+        len(counter.statements),
+        Counter(k for _, k in counter.statements),
+        phases,
+        res["transitions"],
+        res["retries"],
+        sent,
+        GC.seconds,
+        GC.passes,
+        GC.full_seconds,
+        GC.full_passes,
+    )
 
 
 @dataclass
@@ -305,14 +322,22 @@ def bench_size(machines: int, args: argparse.Namespace) -> Size:
         t0 = datetime.now(UTC).replace(microsecond=0)
         with transaction(session_factory(admin)) as s:
             install = rt.installation_id(s)
-            config_versions.record(s, config_document(args.queues, machines, args.redis, prefix),
-                                   "benchmarks/reconcile.py", t0)
+            config_versions.record(
+                s,
+                config_document(args.queues, machines, args.redis, prefix),
+                "benchmarks/reconcile.py",
+                t0,
+            )
             rows = instance_rows(args.queues, machines, install, t0)
             s.execute(insert(Instance), rows)
             s.execute(insert(MockMachine), mock_machine_rows(rows, install))
         with admin.begin() as c:
-            c.execute(text("SELECT setval(pg_get_serial_sequence('mock_machines', 'id'), "
-                           "(SELECT max(id) FROM mock_machines))"))
+            c.execute(
+                text(
+                    "SELECT setval(pg_get_serial_sequence('mock_machines', 'id'), "
+                    "(SELECT max(id) FROM mock_machines))"
+                )
+            )
         with admin.connect() as c:
             c.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE"))
         seeding = time.perf_counter() - started
@@ -335,8 +360,10 @@ def bench_size(machines: int, args: argparse.Namespace) -> Size:
                 c.execute(text("TRUNCATE instances"))
                 c.execute(text("INSERT INTO instances SELECT * FROM bench_seed"))
                 c.execute(text("DELETE FROM scale_events WHERE id > :id"), {"id": last_event})
-                c.execute(text("UPDATE mock_machines SET status = :created WHERE status = :dead"),
-                          {"created": CREATED, "dead": DEAD})
+                c.execute(
+                    text("UPDATE mock_machines SET status = :created WHERE status = :dead"),
+                    {"created": CREATED, "dead": DEAD},
+                )
             for pid in doomed:
                 assert provider.kill(pid)
 
@@ -354,8 +381,10 @@ def bench_size(machines: int, args: argparse.Namespace) -> Size:
                 p.enable()
                 reconciler.run_reconcile(rt, lambda step, launch: None, now=now)
                 p.disable()
-                buf.write(f"\n--- {label} pass, {machines} machines: the project's functions by "
-                          "cumulative time ---\n")
+                buf.write(
+                    f"\n--- {label} pass, {machines} machines: the project's functions by "
+                    "cumulative time ---\n"
+                )
                 stats = pstats.Stats(p, stream=buf).sort_stats("cumulative")
                 stats.print_stats(r"/autoscaler/", args.profile_lines)
             prof = buf.getvalue()
@@ -372,7 +401,7 @@ def bench_size(machines: int, args: argparse.Namespace) -> Size:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
         keys = list(r.scan_iter(match=f"{prefix}*", count=5000))
         for i in range(0, len(keys), 1000):
-            r.delete(*keys[i:i + 1000])
+            r.delete(*keys[i : i + 1000])
         r.close()
 
 
@@ -384,22 +413,25 @@ def describe(runs: list[Run]) -> str:
     sent = Counter[str]()
     for x in runs:
         sent.update(x.sent)
-    return (f"median {med(walls):7.1f} ms (min {min(walls):7.1f}, max {max(walls):7.1f})   "
-            f"without the probe {med([x.without_probe * 1000 for x in runs]):7.1f} ms   "
-            f"CPU {med([x.cpu * 1000 for x in runs]):7.1f} ms   "
-            f"gc {med([x.gc_seconds * 1000 for x in runs]):6.1f} ms "
-            f"({med([x.gc_passes for x in runs]):.0f} passes; full ones "
-            f"{med([x.gc_full_seconds * 1000 for x in runs]):.1f} ms, "
-            f"{med([x.gc_full_passes for x in runs]):.0f})\n"
-            f"      statements {med([x.statements for x in runs]):5.0f}   "
-            f"moved {med([x.moved for x in runs]):4.0f}   "
-            f"retries {med([x.retries for x in runs]):4.0f}   sent per pass: "
-            + (", ".join(f"{k} {v / len(runs):.0f}" for k, v in sorted(sent.items())) or "-"))
+    return (
+        f"median {med(walls):7.1f} ms (min {min(walls):7.1f}, max {max(walls):7.1f})   "
+        f"without the probe {med([x.without_probe * 1000 for x in runs]):7.1f} ms   "
+        f"CPU {med([x.cpu * 1000 for x in runs]):7.1f} ms   "
+        f"gc {med([x.gc_seconds * 1000 for x in runs]):6.1f} ms "
+        f"({med([x.gc_passes for x in runs]):.0f} passes; full ones "
+        f"{med([x.gc_full_seconds * 1000 for x in runs]):.1f} ms, "
+        f"{med([x.gc_full_passes for x in runs]):.0f})\n"
+        f"      statements {med([x.statements for x in runs]):5.0f}   "
+        f"moved {med([x.moved for x in runs]):4.0f}   "
+        f"retries {med([x.retries for x in runs]):4.0f}   sent per pass: "
+        + (", ".join(f"{k} {v / len(runs):.0f}" for k, v in sorted(sent.items())) or "-")
+    )
 
 
 def phase_table(label: str, sizes: list[Size]) -> None:
-    print(f"\n  per phase, {label} (median of {len(sizes[0].runs[label])} passes; "
-          "ms / statements):")
+    print(
+        f"\n  per phase, {label} (median of {len(sizes[0].runs[label])} passes; ms / statements):"
+    )
     print("    " + f"{'phase':20s}" + "".join(f"{s.machines:>10d} machines " for s in sizes))
     for name in PHASE_NAMES:
         cells = []
@@ -425,15 +457,20 @@ def main() -> None:
     ap.add_argument("--machines", default="2000,20000")
     ap.add_argument("--queues", type=int, default=100)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--churn", type=float, default=0.01,
-                    help="share of the machines killed at the provider before a churn pass")
+    ap.add_argument(
+        "--churn",
+        type=float,
+        default=0.01,
+        help="share of the machines killed at the provider before a churn pass",
+    )
     ap.add_argument("--pg-admin", default="host=127.0.0.1 port=5432 user=postgres dbname=postgres")
     ap.add_argument("--pg-host", default="127.0.0.1")
     ap.add_argument("--pg-port", default="5432")
     ap.add_argument("--pg-user", default="postgres")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
-    ap.add_argument("--profile", action="store_true",
-                    help="cProfile one steady and one churn pass per size")
+    ap.add_argument(
+        "--profile", action="store_true", help="cProfile one steady and one churn pass per size"
+    )
     ap.add_argument("--profile-lines", type=int, default=15)
     args = ap.parse_args()
     print(f"load average (1 min) at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
@@ -443,12 +480,16 @@ def main() -> None:
         size = bench_size(n, args)
         sizes.append(size)
         states = ", ".join(f"{v} {k}" for k, v in sorted(size.states.items()))
-        print(f"\n{n} machines ({states}) over {args.queues} queues; PostgreSQL; mock provider; "
-              f"{args.runs} runs after a warm-up ({size.seeding:.1f} s to seed, "
-              f"{time.perf_counter() - started:.0f} s in all)")
+        print(
+            f"\n{n} machines ({states}) over {args.queues} queues; PostgreSQL; mock provider; "
+            f"{args.runs} runs after a warm-up ({size.seeding:.1f} s to seed, "
+            f"{time.perf_counter() - started:.0f} s in all)"
+        )
         f = size.first
-        print(f"  warm-up pass: {f.wall * 1000:.1f} ms, {f.statements} statements, "
-              f"moved {f.moved}, retries {f.retries}")
+        print(
+            f"  warm-up pass: {f.wall * 1000:.1f} ms, {f.statements} statements, "
+            f"moved {f.moved}, retries {f.retries}"
+        )
         print(f"  steady: {describe(size.steady)}")
         print(f"  churn ({size.killed} killed):\n          {describe(size.churn)}")
     if len(sizes) >= 2:
@@ -457,18 +498,21 @@ def main() -> None:
         for label in ("steady", "churn"):
             ra, rb = a.runs[label], b.runs[label]
 
-            def ratio(pick: Callable[[Run], float], ra: list[Run] = ra,
-                      rb: list[Run] = rb) -> float:
+            def ratio(
+                pick: Callable[[Run], float], ra: list[Run] = ra, rb: list[Run] = rb
+            ) -> float:
                 base = med([pick(x) for x in ra])
                 return med([pick(x) for x in rb]) / base if base else float("nan")
 
-            print(f"  {label:6s} time {ratio(lambda x: x.wall):5.2f}x   "
-                  f"without the probe {ratio(lambda x: x.without_probe):5.2f}x   "
-                  f"CPU {ratio(lambda x: x.cpu):5.2f}x   "
-                  f"gc {ratio(lambda x: x.gc_seconds):5.2f}x   "
-                  f"statements {ratio(lambda x: x.statements):5.2f}x "
-                  f"({med([x.statements for x in ra]):.0f} -> "
-                  f"{med([x.statements for x in rb]):.0f})")
+            print(
+                f"  {label:6s} time {ratio(lambda x: x.wall):5.2f}x   "
+                f"without the probe {ratio(lambda x: x.without_probe):5.2f}x   "
+                f"CPU {ratio(lambda x: x.cpu):5.2f}x   "
+                f"gc {ratio(lambda x: x.gc_seconds):5.2f}x   "
+                f"statements {ratio(lambda x: x.statements):5.2f}x "
+                f"({med([x.statements for x in ra]):.0f} -> "
+                f"{med([x.statements for x in rb]):.0f})"
+            )
     print(f"  load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
     for label in ("steady", "churn"):
         phase_table(label, sizes)

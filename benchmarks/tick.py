@@ -189,8 +189,13 @@ def config_document(n: int, instances: int, redis_url: str, prefix: str) -> dict
         else:
             up = [
                 {"trigger": "no_workers"},
-                {"trigger": "schedule", "cron": "0 8 * * 1-5", "timezone": "America/New_York",
-                 "workers": 1, "duration": "2h"},
+                {
+                    "trigger": "schedule",
+                    "cron": "0 8 * * 1-5",
+                    "timezone": "America/New_York",
+                    "workers": 1,
+                    "duration": "2h",
+                },
             ]
         queues[qname(i)] = {
             "metrics": metrics,
@@ -228,39 +233,63 @@ def instance_rows(n: int, count: int, installation: str, now: datetime) -> list[
         launch = uuid.UUID(int=rng.getrandbits(128)).hex
         created = now - timedelta(seconds=rng.uniform(600, 36000))
         row: dict[str, Any] = {
-            "launch_id": launch, "queue": q, "provider": PROVIDER,
-            "provider_instance_id": f"mock-{k + 1}", "host_id": f"host-{k}", "gpu": "RTX 4090",
-            "price_per_hour": 0.4, "attempts": 1, "drain_requested": False,
-            "pending_at": created, "creating_at": created + timedelta(seconds=1),
-            "booting_at": created + timedelta(seconds=3), "created_at": created,
-            "updated_at": now, "running_tasks": 0,
+            "launch_id": launch,
+            "queue": q,
+            "provider": PROVIDER,
+            "provider_instance_id": f"mock-{k + 1}",
+            "host_id": f"host-{k}",
+            "gpu": "RTX 4090",
+            "price_per_hour": 0.4,
+            "attempts": 1,
+            "drain_requested": False,
+            "pending_at": created,
+            "creating_at": created + timedelta(seconds=1),
+            "booting_at": created + timedelta(seconds=3),
+            "created_at": created,
+            "updated_at": now,
+            "running_tasks": 0,
             "worker_name": f"asg-{installation}-{launch}@host-{k}",
         }
         roll = rng.random()
         if roll < 0.75:
             ready = created + timedelta(seconds=rng.uniform(60, 300))
-            row.update(state=S.READY, ready_at=ready, state_reason="worker answered",
-                       last_heartbeat_at=now - timedelta(seconds=rng.uniform(0, 30)))
+            row.update(
+                state=S.READY,
+                ready_at=ready,
+                state_reason="worker answered",
+                last_heartbeat_at=now - timedelta(seconds=rng.uniform(0, 30)),
+            )
             kind = rng.random()
             if kind < 0.60:
-                row.update(running_tasks=1,
-                           last_task_at=now - timedelta(seconds=rng.uniform(0, 30)))
+                row.update(
+                    running_tasks=1, last_task_at=now - timedelta(seconds=rng.uniform(0, 30))
+                )
             elif kind < 0.85:
                 row["last_task_at"] = now - timedelta(seconds=rng.uniform(30, 240))
             else:
                 row["last_task_at"] = max(ready, now - timedelta(seconds=rng.uniform(1200, 7200)))
         elif roll < 0.90:
             created = now - timedelta(seconds=rng.uniform(5, 240))
-            row.update(state=S.BOOTING, state_reason="rented", created_at=created,
-                       pending_at=created, creating_at=created + timedelta(seconds=1),
-                       booting_at=created + timedelta(seconds=3), worker_name=None)
+            row.update(
+                state=S.BOOTING,
+                state_reason="rented",
+                created_at=created,
+                pending_at=created,
+                creating_at=created + timedelta(seconds=1),
+                booting_at=created + timedelta(seconds=3),
+                worker_name=None,
+            )
         else:
             ready = created + timedelta(seconds=rng.uniform(60, 300))
-            row.update(state=S.DRAINING, state_reason="idle", ready_at=ready,
-                       draining_at=now - timedelta(seconds=rng.uniform(5, 600)),
-                       last_task_at=now - timedelta(seconds=rng.uniform(0, 600)),
-                       running_tasks=rng.choice((0, 1)),
-                       last_heartbeat_at=now - timedelta(seconds=rng.uniform(0, 30)))
+            row.update(
+                state=S.DRAINING,
+                state_reason="idle",
+                ready_at=ready,
+                draining_at=now - timedelta(seconds=rng.uniform(5, 600)),
+                last_task_at=now - timedelta(seconds=rng.uniform(0, 600)),
+                running_tasks=rng.choice((0, 1)),
+                last_heartbeat_at=now - timedelta(seconds=rng.uniform(0, 30)),
+            )
         rows.append(row)
     return rows
 
@@ -269,13 +298,22 @@ def message(queue: str, stamped: bool) -> bytes:
     headers: dict[str, Any] = {"task": "app.tasks.infer", "id": str(uuid.uuid4()), "retries": 0}
     if stamped:
         headers[PUBLISHED_AT_HEADER] = time.time() - 20
-    return json.dumps({
-        "body": "W1siaW1hZ2UucG5nIl0sIHt9LCB7ImNhbGxiYWNrcyI6IG51bGx9XQ==",
-        "content-encoding": "utf-8", "content-type": "application/json", "headers": headers,
-        "properties": {"correlation_id": headers["id"], "delivery_tag": str(uuid.uuid4()),
-                       "priority": 0, "body_encoding": "base64", "delivery_mode": 2,
-                       "delivery_info": {"exchange": "", "routing_key": queue}},
-    }).encode()
+    return json.dumps(
+        {
+            "body": "W1siaW1hZ2UucG5nIl0sIHt9LCB7ImNhbGxiYWNrcyI6IG51bGx9XQ==",
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                "correlation_id": headers["id"],
+                "delivery_tag": str(uuid.uuid4()),
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+            },
+        }
+    ).encode()
 
 
 def pending_queues(n: int) -> list[int]:
@@ -309,8 +347,11 @@ def move_heads(r: redis.Redis, layout: CeleryRedisLayout, n: int) -> None:
 
 def statement_kind(sql: str) -> str:
     s = " ".join(sql.split())
-    for pat, verb in ((r"^INSERT INTO (\w+)", "INSERT"), (r"^UPDATE (\w+)", "UPDATE"),
-                      (r"^DELETE FROM (\w+)", "DELETE")):
+    for pat, verb in (
+        (r"^INSERT INTO (\w+)", "INSERT"),
+        (r"^UPDATE (\w+)", "UPDATE"),
+        (r"^DELETE FROM (\w+)", "DELETE"),
+    ):
         m = re.match(pat, s, re.I)
         if m:
             return f"{verb} {m.group(1)}"
@@ -328,8 +369,9 @@ class Counter_:
 
     def attach(self, engine: Any) -> None:
         @event.listens_for(engine, "before_cursor_execute")
-        def _stmt(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
-                  executemany: bool) -> None:
+        def _stmt(
+            conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+        ) -> None:
             if self.on:
                 self.statements.append((self.phase, statement_kind(statement)))
 
@@ -395,9 +437,16 @@ def timed_evaluate(rt: Runtime, counter: Counter_, now: datetime) -> Run:
         res = evaluate(rt, noop, trigger="poll", now=now)
         wall = time.perf_counter() - t
     assert res.skipped is None, res.skipped
-    return Run(wall, len(counter.statements), counter.checkouts, counter.commits,
-               Counter(k for _, k in counter.statements), len(res.launched), len(res.drains),
-               degraded=FAILURES.count > failures)
+    return Run(
+        wall,
+        len(counter.statements),
+        counter.checkouts,
+        counter.commits,
+        Counter(k for _, k in counter.statements),
+        len(res.launched),
+        len(res.drains),
+        degraded=FAILURES.count > failures,
+    )
 
 
 def good(runs: list[Run]) -> list[Run]:
@@ -405,8 +454,16 @@ def good(runs: list[Run]) -> list[Run]:
     return [r for r in runs if not r.degraded] or runs
 
 
-PHASES = ("load + claim slots", "evaluation lease", "metrics read", "snapshot build", "decide()",
-          "plan -> actions", "flush + commit", "lease release")
+PHASES = (
+    "load + claim slots",
+    "evaluation lease",
+    "metrics read",
+    "snapshot build",
+    "decide()",
+    "plan -> actions",
+    "flush + commit",
+    "lease release",
+)
 
 
 def phased_tick(rt: Runtime, counter: Counter_, now: datetime) -> dict[str, tuple[float, int]]:
@@ -425,8 +482,9 @@ def phased_tick(rt: Runtime, counter: Counter_, now: datetime) -> dict[str, tupl
         with phase(PHASES[0]), rt.transaction() as session:
             loaded = rt.load(session)
             assert loaded is not None
-            slots = [(q, int(now.timestamp() // loaded.poll_interval(q)))
-                     for q in loaded.autoscaled]
+            slots = [
+                (q, int(now.timestamp() // loaded.poll_interval(q))) for q in loaded.autoscaled
+            ]
             due = sorted(leases.claim_ticks(session, slots, "tick", now))
         holder = holder_id()
         with phase(PHASES[1]), rt.transaction() as session:
@@ -543,8 +601,10 @@ def bench_size(n: int, args: argparse.Namespace, shards: Sequence[int] = ()) -> 
                 p.enable()
                 evaluate(rt, noop, trigger="poll", now=at)
                 p.disable()
-                buf.write(f"\n--- {label} tick, {n} queues: the project's functions by "
-                          "cumulative time ---\n")
+                buf.write(
+                    f"\n--- {label} tick, {n} queues: the project's functions by "
+                    "cumulative time ---\n"
+                )
                 stats = pstats.Stats(p, stream=buf).sort_stats("cumulative")
                 stats.print_stats(r"/autoscaler/", 25)
             prof = buf.getvalue()
@@ -554,11 +614,24 @@ def bench_size(n: int, args: argparse.Namespace, shards: Sequence[int] = ()) -> 
             by_workers = []
             for w in shards:
                 with transaction(sessions) as s:
-                    config_versions.record(s, {**doc, "evaluation": {"shards": w}},
-                                           "benchmarks/tick.py", t0)
+                    config_versions.record(
+                        s, {**doc, "evaluation": {"shards": w}}, "benchmarks/tick.py", t0
+                    )
                 by_workers.append(shard_runs(w, url, home, args.runs, now, reset))
-        return Size(n, steady, busy, ph_steady, ph_busy, first, jobs, dict(states), prof,
-                    by_workers, doc["limits"], time.perf_counter() - shards_started)
+        return Size(
+            n,
+            steady,
+            busy,
+            ph_steady,
+            ph_busy,
+            first,
+            jobs,
+            dict(states),
+            prof,
+            by_workers,
+            doc["limits"],
+            time.perf_counter() - shards_started,
+        )
     finally:
         if rt is not None:
             rt.close()
@@ -570,15 +643,24 @@ def bench_size(n: int, args: argparse.Namespace, shards: Sequence[int] = ()) -> 
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
         keys = list(r.scan_iter(match=f"{prefix}*", count=5000))
         for i in range(0, len(keys), 1000):
-            r.delete(*keys[i:i + 1000])
+            r.delete(*keys[i : i + 1000])
         r.close()
 
 
 # --------------------------------------------------------------------------- shards
 
 
-SHARD_PHASES = ("claim slots", "evaluation lease", "metrics read", "snapshot build", "decide()",
-                "account lock wait", "execute", "flush", "rest")
+SHARD_PHASES = (
+    "claim slots",
+    "evaluation lease",
+    "metrics read",
+    "snapshot build",
+    "decide()",
+    "account lock wait",
+    "execute",
+    "flush",
+    "rest",
+)
 """Where a shard worker's evaluation goes: the steps `_evaluate` looks up on its modules at call
 time, wrapped with timers in the worker processes only (`time_steps`). "evaluation lease" is
 taking and renewing it (waits for its advisory lock included); "rest" is the wall time none of
@@ -607,11 +689,15 @@ def time_steps() -> tuple[dict[str, float], dict[str, int]]:
         return wrapper
 
     steps: tuple[tuple[Any, str, str], ...] = (
-        (tick, "_claim_slots", "claim slots"), (leases, "acquire_evaluation", "evaluation lease"),
+        (tick, "_claim_slots", "claim slots"),
+        (leases, "acquire_evaluation", "evaluation lease"),
         (tick, "read_metrics", "metrics read"),
-        (tick, "build_snapshot", "snapshot build"), (tick, "decide", "decide()"),
-        (leases, "lock_account", "account lock wait"), (tick, "execute", "execute"),
-        (StoreActions, "flush", "flush"))
+        (tick, "build_snapshot", "snapshot build"),
+        (tick, "decide", "decide()"),
+        (leases, "lock_account", "account lock wait"),
+        (tick, "execute", "execute"),
+        (StoreActions, "flush", "flush"),
+    )
     for owner, name, label in steps:
         setattr(owner, name, timed(label, getattr(owner, name)))
     return spent, calls
@@ -640,8 +726,17 @@ def shard_worker(conn: Connection, url: str, home: str, shard: int | None) -> No
             wall = time.perf_counter() - t
             steps = {k: spent.get(k, 0.0) for k in SHARD_PHASES[:-1]}
             steps["rest"] = wall - sum(steps.values())
-            conn.send((wall, len(res.launched), len(res.drains), res.skipped,
-                       FAILURES.count > failures, steps, dict(calls)))
+            conn.send(
+                (
+                    wall,
+                    len(res.launched),
+                    len(res.drains),
+                    res.skipped,
+                    FAILURES.count > failures,
+                    steps,
+                    dict(calls),
+                )
+            )
     except Exception:
         conn.send(("error", traceback.format_exc()))
     finally:
@@ -702,8 +797,14 @@ def good_ticks(ticks: list[ShardTick]) -> list[ShardTick]:
     return [t for t in ticks if not t.degraded] or ticks
 
 
-def shard_runs(workers: int, url: str, home: str, runs: int, now: Callable[[], datetime],
-               reset: Callable[[], None]) -> ShardRuns:
+def shard_runs(
+    workers: int,
+    url: str,
+    home: str,
+    runs: int,
+    now: Callable[[], datetime],
+    reset: Callable[[], None],
+) -> ShardRuns:
     """`workers` processes (spawned, each with its own Runtime) evaluating shard i of
     `workers` at once (one process running the plain tick for 1): a warm-up, then `runs`
     steady and `runs` busy ticks, each prepared by the parent (`now()` deletes the tick slots;
@@ -721,8 +822,10 @@ def shard_runs(workers: int, url: str, home: str, runs: int, now: Callable[[], d
         while len(answers) < len(pipes):
             left = t + SHARD_TIMEOUT - time.perf_counter()
             waiting = [c for i, c in enumerate(pipes) if i not in answers]
-            ready = wait_any(waiting + [p.sentinel for i, p in enumerate(procs)
-                                        if i not in answers], timeout=max(0.0, left))
+            ready = wait_any(
+                waiting + [p.sentinel for i, p in enumerate(procs) if i not in answers],
+                timeout=max(0.0, left),
+            )
             if not ready:
                 raise RuntimeError(f"shard workers gave no answer within {SHARD_TIMEOUT:.0f} s")
             for i, c in enumerate(pipes):
@@ -730,8 +833,9 @@ def shard_runs(workers: int, url: str, home: str, runs: int, now: Callable[[], d
                     continue
                 if not c.poll():
                     procs[i].join(timeout=5)
-                    raise RuntimeError(f"shard worker {i} of {workers} died "
-                                       f"(exit code {procs[i].exitcode})")
+                    raise RuntimeError(
+                        f"shard worker {i} of {workers} died (exit code {procs[i].exitcode})"
+                    )
                 got = c.recv()
                 if got[0] == "error":
                     raise RuntimeError(f"shard worker {i} of {workers} failed:\n{got[1]}")
@@ -742,9 +846,12 @@ def shard_runs(workers: int, url: str, home: str, runs: int, now: Callable[[], d
     try:
         for i in range(workers):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=shard_worker, name=f"bench-shard-{i}-of-{workers}",
-                               args=(theirs, url, home, None if workers == 1 else i),
-                               daemon=True)
+            proc = ctx.Process(
+                target=shard_worker,
+                name=f"bench-shard-{i}-of-{workers}",
+                args=(theirs, url, home, None if workers == 1 else i),
+                daemon=True,
+            )
             pipes.append(ours)
             procs.append(proc)
             proc.start()
@@ -781,13 +888,14 @@ def describe(runs: list[Run]) -> str:
     runs = good(runs)
     walls = [x.wall * 1000 for x in runs]
     st = [x.statements for x in runs]
-    return (f"median {med(walls):7.1f} ms (min {min(walls):6.1f}, max {max(walls):6.1f})   "
-            f"statements {med(st):5.0f}   checkouts {med([x.checkouts for x in runs]):3.0f}   "
-            f"commits {med([x.commits for x in runs]):3.0f}   "
-            f"launches {med([x.launched for x in runs]):4.0f}   "
-            f"drains {med([x.drained for x in runs]):4.0f}"
-            + (f"   ({left_out} run(s) with a failing metrics source left out)"
-               if left_out else ""))
+    return (
+        f"median {med(walls):7.1f} ms (min {min(walls):6.1f}, max {max(walls):6.1f})   "
+        f"statements {med(st):5.0f}   checkouts {med([x.checkouts for x in runs]):3.0f}   "
+        f"commits {med([x.commits for x in runs]):3.0f}   "
+        f"launches {med([x.launched for x in runs]):4.0f}   "
+        f"drains {med([x.drained for x in runs]):4.0f}"
+        + (f"   ({left_out} run(s) with a failing metrics source left out)" if left_out else "")
+    )
 
 
 Phases = dict[str, tuple[float, int]]
@@ -829,24 +937,32 @@ def shard_table(size: Size, instances: int) -> None:
     assert size.shards
     by_w = {r.workers: r for r in size.shards}
     base = by_w.get(1)
-    print(f"\nsharded evaluation, {size.queues} queues, {instances} machines: W worker processes "
-          f"(spawn, each its own Runtime) evaluating shard i of W at once (W=1: the plain tick "
-          f"in one worker), timed in the parent from the signal to the last answer; median of "
-          f"{len(size.shards[0].steady)} runs after a warm-up")
+    print(
+        f"\nsharded evaluation, {size.queues} queues, {instances} machines: W worker processes "
+        f"(spawn, each its own Runtime) evaluating shard i of W at once (W=1: the plain tick "
+        f"in one worker), timed in the parent from the signal to the last answer; median of "
+        f"{len(size.shards[0].steady)} runs after a warm-up"
+    )
     load = os.getloadavg()
-    print(f"  os.cpu_count() {os.cpu_count()}, load average {load[0]:.2f} {load[1]:.2f} "
-          f"{load[2]:.2f} (1, 5, 15 min) after the shard runs; the workers share this machine's "
-          f"cores with PostgreSQL and Redis")
+    print(
+        f"  os.cpu_count() {os.cpu_count()}, load average {load[0]:.2f} {load[1]:.2f} "
+        f"{load[2]:.2f} (1, 5, 15 min) after the shard runs; the workers share this machine's "
+        f"cores with PostgreSQL and Redis"
+    )
     limits = {k: v for k, v in (size.limits or {}).items() if v is not None}
     if limits:
         caps = ", ".join(f"{k} {v:g}" for k, v in limits.items())
-        print(f"  account caps are set in the bench config ({caps}): "
-              "far above the fleet, they never bind, but a shard whose plan launches or "
-              "resumes takes the account lock from its recount to its commit (those "
-              "recounts and commits run one at a time)")
-    print(f"    {'W':>3s}  {'steady: median':>14s} {'min':>7s} {'max':>7s} {'slowest shard':>13s}"
-          f"  {'busy: median':>12s} {'slowest shard':>13s}  {'launches':>8s} {'drains':>6s}"
-          f"  {'speed-up steady':>15s} {'busy':>5s}")
+        print(
+            f"  account caps are set in the bench config ({caps}): "
+            "far above the fleet, they never bind, but a shard whose plan launches or "
+            "resumes takes the account lock from its recount to its commit (those "
+            "recounts and commits run one at a time)"
+        )
+    print(
+        f"    {'W':>3s}  {'steady: median':>14s} {'min':>7s} {'max':>7s} {'slowest shard':>13s}"
+        f"  {'busy: median':>12s} {'slowest shard':>13s}  {'launches':>8s} {'drains':>6s}"
+        f"  {'speed-up steady':>15s} {'busy':>5s}"
+    )
 
     def ms(x: float) -> str:
         return f"{x * 1000:7.0f}"
@@ -855,25 +971,33 @@ def shard_table(size: Size, instances: int) -> None:
         st, bu = good_ticks(r.steady), good_ticks(r.busy)
         sw, bw = [t.wall for t in st], [t.wall for t in bu]
         if base is not None:
-            up = (f"{med([t.wall for t in good_ticks(base.steady)]) / med(sw):14.2f}x "
-                  f"{med([t.wall for t in good_ticks(base.busy)]) / med(bw):4.2f}x")
+            up = (
+                f"{med([t.wall for t in good_ticks(base.steady)]) / med(sw):14.2f}x "
+                f"{med([t.wall for t in good_ticks(base.busy)]) / med(bw):4.2f}x"
+            )
         else:
             up = f"{'n/a':>15s} {'n/a':>5s}"
-        print(f"    {r.workers:3d}  {ms(med(sw)):>11s} ms {ms(min(sw))} {ms(max(sw))} "
-              f"{ms(med([t.slowest.wall for t in st])):>10s} ms  {ms(med(bw)):>9s} ms "
-              f"{ms(med([t.slowest.wall for t in bu])):>10s} ms  "
-              f"{med([t.launched for t in bu]):8.0f} {med([t.drained for t in bu]):6.0f}  {up}")
-    print(f"    (same run, in this process: steady "
-          f"{med([x.wall for x in good(size.steady)]):.2f} s, "
-          f"busy {med([x.wall for x in good(size.busy)]):.2f} s, "
-          f"{med([x.launched for x in good(size.busy)]):.0f} launches, "
-          f"{med([x.drained for x in good(size.busy)]):.0f} drains)")
-    busy_counts = {(r.workers, t.launched, t.drained) for r in size.shards
-                   for t in good_ticks(r.busy)}
+        print(
+            f"    {r.workers:3d}  {ms(med(sw)):>11s} ms {ms(min(sw))} {ms(max(sw))} "
+            f"{ms(med([t.slowest.wall for t in st])):>10s} ms  {ms(med(bw)):>9s} ms "
+            f"{ms(med([t.slowest.wall for t in bu])):>10s} ms  "
+            f"{med([t.launched for t in bu]):8.0f} {med([t.drained for t in bu]):6.0f}  {up}"
+        )
+    print(
+        f"    (same run, in this process: steady "
+        f"{med([x.wall for x in good(size.steady)]):.2f} s, "
+        f"busy {med([x.wall for x in good(size.busy)]):.2f} s, "
+        f"{med([x.launched for x in good(size.busy)]):.0f} launches, "
+        f"{med([x.drained for x in good(size.busy)]):.0f} drains)"
+    )
+    busy_counts = {
+        (r.workers, t.launched, t.drained) for r in size.shards for t in good_ticks(r.busy)
+    }
     if len({(la, dr) for _, la, dr in busy_counts}) > 1:
-        print("  WARNING: launches / drains per busy tick differ between worker counts or runs: "
-              + ", ".join(f"W={w}: {la} launches, {dr} drains"
-                          for w, la, dr in sorted(busy_counts)))
+        print(
+            "  WARNING: launches / drains per busy tick differ between worker counts or runs: "
+            + ", ".join(f"W={w}: {la} launches, {dr} drains" for w, la, dr in sorted(busy_counts))
+        )
     else:
         print("  launches and drains per busy tick: the same for every W and run")
     for r in size.shards:
@@ -883,29 +1007,41 @@ def shard_table(size: Size, instances: int) -> None:
                 print(f"  WARNING: W={r.workers} {label}: skipped {'; '.join(skipped)}")
             left_out = sum(t.degraded for t in ticks)
             if left_out and label != "warm-up":
-                print(f"  W={r.workers} {label}: {left_out} run(s) with a failing metrics source "
-                      "left out")
-    print("  warm-up (process start, config parse, connections): "
-          + ", ".join(f"W={r.workers} {r.warmup.wall:.1f} s" for r in size.shards))
-    print("\n  where the slowest shard's time goes (median over runs of the slowest worker's "
-          "steps; ms):")
-    print(f"    {'step':18s}" + "".join(f"{f'W={r.workers} steady':>13s}{'busy':>7s}"
-                                        for r in size.shards))
+                print(
+                    f"  W={r.workers} {label}: {left_out} run(s) with a failing metrics source "
+                    "left out"
+                )
+    print(
+        "  warm-up (process start, config parse, connections): "
+        + ", ".join(f"W={r.workers} {r.warmup.wall:.1f} s" for r in size.shards)
+    )
+    print(
+        "\n  where the slowest shard's time goes (median over runs of the slowest worker's "
+        "steps; ms):"
+    )
+    print(
+        f"    {'step':18s}"
+        + "".join(f"{f'W={r.workers} steady':>13s}{'busy':>7s}" for r in size.shards)
+    )
     for step in SHARD_PHASES:
         cells = []
         for r in size.shards:
             for ticks in (good_ticks(r.steady), good_ticks(r.busy)):
                 cells.append(med([t.slowest.steps[step] * 1000 for t in ticks]))
-        print(f"    {step:18s}" + "".join(
-            f"{cells[k]:13.0f}{cells[k + 1]:7.0f}" for k in range(0, len(cells), 2)))
+        print(
+            f"    {step:18s}"
+            + "".join(f"{cells[k]:13.0f}{cells[k + 1]:7.0f}" for k in range(0, len(cells), 2))
+        )
     print("    calls, all shards of a tick (median over runs):")
     for step in ("decide()", "account lock wait"):
         cells = []
         for r in size.shards:
             for ticks in (good_ticks(r.steady), good_ticks(r.busy)):
                 cells.append(med([sum(a.calls.get(step, 0) for a in t.answers) for t in ticks]))
-        print(f"    {step:18s}" + "".join(
-            f"{cells[k]:13.0f}{cells[k + 1]:7.0f}" for k in range(0, len(cells), 2)))
+        print(
+            f"    {step:18s}"
+            + "".join(f"{cells[k]:13.0f}{cells[k + 1]:7.0f}" for k in range(0, len(cells), 2))
+        )
 
 
 def main() -> None:
@@ -918,11 +1054,15 @@ def main() -> None:
     ap.add_argument("--pg-port", default="5432")
     ap.add_argument("--pg-user", default="postgres")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
-    ap.add_argument("--profile", action="store_true",
-                    help="cProfile one steady and one busy tick per size")
-    ap.add_argument("--shards", default="",
-                    help="worker counts, e.g. 1,2,4: the largest size is also evaluated in that "
-                         "many shards by as many processes (1, the baseline, is always added)")
+    ap.add_argument(
+        "--profile", action="store_true", help="cProfile one steady and one busy tick per size"
+    )
+    ap.add_argument(
+        "--shards",
+        default="",
+        help="worker counts, e.g. 1,2,4: the largest size is also evaluated in that "
+        "many shards by as many processes (1, the baseline, is always added)",
+    )
     args = ap.parse_args()
     shards = sorted({int(x) for x in args.shards.split(",") if x.strip()})
     if shards and not 1 <= shards[0] <= shards[-1] <= 64:
@@ -936,29 +1076,39 @@ def main() -> None:
         started = time.perf_counter()
         size = bench_size(n, args, shards if k == len(sizes_wanted) - 1 else ())
         sizes.append(size)
-        print(f"{n} queues, {args.instances} machines "
-              f"({', '.join(f'{v} {k}' for k, v in sorted(size.machine_states.items()))}), "
-              f"{size.jobs} pending jobs in {len(pending_queues(n))} queues; PostgreSQL; "
-              f"{args.runs} runs after a warm-up "
-              f"({time.perf_counter() - started - size.shard_seconds:.0f} s in all)")
-        print(f"  first tick (config parse, connections, first sightings): "
-              f"{size.first.wall * 1000:.1f} ms, {size.first.statements} statements, "
-              f"{size.first.launched} launches, {size.first.drained} drains")
+        print(
+            f"{n} queues, {args.instances} machines "
+            f"({', '.join(f'{v} {k}' for k, v in sorted(size.machine_states.items()))}), "
+            f"{size.jobs} pending jobs in {len(pending_queues(n))} queues; PostgreSQL; "
+            f"{args.runs} runs after a warm-up "
+            f"({time.perf_counter() - started - size.shard_seconds:.0f} s in all)"
+        )
+        print(
+            f"  first tick (config parse, connections, first sightings): "
+            f"{size.first.wall * 1000:.1f} ms, {size.first.statements} statements, "
+            f"{size.first.launched} launches, {size.first.drained} drains"
+        )
         print(f"  steady tick: {describe(size.steady)}")
         print(f"  busy tick:   {describe(size.busy)}")
     if len(sizes) >= 2:
         a, b = sizes[0], sizes[-1]
         print(f"\nratio {b.queues}/{a.queues} queues (same {args.instances} machines):")
         picks: tuple[tuple[str, Callable[[Size], list[Run]]], ...] = (
-            ("steady", lambda s: good(s.steady)), ("busy", lambda s: good(s.busy)))
+            ("steady", lambda s: good(s.steady)),
+            ("busy", lambda s: good(s.busy)),
+        )
         for label, pick in picks:
             wa, wb = med([x.wall for x in pick(a)]), med([x.wall for x in pick(b)])
             sa, sb = med([x.statements for x in pick(a)]), med([x.statements for x in pick(b)])
-            print(f"  {label:6s} time {wb / wa:5.2f}x   statements {sb / sa:5.2f}x "
-                  f"({sa:.0f} -> {sb:.0f})")
+            print(
+                f"  {label:6s} time {wb / wa:5.2f}x   statements {sb / sa:5.2f}x "
+                f"({sa:.0f} -> {sb:.0f})"
+            )
         wb = med([x.wall for x in good(b.busy)])
-        print(f"  target: statements flat in queues and machines; a {b.queues}-queue tick within "
-              f"1 s -> steady {med([x.wall for x in good(b.steady)]):.2f} s, busy {wb:.2f} s")
+        print(
+            f"  target: statements flat in queues and machines; a {b.queues}-queue tick within "
+            f"1 s -> steady {med([x.wall for x in good(b.steady)]):.2f} s, busy {wb:.2f} s"
+        )
     print(f"  load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
     phase_table("steady tick", sizes, lambda s: s.phases_steady)
     phase_table("busy tick", sizes, lambda s: s.phases_busy)

@@ -44,7 +44,9 @@ from tests.control.loopkit import REDIS, WATCH_BROKER, Loop, unique  # noqa: E40
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 CONTROL = f"{REDIS}/6"
 
-TASKS = TASK_APP + """
+TASKS = (
+    TASK_APP
+    + """
 import warmdep
 
 
@@ -53,6 +55,7 @@ def job(self, path, job_id):
     with open(path, "a") as fh:
         fh.write(json.dumps({"job": job_id, "at": time.time()}) + "\\n")
 """
+)
 
 STARTUP = (
     f"exec {sys.executable} -m celery -A tasks worker -Q {{queue}} "

@@ -52,8 +52,9 @@ def run(
     if pool is not None:
         base = config.queues[queue].autoscale
         assert base is not None
-        cfg = with_pool(config, queue, base.warm_pool.model_copy(
-            update={"size": pool[0], "keep_for": pool[1]}))
+        cfg = with_pool(
+            config, queue, base.warm_pool.model_copy(update={"size": pool[0], "keep_for": pool[1]})
+        )
     else:
         cfg = with_pool(config, queue, WarmPool())
     return summarize(*run_watched(cfg, queue, jobs, "ours", seed, world=world))
@@ -95,8 +96,14 @@ def tuned(
 def verdict(base: Report, by_wait: Report | None, by_cost: Report | None) -> str:
     wait_ok = by_wait is not None and by_wait.wait_p95 <= base.wait_p95 * (1 - WAIT_CUT)
     cost_ok = by_cost is not None and by_cost.dollars <= base.dollars * (1 - COST_CUT)
-    routes = [n for n, ok in (("p95 −30 % at ≤ +5 % cost", wait_ok),
-                              ("cost −10 % at no worse p95", cost_ok)) if ok]
+    routes = [
+        n
+        for n, ok in (
+            ("p95 −30 % at ≤ +5 % cost", wait_ok),
+            ("cost −10 % at no worse p95", cost_ok),
+        )
+        if ok
+    ]
     return "HOLDS (" + "; ".join(routes) + ")" if routes else "does not hold"
 
 
@@ -104,8 +111,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--config", default=str(TRACES_DIR / "sim-config.yaml"))
-    parser.add_argument("--default-world", action="store_true",
-                        help="the exact world instead of the realistic one")
+    parser.add_argument(
+        "--default-world", action="store_true", help="the exact world instead of the realistic one"
+    )
     parser.add_argument("--traces", default=None, help="comma-separated names (default: all)")
     args = parser.parse_args()
     world = World() if args.default_world else World.realistic()
@@ -121,8 +129,10 @@ def main() -> None:
         wanted = set(args.traces.split(","))
         traces = {k: v for k, v in traces.items() if k.split(" ")[0] in wanted}
     options = pool_options(auto.max_workers)
-    print(f"config {args.config}: queue {queue}, max {auto.max_workers}, seed {args.seed}, "
-          f"{'default' if args.default_world else 'realistic'} world")
+    print(
+        f"config {args.config}: queue {queue}, max {auto.max_workers}, seed {args.seed}, "
+        f"{'default' if args.default_world else 'realistic'} world"
+    )
     print(warm_assumptions(config, queue))
     print(f"pools swept: size × keep_for = {', '.join(f'{n}/{_dur(k)}' for n, k in options)}")
     for name, gen in traces.items():
@@ -140,8 +150,10 @@ def main() -> None:
                 continue
             (n, keep), r = pick
             print(row(f"pool {n}/{_dur(keep)} ({route})", r, base))
-        print("  acceptance "
-              + verdict(base, by_wait[1] if by_wait else None, by_cost[1] if by_cost else None))
+        print(
+            "  acceptance "
+            + verdict(base, by_wait[1] if by_wait else None, by_cost[1] if by_cost else None)
+        )
         print(f"  ({time.perf_counter() - started:.1f}s)")
 
 

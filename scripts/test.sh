@@ -12,6 +12,7 @@ bash scripts/browser.sh  # the dashboard's browser tests need a headless Chromiu
 bash scripts/images.sh --build-only  # the worker and control-plane images (tests/images)
 . .venv/bin/activate
 ruff check .
+ruff format --check .  # one layout: a diff that only reformats never hides a change
 mypy autoscaler celeryconfig.py
 lint-imports  # the layer contracts of pyproject.toml (ARCHITECTURE.md, "Layers")
 if [ "$#" -gt 0 ]; then

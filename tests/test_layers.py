@@ -36,8 +36,9 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    shutil.copytree(ROOT / "autoscaler", tmp_path / "autoscaler",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "autoscaler", tmp_path / "autoscaler", ignore=shutil.ignore_patterns("__pycache__")
+    )
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 
@@ -76,6 +77,4 @@ def test_each_contract_fails_on_a_wrong_import(tree, module, line, contract):
     out = _lint(tree)
     assert out.returncode != 0
     broken = out.stdout.split("Broken contracts", 1)[-1]
-    assert contract in broken and module.removesuffix(".py").replace("/", ".") in broken, (
-        out.stdout
-    )
+    assert contract in broken and module.removesuffix(".py").replace("/", ".") in broken, out.stdout

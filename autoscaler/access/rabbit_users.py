@@ -115,9 +115,7 @@ def plan(url: str, queue: str, management_url: str | None) -> RabbitPlan:
         raise PermissionError(
             "the broker's user may not manage users (it needs the administrator tag)"
         )
-    return RabbitPlan(
-        url, target.base, target.auth, target.vhost, queue, target.host, target.port
-    )
+    return RabbitPlan(url, target.base, target.auth, target.vhost, queue, target.host, target.port)
 
 
 SHARED_EXCHANGES = {"celeryev": "topic", "celery.pidbox": "fanout", "reply.celery.pidbox": "direct"}
@@ -155,7 +153,11 @@ def _call(
 ) -> requests.Response:
     try:
         resp = requests.request(
-            method, f"{plan.management}/api/{path}", auth=plan.auth, json=json, timeout=TIMEOUT,
+            method,
+            f"{plan.management}/api/{path}",
+            auth=plan.auth,
+            json=json,
+            timeout=TIMEOUT,
             headers=headers,
         )
     except requests.RequestException as exc:
@@ -222,7 +224,10 @@ def close_connections(management: ManagementAPI, user: str, reason: str) -> int:
 
 
 def _connection_names(data: object, user: str) -> list[str]:
-    return sorted({
-        str(c["name"]) for c in (data if isinstance(data, list) else [])
-        if isinstance(c, dict) and c.get("user") == user and c.get("name")
-    })
+    return sorted(
+        {
+            str(c["name"])
+            for c in (data if isinstance(data, list) else [])
+            if isinstance(c, dict) and c.get("user") == user and c.get("name")
+        }
+    )

@@ -17,6 +17,7 @@ WATCH_BROKER_ENV = "AUTOSCALER_WATCH_BROKER_URL"
 
 CONTROL_BROKER_ENV = "AUTOSCALER_BROKER_URL"
 
+
 def _redis_target(url: str) -> tuple[str, int, int] | None:
     """(host, port, db) of a Redis URL, None for another broker; UrlError for a bad URL."""
     parts = parse_url(url)

@@ -205,8 +205,7 @@ def _booting(
                 events.event(
                     "launch",
                     "created",
-                    f"{name} rented {machine.provider_instance_id} "
-                    f"({launch.env.get(ENV_LABEL)})",
+                    f"{name} rented {machine.provider_instance_id} ({launch.env.get(ENV_LABEL)})",
                     queue=queue,
                     launch_id=launch_id,
                     details={
@@ -235,9 +234,7 @@ def _causes(outcome: placement.Outcome) -> dict[str, str]:
     return {name: cause for name, (cause, _) in outcome.failures.items()}
 
 
-def _backoffs(
-    session: Any, queue: str, outcome: placement.Outcome, now: Any, backoff: Any
-) -> None:
+def _backoffs(session: Any, queue: str, outcome: placement.Outcome, now: Any, backoff: Any) -> None:
     """Each provider that failed this launch backs off on its own (queue, provider)."""
     for name, (cause, text) in outcome.failures.items():
         machines.rental_failed(session, queue, name, now, backoff, text, cause)

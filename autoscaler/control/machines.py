@@ -182,9 +182,7 @@ class Answer:
         return self.state not in MAY_SERVE
 
 
-def heartbeat(
-    session: Session, machine: InstanceDetails, report: Report, now: datetime
-) -> Answer:
+def heartbeat(session: Session, machine: InstanceDetails, report: Report, now: datetime) -> Answer:
     """The agent's word on its worker. Every state but `starting` and `crashed` says the
     worker is up (the agent sends its first heartbeat as it starts the worker): a booting or
     resuming machine is ready at once (`mark_ready`). `crashed`: no sign of life, no running
@@ -226,9 +224,7 @@ def heartbeat(
     want = Want(jobs=len(report.jobs), events=len(said), running=report.running_tasks)
     granted = report_budgets.spend(session, machine.launch_id, want, now)
     worker = machine.worker_name or f"agent@{machine.launch_id}"
-    jobs = job_rows(
-        report.jobs[: granted.jobs], worker, machine.launch_id, [machine.queue], now
-    )
+    jobs = job_rows(report.jobs[: granted.jobs], worker, machine.launch_id, [machine.queue], now)
     job_records.record(session, jobs, now)
     events.record(session, said[: granted.events] + _told(machine, granted), now)
     # the answer comes from the state this write found, not the token check's read: a cancel

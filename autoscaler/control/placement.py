@@ -122,8 +122,7 @@ def gather(
         else:
             outcome.failures[name] = (
                 "no_offer",
-                f"{name}: no offer of {', '.join(spec.gpus)} under "
-                f"${spec.max_price_per_hour:g}/h",
+                f"{name}: no offer of {', '.join(spec.gpus)} under ${spec.max_price_per_hour:g}/h",
             )
     return offers
 

@@ -65,9 +65,7 @@ def warm_miss(session: Session, launch_id: str, queue: str, host: str | None, wh
     reason = f"warm miss: {why[:500]}"
     if not moves.move(session, launch_id, S.RESUMING, S.TERMINATING, now, reason):
         return False
-    events.record(
-        session, [events.warm_event("miss", reason, queue, launch_id, host=host)], now
-    )
+    events.record(session, [events.warm_event("miss", reason, queue, launch_id, host=host)], now)
     return True
 
 

@@ -77,9 +77,7 @@ def _destroy_instead(
     with rt.transaction() as session:
         moved = moves.move(session, launch_id, S.STOPPING, S.TERMINATING, now, reason)
         if moved:
-            events.record(
-                session, [events.warm_event("destroy", reason, queue, launch_id)], now
-            )
+            events.record(session, [events.warm_event("destroy", reason, queue, launch_id)], now)
     if moved and enqueue is not None:
         enqueue("terminate", launch_id)
     return reason

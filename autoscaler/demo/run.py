@@ -62,10 +62,12 @@ class Shape:
     price_per_hour: float = 0.40
 
 
-FULL = Shape(jobs=30, seconds=(3.0, 7.0), max_workers=4, target_per_worker=5, idle_s=10,
-             deadline_s=300.0)
-SHORT = Shape(jobs=8, seconds=(1.5, 2.5), max_workers=2, target_per_worker=3, idle_s=4,
-              deadline_s=150.0)
+FULL = Shape(
+    jobs=30, seconds=(3.0, 7.0), max_workers=4, target_per_worker=5, idle_s=10, deadline_s=300.0
+)
+SHORT = Shape(
+    jobs=8, seconds=(1.5, 2.5), max_workers=2, target_per_worker=3, idle_s=4, deadline_s=150.0
+)
 
 
 def free_port() -> int:
@@ -227,21 +229,54 @@ class Demo:
         py = sys.executable
         api = self.start(
             "api",
-            [py, "-m", "autoscaler.cli", "serve", "--bind", f"127.0.0.1:{self.port}",
-             "--log-level", "warning"],
+            [
+                py,
+                "-m",
+                "autoscaler.cli",
+                "serve",
+                "--bind",
+                f"127.0.0.1:{self.port}",
+                "--log-level",
+                "warning",
+            ],
         )
         worker = self.start(
             "worker",
-            [py, "-m", "celery", "-A", "autoscaler", "worker", "-l", "info", "-n",
-             f"demo-control-{self.port}@%h", "--pool", "prefork", "--concurrency", "3",
-             "-Q", "autoscaler,autoscaler.lifecycle"],
+            [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "autoscaler",
+                "worker",
+                "-l",
+                "info",
+                "-n",
+                f"demo-control-{self.port}@%h",
+                "--pool",
+                "prefork",
+                "--concurrency",
+                "3",
+                "-Q",
+                "autoscaler,autoscaler.lifecycle",
+            ],
         )
         self.wait(lambda: self._api_up(), 60, "the API", api)
         self.wait(lambda: " ready." in worker.text(), 90, "the control plane's worker", worker)
         beat = self.start(
             "beat",
-            [py, "-m", "celery", "-A", "autoscaler", "beat", "-l", "info", "-s",
-             str(self.folder / "beat-schedule")],
+            [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "autoscaler",
+                "beat",
+                "-l",
+                "info",
+                "-s",
+                str(self.folder / "beat-schedule"),
+            ],
         )
         self.wait(
             lambda: "beat: schedule for config" in beat.text(), 60, "the control plane's beat", beat

@@ -24,9 +24,7 @@ class Status:
 
     def machines_text(self) -> str:
         parts = [f"{s} {self.machines[s]}" for s in STATES if self.machines.get(s)]
-        parts += [
-            f"{s} {n}" for s, n in sorted(self.machines.items()) if s not in STATES and n
-        ]
+        parts += [f"{s} {n}" for s, n in sorted(self.machines.items()) if s not in STATES and n]
         return ", ".join(parts) or "none"
 
     def line(self) -> str:

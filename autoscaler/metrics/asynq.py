@@ -108,11 +108,13 @@ class AsynqReader:
         for q, line in zip(queues, lines, strict=True):
             fields = line.split(b"\t")
             if fields[0] == b"-1":
-                out[q] = failed_metrics(q, now, self._secrets.scrub(
-                    f"queue {q!r}: {fields[1].decode(errors='replace')}"))
+                out[q] = failed_metrics(
+                    q,
+                    now,
+                    self._secrets.scrub(f"queue {q!r}: {fields[1].decode(errors='replace')}"),
+                )
                 continue
-            n, active, since, due, first_due, later, next_due, paused = (
-                fields + [b""] * 8)[:8]
+            n, active, since, due, first_due, later, next_due, paused = (fields + [b""] * 8)[:8]
             ages = []
             if since and since.isdigit():
                 ages.append(max(0.0, now_ts - int(since) / 1e9))
@@ -120,10 +122,15 @@ class AsynqReader:
                 ages.append(max(0.0, now_ts - float(first_due)))
             running = int(active)
             out[q] = QueueMetrics(
-                queue=q, pending=int(n) + int(due or 0),
-                oldest_pending_age=max(ages) if ages else None, in_flight=running, read_at=now,
-                scheduled=int(later or 0), next_due_at=float(next_due) if next_due else None,
-                running=running, paused=paused == b"1",
+                queue=q,
+                pending=int(n) + int(due or 0),
+                oldest_pending_age=max(ages) if ages else None,
+                in_flight=running,
+                read_at=now,
+                scheduled=int(later or 0),
+                next_due_at=float(next_due) if next_due else None,
+                running=running,
+                paused=paused == b"1",
             )
         return out
 

@@ -134,8 +134,9 @@ class CeleryRabbitMQReader:
 
     def _management(self) -> dict[str, dict[str, Any]]:
         url = f"{self._mgmt}/api/queues/{quote(self._vhost, safe='')}"
-        resp = self._http.get(url, params={"columns": _COLUMNS}, auth=self._auth,
-                              timeout=self._timeout)
+        resp = self._http.get(
+            url, params={"columns": _COLUMNS}, auth=self._auth, timeout=self._timeout
+        )
         if resp.status_code != 200:
             raise SourceError(f"{self.source_id}: management API answered {resp.status_code}")
         rows = resp.json()
@@ -148,9 +149,14 @@ class CeleryRabbitMQReader:
     def _passive(self, queues: Sequence[str]) -> dict[str, Passive | None]:
         """Ready and consumers per queue; None for a queue that does not exist."""
         conn = amqp.Connection(
-            host=f"{self._host}:{self._port}", userid=self._user, password=self._password,
-            virtual_host=self._vhost, ssl=self._ssl, connect_timeout=self._timeout,
-            read_timeout=self._timeout, write_timeout=self._timeout,
+            host=f"{self._host}:{self._port}",
+            userid=self._user,
+            password=self._password,
+            virtual_host=self._vhost,
+            ssl=self._ssl,
+            connect_timeout=self._timeout,
+            read_timeout=self._timeout,
+            write_timeout=self._timeout,
         )
         out: dict[str, Passive | None] = {}
         try:
@@ -199,25 +205,31 @@ class CeleryRabbitMQReader:
             except (OSError, amqp.exceptions.AMQPError) as exc:
                 error = safe_error(exc, self._secrets, f"{self.source_id} passive declare")
                 if rows is None or len(ask) == len(queues):
-                    raise SourceError(f"{mgmt_error or 'management API incomplete'}; {error}"
-                                      ) from None
+                    raise SourceError(
+                        f"{mgmt_error or 'management API incomplete'}; {error}"
+                    ) from None
                 passive = {}
                 for q in ask:  # management answered for the others: these are unknown
                     out[q] = _missing(q, now, error)
             for q, p in passive.items():
                 self.last_consumers[q] = p.consumers if p else 0
                 if p is None:
-                    out[q] = QueueMetrics(queue=q, pending=0, oldest_pending_age=None,
-                                          in_flight=0, read_at=now)
+                    out[q] = QueueMetrics(
+                        queue=q, pending=0, oldest_pending_age=None, in_flight=0, read_at=now
+                    )
                 elif rows is None:  # fresh ready count; unacked and head age unknown
                     out[q] = QueueMetrics(
-                        queue=q, pending=p.ready, oldest_pending_age=None, in_flight=0,
+                        queue=q,
+                        pending=p.ready,
+                        oldest_pending_age=None,
+                        in_flight=0,
                         read_at=now,
                         error=f"{mgmt_error}; read by passive declare (no unacked count)",
                     )
                 else:  # a queue too new for the management statistics: its ready count is exact
-                    out[q] = QueueMetrics(queue=q, pending=p.ready, oldest_pending_age=None,
-                                          in_flight=0, read_at=now)
+                    out[q] = QueueMetrics(
+                        queue=q, pending=p.ready, oldest_pending_age=None, in_flight=0, read_at=now
+                    )
         return {q: out[q] for q in queues}
 
     def _from_row(self, q: str, row: dict[str, Any], now: datetime) -> QueueMetrics:
@@ -227,8 +239,13 @@ class CeleryRabbitMQReader:
         age = None
         if ready and isinstance(head, int | float) and not isinstance(head, bool):
             age = max(0.0, now.timestamp() - float(head))
-        return QueueMetrics(queue=q, pending=ready, oldest_pending_age=age,
-                            in_flight=int(row.get("messages_unacknowledged") or 0), read_at=now)
+        return QueueMetrics(
+            queue=q,
+            pending=ready,
+            oldest_pending_age=age,
+            in_flight=int(row.get("messages_unacknowledged") or 0),
+            read_at=now,
+        )
 
     def _bound_unstamped_ages(
         self, out: dict[str, QueueMetrics], rows: dict[str, dict[str, Any]], now: datetime
@@ -284,5 +301,12 @@ def _int(value: Any) -> int:
 
 
 def _missing(queue: str, now: datetime, error: str) -> QueueMetrics:
-    return QueueMetrics(queue=queue, pending=0, oldest_pending_age=None, in_flight=0,
-                        read_at=now, stale=True, error=error)
+    return QueueMetrics(
+        queue=queue,
+        pending=0,
+        oldest_pending_age=None,
+        in_flight=0,
+        read_at=now,
+        stale=True,
+        error=error,
+    )

@@ -227,7 +227,8 @@ def route(exchange: str, routing_key: str, bindings: Mapping[str, list[Binding]]
     if not table:
         return [routing_key]  # no table known: the queue named like the key, as before
     found = [
-        q for rk, pattern, q in table
+        q
+        for rk, pattern, q in table
         if (pattern and _topic_match(pattern, routing_key)) or (not pattern and rk == routing_key)
     ]
     return list(dict.fromkeys(found)) or [routing_key]
@@ -270,6 +271,7 @@ def resolve_unacked(
             else:
                 u.due += 1
     return out, exchanges
+
 
 class Item(NamedTuple):
     """One message near the head of a list: its id as the script returned it ("sha1:<hex>" for
@@ -322,8 +324,7 @@ class _Found:
     continuation, a window's first sightings or an error's text) and the readings of the
     others, made while the next pieces run on the server (without the unacked hash)."""
 
-    __slots__ = ("ages", "errors", "metrics", "next_due", "open", "pending", "scheduled",
-                 "windows")
+    __slots__ = ("ages", "errors", "metrics", "next_due", "open", "pending", "scheduled", "windows")
 
     def __init__(self, queues: int) -> None:
         self.pending = [0] * queues
@@ -438,21 +439,35 @@ class CeleryRedisReader:
         nsteps = len(lay.suffixes)
         if self.mode == "script":
             per = queues_per_piece(nsteps, self.piece_budget)
-            common = _resp_args([
-                "EVALSHA", self._sha, 0, "q", f'"{PUBLISHED_AT_HEADER}"', repr(now),
-                self.window, self.piece_budget, SEARCH_RADIUS, lay.global_keyprefix, lay.sep,
-                ",".join(str(s) for s in lay.steps), min(self.scan_limit, self.window),
-            ])
+            common = _resp_args(
+                [
+                    "EVALSHA",
+                    self._sha,
+                    0,
+                    "q",
+                    f'"{PUBLISHED_AT_HEADER}"',
+                    repr(now),
+                    self.window,
+                    self.piece_budget,
+                    SEARCH_RADIUS,
+                    lay.global_keyprefix,
+                    lay.sep,
+                    ",".join(str(s) for s in lay.steps),
+                    min(self.scan_limit, self.window),
+                ]
+            )
             # EVALSHA straight into the pipeline (redis-py's own script-in-pipeline support
             # sends SCRIPT EXISTS first, a second round trip on every tick); the queue names
             # are encoded once for as long as the same queues are read
             if self._chunks is None or self._chunks[0] != (queues, per):
-                self._chunks = ((list(queues), per), [
-                    (len(queues[i:i + per]), _resp_args([i * nsteps, *queues[i:i + per]]))
-                    for i in range(0, len(queues), per)
-                ])
-            return [b"*%d\r\n%s%s" % (14 + count, common, tail)
-                    for count, tail in self._chunks[1]]
+                self._chunks = (
+                    (list(queues), per),
+                    [
+                        (len(queues[i : i + per]), _resp_args([i * nsteps, *queues[i : i + per]]))
+                        for i in range(0, len(queues), per)
+                    ],
+                )
+            return [b"*%d\r\n%s%s" % (14 + count, common, tail) for count, tail in self._chunks[1]]
         calls: list[bytes] = []
         for q in queues:
             for key in lay.keys(q):
@@ -462,7 +477,11 @@ class CeleryRedisReader:
 
     def _continuations(self, tasks: Sequence[Task], now: float) -> list[bytes]:
         common: list[str | int] = [
-            "c", f'"{PUBLISHED_AT_HEADER}"', repr(now), self.window, self.piece_budget,
+            "c",
+            f'"{PUBLISHED_AT_HEADER}"',
+            repr(now),
+            self.window,
+            self.piece_budget,
             SEARCH_RADIUS,
         ]
         calls: list[bytes] = []
@@ -499,7 +518,11 @@ class CeleryRedisReader:
                         scan.ranges.append(rest)
 
     def _take_pass(
-        self, replies: Iterator[Any], count: int, queues: Sequence[str], read_at: datetime,
+        self,
+        replies: Iterator[Any],
+        count: int,
+        queues: Sequence[str],
+        read_at: datetime,
         valid: bool,
     ) -> tuple[_Found, dict[int, ListScan]] | Exception | None:
         """Fold the first pass's replies, settling each piece's queues as it arrives; None
@@ -554,15 +577,21 @@ class CeleryRedisReader:
                         s.ranges.append(rest)
                     scans[index] = s
                     found.open.add(index // nsteps)
-            self._settle(found, heads, piece * per, min(len(queues), (piece + 1) * per), queues,
-                         read_at)
+            self._settle(
+                found, heads, piece * per, min(len(queues), (piece + 1) * per), queues, read_at
+            )
         if trouble is not None:
             return trouble
         return (found, scans) if valid else None
 
     def _settle(
-        self, found: _Found, heads: Sequence[tuple[int, tuple[Item, ...], tuple[str, ...]]],
-        lo: int, hi: int, queues: Sequence[str], read_at: datetime,
+        self,
+        found: _Found,
+        heads: Sequence[tuple[int, tuple[Item, ...], tuple[str, ...]]],
+        lo: int,
+        hi: int,
+        queues: Sequence[str],
+        read_at: datetime,
     ) -> None:
         """Ages from the heads of queues lo..hi (a window seen unchanged since the last read
         keeps its first sightings; a new one leaves its queue open), then the reading of every
@@ -585,8 +614,14 @@ class CeleryRedisReader:
         for qi in range(lo, hi):
             if qi not in found.open:
                 found.metrics[qi] = _metrics(
-                    queues[qi], found.pending[qi], found.ages[qi], 0, read_at,
-                    found.scheduled[qi], found.next_due[qi], 0,
+                    queues[qi],
+                    found.pending[qi],
+                    found.ages[qi],
+                    0,
+                    read_at,
+                    found.scheduled[qi],
+                    found.next_due[qi],
+                    0,
                 )
 
     def _deep_stops(self, scans: Mapping[int, ListScan]) -> None:
@@ -636,8 +671,11 @@ class CeleryRedisReader:
         reloaded = False
         first, last = self._views()
         legacy: CursorScan | None = None
-        tables = {ex: CursorScan("SSCAN", lay.binding_key(ex), budget)
-                  for ex in sorted(self._exchanges)} if counting else {}
+        tables = (
+            {ex: CursorScan("SSCAN", lay.binding_key(ex), budget) for ex in sorted(self._exchanges)}
+            if counting
+            else {}
+        )
         self.rounds = 0
         while self.rounds < MAX_ROUNDS:
             before: list[bytes] = []
@@ -649,19 +687,23 @@ class CeleryRedisReader:
                 took_first = True
             else:
                 took_first = False
-            if counting and legacy is None and first.done and (
-                    first.error is not None or (first.size == 0 and first.hash_size > 0)):
+            if (
+                counting
+                and legacy is None
+                and first.done
+                and (first.error is not None or (first.size == 0 and first.hash_size > 0))
+            ):
                 legacy = CursorScan("HSCAN", lay.unacked, budget)  # a hash without kombu's index
-            paging = [c for c in ([legacy] if legacy else []) + list(tables.values())
-                      if not c.done]
+            paging = [c for c in ([legacy] if legacy else []) + list(tables.values()) if not c.done]
             before += [_resp(c.call()) for c in paging]
             passing = found is None
             tasks: list[Task] = []
             if passing:
                 body = self._first_pass(queues, now)
             elif self.mode == "script":
-                tasks = tasks_of((s for s in scans.values() if s.ranges), self.piece_budget,
-                                 self.window)
+                tasks = tasks_of(
+                    (s for s in scans.values() if s.ranges), self.piece_budget, self.window
+                )
                 body = self._continuations(tasks, now)
             else:
                 body = []
@@ -737,10 +779,16 @@ class CeleryRedisReader:
             if joined:
                 heads.append((index, *self._parsed(index, joined)))
         self._settle(found, heads, 0, 0, queues, read_at)
-        return found, self._held(first, last, legacy), self._delivered(first, last, legacy), {
-            ex: parse_bindings(list(t.found), lay.sep)
-            for ex, t in tables.items() if t.error is None
-        }
+        return (
+            found,
+            self._held(first, last, legacy),
+            self._delivered(first, last, legacy),
+            {
+                ex: parse_bindings(list(t.found), lay.sep)
+                for ex, t in tables.items()
+                if t.error is None
+            },
+        )
 
     def _views(self, expected: int | None = None) -> tuple[IndexView, IndexView]:
         """The two views of the unacked index one read takes, each with its entries' values
@@ -751,8 +799,10 @@ class CeleryRedisReader:
         # a slice's commands and entries (with a value each in the first) within the budget
         margin = IndexView.MARGIN
         per = (budget - 4) // 2 - margin
-        return (IndexView(lay.unacked_index, lay.unacked, per, size, sha),
-                IndexView(lay.unacked_index, lay.unacked, per, size, sha))
+        return (
+            IndexView(lay.unacked_index, lay.unacked, per, size, sha),
+            IndexView(lay.unacked_index, lay.unacked, per, size, sha),
+        )
 
     def _held(self, first: IndexView, last: IndexView, legacy: CursorScan | None) -> list[bytes]:
         """The unacked entries to count: those both views of the index saw with the same
@@ -770,8 +820,9 @@ class CeleryRedisReader:
                     out.append(value)
         return out
 
-    def _delivered(self, first: IndexView, last: IndexView,
-                   legacy: CursorScan | None) -> list[bytes]:
+    def _delivered(
+        self, first: IndexView, last: IndexView, legacy: CursorScan | None
+    ) -> list[bytes]:
         """The unacked entries the second view holds and the first did not (delivered during
         the read): each counts in its list, or - taken from the list before the list was
         counted - nowhere. They are not counted as load (no machine is rented for them), only
@@ -781,7 +832,8 @@ class CeleryRedisReader:
         return [
             value
             for tag, delivered in last.found.items()
-            if delivered is not None and first.found.get(tag) != delivered
+            if delivered is not None
+            and first.found.get(tag) != delivered
             and (value := last.values.get(tag))
         ]
 
@@ -790,20 +842,21 @@ class CeleryRedisReader:
         new = sorted(exchanges - self._exchanges)[:1000]
         if not new:
             return {}
-        tables = {ex: CursorScan("SSCAN", self.layout.binding_key(ex), self.piece_budget)
-                  for ex in new}
+        tables = {
+            ex: CursorScan("SSCAN", self.layout.binding_key(ex), self.piece_budget) for ex in new
+        }
         for _ in range(MAX_ROUNDS):
             todo = [t for t in tables.values() if not t.done]
             if not todo:
                 break
-            for t, reply in zip(todo, self._round([_resp(t.call()) for t in todo]),
-                                strict=True):
+            for t, reply in zip(todo, self._round([_resp(t.call()) for t in todo]), strict=True):
                 t.feed(reply)
         if len(self._exchanges) < 10_000:
             self._exchanges.update(new)
         return {
             ex: parse_bindings(list(t.found), self.layout.sep)
-            for ex, t in tables.items() if t.error is None
+            for ex, t in tables.items()
+            if t.error is None
         }
 
     # ----------------------------------------------------------------- read
@@ -850,8 +903,11 @@ class CeleryRedisReader:
         windows = found.windows
         read_now = set(queues)
         forget = [k for k, q in self._marked.items() if k not in windows and q in read_now]
-        changed = {key: (qi, items) for key, (qi, items, idents) in windows.items()
-                   if (cached := self._windows.get(key)) is None or cached[0] != idents}
+        changed = {
+            key: (qi, items)
+            for key, (qi, items, idents) in windows.items()
+            if (cached := self._windows.get(key)) is None or cached[0] != idents
+        }
         if changed or forget:
             seen = self._first_sightings(changed, forget, now_ts)
             for key in forget:
@@ -873,8 +929,14 @@ class CeleryRedisReader:
             if u.next_due is not None:
                 nd = u.next_due if nd is None else min(nd, u.next_due)
             found.metrics[qi] = _metrics(
-                q, found.pending[qi], found.ages[qi], u.due, now,
-                found.scheduled[qi] + u.scheduled, nd, u.scheduled,
+                q,
+                found.pending[qi],
+                found.ages[qi],
+                u.due,
+                now,
+                found.scheduled[qi] + u.scheduled,
+                nd,
+                u.scheduled,
             )
         metrics = found.metrics
         for qi, q in enumerate(queues):
@@ -884,7 +946,9 @@ class CeleryRedisReader:
         return {q: metrics[qi] for qi, q in enumerate(queues)}
 
     def _first_sightings(
-        self, windows: Mapping[str, tuple[int, tuple[Item, ...]]], forget: Sequence[str],
+        self,
+        windows: Mapping[str, tuple[int, tuple[Item, ...]]],
+        forget: Sequence[str],
         now: float,
     ) -> dict[str, list[float]]:
         """Advance the marks of every windowed key (and forget keys no longer windowed) in one
@@ -905,8 +969,7 @@ class CeleryRedisReader:
         try:
             self._sightings.update_marks(self.source_id, [*windows, *forget], update)
         except Exception as exc:  # the store is down: ages unknown, counts kept
-            log.warning("head sightings of %s unavailable: %s", self.source_id,
-                        type(exc).__name__)
+            log.warning("head sightings of %s unavailable: %s", self.source_id, type(exc).__name__)
             return {}
         for key, (_, items) in windows.items():
             self._windows[key] = (tuple(it.ident for it in items), seen[key])
@@ -916,22 +979,41 @@ class CeleryRedisReader:
         self._client.close()
 
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(QueueMetrics)
-             if f.default is not dataclasses.MISSING}
+_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(QueueMetrics)
+    if f.default is not dataclasses.MISSING
+}
 _FAST = (
-    not hasattr(QueueMetrics, "__slots__") and not hasattr(QueueMetrics, "__post_init__")
+    not hasattr(QueueMetrics, "__slots__")
+    and not hasattr(QueueMetrics, "__post_init__")
     and all(f.default_factory is dataclasses.MISSING for f in dataclasses.fields(QueueMetrics))
 )
 
 
-def _metrics(queue: str, pending: int, age: float | None, in_flight: int, read_at: datetime,
-             scheduled: int, next_due: float | None, held: int) -> QueueMetrics:
+def _metrics(
+    queue: str,
+    pending: int,
+    age: float | None,
+    in_flight: int,
+    read_at: datetime,
+    scheduled: int,
+    next_due: float | None,
+    held: int,
+) -> QueueMetrics:
     """A QueueMetrics, filled without its generated frozen __init__ (which sets each of its
     16 fields through object.__setattr__): the same instance, 3x faster for 10,000 queues."""
     if not _FAST:
-        return QueueMetrics(queue=queue, pending=pending, oldest_pending_age=age,
-                            in_flight=in_flight, read_at=read_at, scheduled=scheduled,
-                            next_due_at=next_due, scheduled_held=held)
+        return QueueMetrics(
+            queue=queue,
+            pending=pending,
+            oldest_pending_age=age,
+            in_flight=in_flight,
+            read_at=read_at,
+            scheduled=scheduled,
+            next_due_at=next_due,
+            scheduled_held=held,
+        )
     m = object.__new__(QueueMetrics)
     fields = m.__dict__
     fields.update(_DEFAULTS)
@@ -1001,7 +1083,7 @@ def _scripting_refused(exc: redis.ResponseError) -> bool:
 
 def _short(ident: str) -> str:
     """The 10-hex hash a window keeps: the script's "sha1:<hash>" cut, an id hashed."""
-    return ident[5:5 + ID_HASH_CHARS] if ident.startswith("sha1:") else id_hash(ident)
+    return ident[5 : 5 + ID_HASH_CHARS] if ident.startswith("sha1:") else id_hash(ident)
 
 
 def _from_window(depth: int, window: Sequence[bytes], now: float) -> KeyRead:
@@ -1034,8 +1116,12 @@ def _envelope(raw: bytes) -> tuple[str, float | None, float | None]:
         return raw_hash, None, None
     msg_id = headers.get("id")
     plain = (
-        isinstance(msg_id, str) and msg_id.isascii() and msg_id.isprintable()
-        and '"' not in msg_id and "\\" not in msg_id and msg_id != ""
+        isinstance(msg_id, str)
+        and msg_id.isascii()
+        and msg_id.isprintable()
+        and '"' not in msg_id
+        and "\\" not in msg_id
+        and msg_id != ""
     )
     ident = str(msg_id) if plain else raw_hash
     return ident, _as_float(headers.get(PUBLISHED_AT_HEADER)), parse_eta(headers.get("eta"))

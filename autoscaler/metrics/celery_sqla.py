@@ -72,11 +72,17 @@ class CelerySqlaReader:
         else:
             self._engine = sa.create_engine(db_url, pool_pre_ping=True)
         meta = sa.MetaData()
-        self._q = sa.Table(queue_tablename, meta, sa.Column("id", sa.Integer),
-                           sa.Column("name", sa.String(200)))
-        self._m = sa.Table(message_tablename, meta, sa.Column("id", sa.BigInteger),
-                           sa.Column("visible", sa.Boolean), sa.Column("payload", sa.Text),
-                           sa.Column("queue_id", sa.Integer))
+        self._q = sa.Table(
+            queue_tablename, meta, sa.Column("id", sa.Integer), sa.Column("name", sa.String(200))
+        )
+        self._m = sa.Table(
+            message_tablename,
+            meta,
+            sa.Column("id", sa.BigInteger),
+            sa.Column("visible", sa.Boolean),
+            sa.Column("payload", sa.Text),
+            sa.Column("queue_id", sa.Integer),
+        )
         self._sightings: SightingsPort = sightings or SightingsMemo()
         self._clock = clock
         self.source_id = f"celery-sqla:{redact_url(broker_db_url(url))}"
@@ -130,8 +136,11 @@ class CelerySqlaReader:
             ages.setdefault(name, []).append(max(0.0, (now - first).total_seconds()))
         return {
             name: QueueMetrics(
-                queue=name, pending=found[name][0] if name in found else 0,
-                oldest_pending_age=max_age(ages.get(name, [])), in_flight=0, read_at=now,
+                queue=name,
+                pending=found[name][0] if name in found else 0,
+                oldest_pending_age=max_age(ages.get(name, [])),
+                in_flight=0,
+                read_at=now,
             )
             for name in queues
         }

@@ -60,9 +60,7 @@ class LastReadings(Protocol):
 
     def save(self, source: str, readings: Mapping[str, QueueMetrics]) -> None: ...
 
-    def load(
-        self, source: str, queues: Sequence[str], since: datetime
-    ) -> dict[str, QueueMetrics]:
+    def load(self, source: str, queues: Sequence[str], since: datetime) -> dict[str, QueueMetrics]:
         """The last good reading of each queue read at or after `since` (others left out)."""
         ...
 
@@ -79,9 +77,7 @@ class MemoryReadings:
             for q, m in readings.items():
                 self._items[(source, q)] = m
 
-    def load(
-        self, source: str, queues: Sequence[str], since: datetime
-    ) -> dict[str, QueueMetrics]:
+    def load(self, source: str, queues: Sequence[str], since: datetime) -> dict[str, QueueMetrics]:
         with self._lock:
             found = {q: self._items.get((source, q)) for q in queues}
         return {q: m for q, m in found.items() if m is not None and m.read_at >= since}
@@ -89,8 +85,15 @@ class MemoryReadings:
 
 def missing(queue: str, now: datetime, reason: str) -> QueueMetrics:
     """The reading for a queue with no usable numbers: nothing to act on, in either direction."""
-    return QueueMetrics(queue=queue, pending=0, oldest_pending_age=None, in_flight=0,
-                        read_at=now, stale=True, error=reason)
+    return QueueMetrics(
+        queue=queue,
+        pending=0,
+        oldest_pending_age=None,
+        in_flight=0,
+        read_at=now,
+        stale=True,
+        error=reason,
+    )
 
 
 class FallbackReader:

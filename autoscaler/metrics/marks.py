@@ -73,10 +73,10 @@ class WindowMarks:
         base = at.timestamp()
         if not text.startswith(WINDOW_PREFIX):
             # the head-only tracker stored the id, or "sha1:<hash of the message>" without one
-            old = text[5:5 + ID_HASH_CHARS] if text.startswith("sha1:") else id_hash(text)
+            old = text[5 : 5 + ID_HASH_CHARS] if text.startswith("sha1:") else id_hash(text)
             return cls(((old, base),))
         groups: list[tuple[str, float]] = []
-        for part in text[len(WINDOW_PREFIX):].split(";"):
+        for part in text[len(WINDOW_PREFIX) :].split(";"):
             h, _, ms = part.partition(":")
             try:
                 groups.append((h, base + int(ms) / 1000.0))
@@ -147,7 +147,7 @@ class DeliveryMarks:
     def decode(cls, text: str | None, at: datetime | None) -> DeliveryMarks:
         if not text or at is None or not text.startswith(DELIVERY_PREFIX):
             return cls()
-        last, _, body = text[len(DELIVERY_PREFIX):].partition("|")
+        last, _, body = text[len(DELIVERY_PREFIX) :].partition("|")
         base = at.timestamp()
         marks = []
         try:

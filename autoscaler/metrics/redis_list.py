@@ -120,9 +120,11 @@ class RedisListReader:
                 out[q] = failed_metrics(q, now, errors[q])
                 continue
             out[q] = QueueMetrics(
-                queue=q, pending=int(res[2 * i]),
+                queue=q,
+                pending=int(res[2 * i]),
                 oldest_pending_age=age_from(seen[q].timestamp(), now) if q in seen else None,
-                in_flight=0, read_at=now,
+                in_flight=0,
+                read_at=now,
             )
         return out
 
@@ -131,8 +133,15 @@ class RedisListReader:
 
 
 def failed_metrics(queue: str, now: datetime, error: str) -> QueueMetrics:
-    return QueueMetrics(queue=queue, pending=0, oldest_pending_age=None, in_flight=0,
-                        read_at=now, stale=True, error=error)
+    return QueueMetrics(
+        queue=queue,
+        pending=0,
+        oldest_pending_age=None,
+        in_flight=0,
+        read_at=now,
+        stale=True,
+        error=error,
+    )
 
 
 def observe_safely(
@@ -222,8 +231,13 @@ class RedisStreamReader:
             age = None
             if head:
                 age = age_from(int(head.split(b"-", 1)[0]) / 1000.0, now)
-            out[q] = QueueMetrics(queue=q, pending=int(pending), oldest_pending_age=age,
-                                  in_flight=int(in_flight), read_at=now)
+            out[q] = QueueMetrics(
+                queue=q,
+                pending=int(pending),
+                oldest_pending_age=age,
+                in_flight=int(in_flight),
+                read_at=now,
+            )
         return out
 
     def close(self) -> None:

@@ -439,8 +439,15 @@ class ListScan:
             self.items.append(fields[6])
         if len(fields) < 12:
             return None
-        return Range(int(fields[7]), 0, int(fields[8]), int(fields[9]), fields[11].decode(),
-                     b"s" in fields[10], b"w" in fields[10])
+        return Range(
+            int(fields[7]),
+            0,
+            int(fields[8]),
+            int(fields[9]),
+            fields[11].decode(),
+            b"s" in fields[10],
+            b"w" in fields[10],
+        )
 
     def target(self, rng: Range, window: int) -> int:
         """Where a range starting at rng.lo ends: the scan stop, or the window's end while the
@@ -521,8 +528,9 @@ class IndexView:
 
     MARGIN = 32
 
-    def __init__(self, index_key: str, hash_key: str | None, per: int, expected: int,
-                 sha: str | None) -> None:
+    def __init__(
+        self, index_key: str, hash_key: str | None, per: int, expected: int, sha: str | None
+    ) -> None:
         self.index_key, self.hash_key = index_key, hash_key
         self.per, self.expected, self.sha = max(10, per), expected, sha
         self.size: int | None = None  # ZCARD, as the last slice saw it
@@ -541,8 +549,13 @@ class IndexView:
 
     def needs_values(self) -> bool:
         """Values still to fetch (HMGET, without scripting)."""
-        return (self.sha is None and self.hash_key is not None and self.done
-                and self.hash_error is None and any(t not in self.values for t in self.found))
+        return (
+            self.sha is None
+            and self.hash_key is not None
+            and self.done
+            and self.hash_error is None
+            and any(t not in self.values for t in self.found)
+        )
 
     def calls(self) -> list[tuple[Any, ...]]:
         """This round's commands for the view."""
@@ -560,8 +573,23 @@ class IndexView:
             lo = max(0, start - (self.MARGIN if start else 0))
             hi = start + self.per - 1
             if self.sha is not None:
-                out.append(("EVALSHA", self.sha, 0, "u", "", 0, 0, 0, 0, self.index_key,
-                            self.hash_key or "", lo, hi))
+                out.append(
+                    (
+                        "EVALSHA",
+                        self.sha,
+                        0,
+                        "u",
+                        "",
+                        0,
+                        0,
+                        0,
+                        0,
+                        self.index_key,
+                        self.hash_key or "",
+                        lo,
+                        hi,
+                    )
+                )
             else:
                 out.append(("ZRANGE", self.index_key, lo, hi, "WITHSCORES"))
             self._sent.append("slice")
@@ -574,8 +602,10 @@ class IndexView:
     def value_calls(self) -> list[tuple[Any, ...]]:
         missing = [t for t in self.found if t not in self.values]
         self._sent = ["values"] * -(-len(missing) // self.per)
-        return [("HMGET", self.hash_key, *missing[i:i + self.per])
-                for i in range(0, len(missing), self.per)]
+        return [
+            ("HMGET", self.hash_key, *missing[i : i + self.per])
+            for i in range(0, len(missing), self.per)
+        ]
 
     def feed(self, replies: Iterator[Any]) -> None:
         """Take this round's replies, in the order of `calls` / `value_calls`."""
@@ -596,14 +626,17 @@ class IndexView:
             elif kind == "hlen":
                 self.hash_size = int(reply)
             elif kind == "values":
-                tags = [t for t in self.found if t not in self.values][:len(reply)]
+                tags = [t for t in self.found if t not in self.values][: len(reply)]
                 for tag, value in zip(tags, reply, strict=True):
                     self.values[tag] = value or b""
             elif self.sha is not None:
                 self._feed_script(reply)
             else:
-                flat = [x for pair in reply for x in pair] if reply and isinstance(
-                    reply[0], list | tuple) else list(reply)
+                flat = (
+                    [x for pair in reply for x in pair]
+                    if reply and isinstance(reply[0], list | tuple)
+                    else list(reply)
+                )
                 for i in range(0, len(flat) - 1, 2):
                     self.found[flat[i]] = _score(flat[i + 1])
 

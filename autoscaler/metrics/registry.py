@@ -119,12 +119,19 @@ def build_reader(
     if kind == "redis":
         layout = redis_layout(source)
         return CeleryRedisReader(
-            url, layout=layout, sightings=sightings, clock=clock, timeout=timeout,
+            url,
+            layout=layout,
+            sightings=sightings,
+            clock=clock,
+            timeout=timeout,
             piece_budget=source.piece_budget,
         )
     if kind == "amqp":
         return CeleryRabbitMQReader(
-            url, management_url=source.management_url, sightings=sightings, clock=clock,
+            url,
+            management_url=source.management_url,
+            sightings=sightings,
+            clock=clock,
             timeout=timeout,
         )
     if kind == "sqla":

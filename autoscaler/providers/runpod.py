@@ -256,8 +256,7 @@ class RunPodProvider(ApiProvider):
         pod = self._get_pod(pod_id)
         if pod is not None and not self.owns(pod.get("name")):
             raise NotOwnedError(
-                f"{self.name}: pod {pod_id} was not created by this installation; it is left "
-                "alone",
+                f"{self.name}: pod {pod_id} was not created by this installation; it is left alone",
                 provider=self.name,
             )
         return pod

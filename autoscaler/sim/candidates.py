@@ -76,9 +76,7 @@ class FleetScaleIn:
             idle = sorted((m for m in serving if not m.busy), key=lambda m: m.idle_since())
             if self.stateless:
                 # no history: a machine idle for the whole window stands for "not needed in it"
-                idle = [
-                    m for m in idle if (now - m.idle_since()).total_seconds() >= self.window_s
-                ]
+                idle = [m for m in idle if (now - m.idle_since()).total_seconds() >= self.window_s]
             extra = []
             for m in idle[: max(0, len(serving) - keep)]:
                 extra.append(
@@ -125,9 +123,14 @@ class Hedge:
                 and not any(w.kind in ("backoff", "spend_cap") for w in qp.waits)
             ):
                 first, *others = auto.providers
-                hedge = Launch(qp.queue, first, "hedge",
-                               f"every booting machine is past {late:.0f}s", 1,
-                               fallbacks=tuple(others))
+                hedge = Launch(
+                    qp.queue,
+                    first,
+                    "hedge",
+                    f"every booting machine is past {late:.0f}s",
+                    1,
+                    fallbacks=tuple(others),
+                )
                 qp = replace(qp, launches=(hedge,))
             out.append(qp)
         return replace(plan, queues=tuple(out))

@@ -210,8 +210,7 @@ def simulate(
         )
     if preemption_rate > 0 and bid is None:
         click.echo(
-            f"note: queue {name} has no instance.interruptible: --preemption-rate preempts "
-            "nothing"
+            f"note: queue {name} has no instance.interruptible: --preemption-rate preempts nothing"
         )
     for line in warnings:
         click.echo(line)

@@ -645,10 +645,15 @@ class Simulation:
         evaluated at once, and the machine destroyed."""
         launch_id, _, epoch = payload.rpartition("#")
         m = self.machines[launch_id]
-        if m.ended_s is not None or m.epoch != int(epoch) or m.state not in (
-            InstanceState.BOOTING,
-            InstanceState.RESUMING,
-            InstanceState.READY,
+        if (
+            m.ended_s is not None
+            or m.epoch != int(epoch)
+            or m.state
+            not in (
+                InstanceState.BOOTING,
+                InstanceState.RESUMING,
+                InstanceState.READY,
+            )
         ):
             return
         self.result.preemptions += 1

@@ -95,6 +95,8 @@ def wait_floor(jobs: list[Job], max_workers: int, concurrency: int = 1) -> WaitF
         heapq.heappush(slots, start + job.runtime_s)
     waits.sort()
     return WaitFloor(
-        percentile(waits, 50), percentile(waits, 95), percentile(waits, 99),
+        percentile(waits, 50),
+        percentile(waits, 95),
+        percentile(waits, 99),
         waits[-1] if waits else 0.0,
     )

@@ -294,9 +294,7 @@ def compare(
     """Reports for every policy, ours with and without a warm pool (`pool_variant`), and any
     `extra` ones on the same trace, seed and world, and the price used."""
     check_span(config, queue, jobs)
-    reports = [
-        summarize(*run_watched(config, queue, jobs, p, seed, world=world)) for p in POLICIES
-    ]
+    reports = [summarize(*run_watched(config, queue, jobs, p, seed, world=world)) for p in POLICIES]
     variant, variant_config, _ = pool_variant(config, queue)
     pooled = summarize(*run_watched(variant_config, queue, jobs, variant, seed, world=world))
     reports.insert(1, pooled)  # beside ours

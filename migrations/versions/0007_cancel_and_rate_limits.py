@@ -12,27 +12,28 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0007'
-down_revision: str | None = '0006'
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('instances', schema=None) as batch_op:
+    with op.batch_alter_table("instances", schema=None) as batch_op:
         batch_op.add_column(
-            sa.Column('cancel_requested_at', sa.DateTime(timezone=True), nullable=True)
+            sa.Column("cancel_requested_at", sa.DateTime(timezone=True), nullable=True)
         )
-    op.create_table('provider_rate_limits',
-    sa.Column('provider', sa.String(length=100), nullable=False),
-    sa.Column('until', sa.DateTime(timezone=True), nullable=False),
-    sa.Column('reason', sa.Text(), nullable=True),
-    sa.Column('since', sa.DateTime(timezone=True), nullable=False),
-    sa.PrimaryKeyConstraint('provider', name=op.f('pk_provider_rate_limits'))
+    op.create_table(
+        "provider_rate_limits",
+        sa.Column("provider", sa.String(length=100), nullable=False),
+        sa.Column("until", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("reason", sa.Text(), nullable=True),
+        sa.Column("since", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("provider", name=op.f("pk_provider_rate_limits")),
     )
 
 
 def downgrade() -> None:
-    op.drop_table('provider_rate_limits')
-    with op.batch_alter_table('instances', schema=None) as batch_op:
-        batch_op.drop_column('cancel_requested_at')
+    op.drop_table("provider_rate_limits")
+    with op.batch_alter_table("instances", schema=None) as batch_op:
+        batch_op.drop_column("cancel_requested_at")

@@ -12,19 +12,19 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0008'
-down_revision: str | None = '0007'
+revision: str = "0008"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('instances', schema=None) as batch_op:
+    with op.batch_alter_table("instances", schema=None) as batch_op:
         batch_op.add_column(
-            sa.Column('silence_noted_at', sa.DateTime(timezone=True), nullable=True)
+            sa.Column("silence_noted_at", sa.DateTime(timezone=True), nullable=True)
         )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('instances', schema=None) as batch_op:
-        batch_op.drop_column('silence_noted_at')
+    with op.batch_alter_table("instances", schema=None) as batch_op:
+        batch_op.drop_column("silence_noted_at")

@@ -12,17 +12,17 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0009'
-down_revision: str | None = '0008'
+revision: str = "0009"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('api_keys', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('queues', sa.JSON(), nullable=True))
+    with op.batch_alter_table("api_keys", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("queues", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('api_keys', schema=None) as batch_op:
-        batch_op.drop_column('queues')
+    with op.batch_alter_table("api_keys", schema=None) as batch_op:
+        batch_op.drop_column("queues")

@@ -16,30 +16,30 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0010'
-down_revision: str | None = '0009'
+revision: str = "0010"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def _create(with_domain: bool) -> None:
-    key = ['domain', 'worker'] if with_domain else ['worker']
+    key = ["domain", "worker"] if with_domain else ["worker"]
     op.create_table(
-        'worker_sightings',
-        *([sa.Column('domain', sa.String(length=300), nullable=False)] if with_domain else []),
-        sa.Column('worker', sa.String(length=200), nullable=False),
-        sa.Column('queues', sa.JSON(), nullable=False),
-        sa.Column('running', sa.Integer(), nullable=False),
-        sa.Column('seen_at', sa.DateTime(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint(*key, name=op.f('pk_worker_sightings')),
+        "worker_sightings",
+        *([sa.Column("domain", sa.String(length=300), nullable=False)] if with_domain else []),
+        sa.Column("worker", sa.String(length=200), nullable=False),
+        sa.Column("queues", sa.JSON(), nullable=False),
+        sa.Column("running", sa.Integer(), nullable=False),
+        sa.Column("seen_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint(*key, name=op.f("pk_worker_sightings")),
     )
 
 
 def upgrade() -> None:
-    op.drop_table('worker_sightings')
+    op.drop_table("worker_sightings")
     _create(with_domain=True)
 
 
 def downgrade() -> None:
-    op.drop_table('worker_sightings')
+    op.drop_table("worker_sightings")
     _create(with_domain=False)

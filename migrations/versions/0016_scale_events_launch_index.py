@@ -13,17 +13,17 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = '0016'
-down_revision: str | None = '0015'
+revision: str = "0016"
+down_revision: str | None = "0015"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('scale_events', schema=None) as batch_op:
-        batch_op.create_index('ix_scale_events_launch_id', ['launch_id'], unique=False)
+    with op.batch_alter_table("scale_events", schema=None) as batch_op:
+        batch_op.create_index("ix_scale_events_launch_id", ["launch_id"], unique=False)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('scale_events', schema=None) as batch_op:
-        batch_op.drop_index('ix_scale_events_launch_id')
+    with op.batch_alter_table("scale_events", schema=None) as batch_op:
+        batch_op.drop_index("ix_scale_events_launch_id")

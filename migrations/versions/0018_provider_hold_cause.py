@@ -14,19 +14,19 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0018'
-down_revision: str | None = '0017'
+revision: str = "0018"
+down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('provider_rate_limits', schema=None) as batch_op:
+    with op.batch_alter_table("provider_rate_limits", schema=None) as batch_op:
         batch_op.add_column(
-            sa.Column('cause', sa.String(length=16), nullable=False, server_default='rate_limit')
+            sa.Column("cause", sa.String(length=16), nullable=False, server_default="rate_limit")
         )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('provider_rate_limits', schema=None) as batch_op:
-        batch_op.drop_column('cause')
+    with op.batch_alter_table("provider_rate_limits", schema=None) as batch_op:
+        batch_op.drop_column("cause")

@@ -19,44 +19,56 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0020'
-down_revision: str | None = '0019'
+revision: str = "0020"
+down_revision: str | None = "0019"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # The lifecycle as it is at this revision (migrations do not import the models' code).
 STATES = (
-    'pending', 'creating', 'booting', 'ready', 'draining', 'drained', 'stopping', 'stopped',
-    'resuming', 'terminating', 'terminated', 'failed', 'lost',
+    "pending",
+    "creating",
+    "booting",
+    "ready",
+    "draining",
+    "drained",
+    "stopping",
+    "stopped",
+    "resuming",
+    "terminating",
+    "terminated",
+    "failed",
+    "lost",
 )
-FINAL = frozenset({'terminated', 'failed', 'lost'})
+FINAL = frozenset({"terminated", "failed", "lost"})
 BATCH = 1000
 
 
 def _state() -> sa.Enum:
-    return sa.Enum(*STATES, name='instancestate', native_enum=False, length=20)
+    return sa.Enum(*STATES, name="instancestate", native_enum=False, length=20)
 
 
 def upgrade() -> None:
-    op.create_table('instance_transitions',
-    sa.Column('id', sa.Integer(), nullable=False),
-    sa.Column('launch_id', sa.String(length=64), nullable=False),
-    sa.Column('src', _state(), nullable=True),
-    sa.Column('dst', _state(), nullable=False),
-    sa.Column('at', sa.DateTime(timezone=True), nullable=False),
-    sa.PrimaryKeyConstraint('id', name=op.f('pk_instance_transitions'))
+    op.create_table(
+        "instance_transitions",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("launch_id", sa.String(length=64), nullable=False),
+        sa.Column("src", _state(), nullable=True),
+        sa.Column("dst", _state(), nullable=False),
+        sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_instance_transitions")),
     )
-    with op.batch_alter_table('instance_transitions', schema=None) as batch_op:
+    with op.batch_alter_table("instance_transitions", schema=None) as batch_op:
         batch_op.create_index(
-            'ix_instance_transitions_launch_id_id', ['launch_id', 'id'], unique=False
+            "ix_instance_transitions_launch_id_id", ["launch_id", "id"], unique=False
         )
     _backfill()
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('instance_transitions', schema=None) as batch_op:
-        batch_op.drop_index('ix_instance_transitions_launch_id_id')
-    op.drop_table('instance_transitions')
+    with op.batch_alter_table("instance_transitions", schema=None) as batch_op:
+        batch_op.drop_index("ix_instance_transitions_launch_id_id")
+    op.drop_table("instance_transitions")
 
 
 def _moves(row: Any) -> list[tuple[str, datetime]]:
@@ -64,7 +76,7 @@ def _moves(row: Any) -> list[tuple[str, datetime]]:
     is at this revision)."""
     order = {s: i for i, s in enumerate(STATES)}
     entries = sorted(
-        (at, order[s], s) for s in STATES if (at := getattr(row, f'{s}_at')) is not None
+        (at, order[s], s) for s in STATES if (at := getattr(row, f"{s}_at")) is not None
     )
     moves: list[tuple[str, datetime]] = []
     for at, _, state in entries:
@@ -83,19 +95,19 @@ def _moves(row: Any) -> list[tuple[str, datetime]]:
 def _backfill() -> None:
     bind = op.get_bind()
     instances = sa.table(
-        'instances',
-        sa.column('id', sa.Integer()),
-        sa.column('launch_id', sa.String()),
-        sa.column('state', sa.String()),
-        sa.column('updated_at', sa.DateTime(timezone=True)),
-        *(sa.column(f'{s}_at', sa.DateTime(timezone=True)) for s in STATES),
+        "instances",
+        sa.column("id", sa.Integer()),
+        sa.column("launch_id", sa.String()),
+        sa.column("state", sa.String()),
+        sa.column("updated_at", sa.DateTime(timezone=True)),
+        *(sa.column(f"{s}_at", sa.DateTime(timezone=True)) for s in STATES),
     )
     transitions = sa.table(
-        'instance_transitions',
-        sa.column('launch_id', sa.String()),
-        sa.column('src', sa.String()),
-        sa.column('dst', sa.String()),
-        sa.column('at', sa.DateTime(timezone=True)),
+        "instance_transitions",
+        sa.column("launch_id", sa.String()),
+        sa.column("src", sa.String()),
+        sa.column("dst", sa.String()),
+        sa.column("at", sa.DateTime(timezone=True)),
     )
     last = 0
     while True:
@@ -109,7 +121,7 @@ def _backfill() -> None:
         for row in rows:
             src = None
             for dst, at in _moves(row):
-                out.append({'launch_id': row.launch_id, 'src': src, 'dst': dst, 'at': at})
+                out.append({"launch_id": row.launch_id, "src": src, "dst": dst, "at": at})
                 src = dst
         if out:
             bind.execute(transitions.insert(), out)

@@ -236,11 +236,21 @@ def test_heartbeats_carry_finished_jobs_once_and_forget_gone_children(world, tmp
     gone = 2**22 + 12345  # above any pid this machine hands out
     now = datetime.now(UTC).timestamp()
     jobs = [
-        {"id": "j1", "queue": "q1", "published_at": now - 9, "started_at": now - 8,
-         "finished_at": now - 5},
+        {
+            "id": "j1",
+            "queue": "q1",
+            "published_at": now - 9,
+            "started_at": now - 8,
+            "finished_at": now - 5,
+        },
         # a producer clock ahead, a worker clock stepping back: clamped, not refused
-        {"id": "j2", "queue": "odd/key", "published_at": now - 1, "started_at": now - 4,
-         "finished_at": now - 6},
+        {
+            "id": "j2",
+            "queue": "odd/key",
+            "published_at": now - 1,
+            "started_at": now - 4,
+            "finished_at": now - 6,
+        },
     ]
     (work / f"status.json.{gone}").write_text(json.dumps({"running": 1, "jobs": jobs}))
     live = work / f"status.json.{os.getpid()}"

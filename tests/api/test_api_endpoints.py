@@ -172,9 +172,7 @@ def test_an_events_since_outside_utc_is_refused_and_one_inside_is_converted(worl
         "/v1/worker/m1/heartbeat", json={"state": "crashed", "detail": "x"}, headers=tok
     )
     later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
-    earlier = (datetime.now(UTC) - timedelta(hours=1)).astimezone(
-        timezone(timedelta(hours=-5))
-    )
+    earlier = (datetime.now(UTC) - timedelta(hours=1)).astimezone(timezone(timedelta(hours=-5)))
     for since, seen in ((later, False), (earlier.isoformat(), True)):
         r = world.client.get("/v1/admin/events", params={"since": since}, headers=admin)
         assert r.status_code == 200, r.text

@@ -384,8 +384,9 @@ def test_a_config_that_can_never_run_is_refused(change, path):
 
 def test_an_enabled_queue_with_max_workers_0_is_watched_never_rented():
     """Hand-made capacity only: accepted, and the dry run says nothing is ever rented for it."""
-    config = load_config_text(doc(lambda d: auto(d).__setitem__("max_workers", 0)), "c.yaml", {},
-                              runnable=True)
+    config = load_config_text(
+        doc(lambda d: auto(d).__setitem__("max_workers", 0)), "c.yaml", {}, runnable=True
+    )
     text = describe(config, config.providers, NOW)
     assert "max_workers: 0: watched and counted, never rented" in text
     assert "worst case for all queues: $0.00/h" in text

@@ -486,7 +486,6 @@ def purge_control_plane(url: str, prefix: str) -> None:
         r.close()
 
 
-
 def forget_watched(keys: set[str]) -> None:
     """Delete the watched app's keys of this test, and the `unacked` entries of its queues (a
     machine killed with a prefetched job leaves one; kombu would restore it an hour later)."""

@@ -146,9 +146,7 @@ class Rabbit:
         self.app.close()
         for user in self.users:
             rabbit_users.delete_user(self.plan, user)
-        requests.delete(
-            f"{MGMT}/api/queues/%2F/{quote(self.queue, safe='')}", auth=AUTH, timeout=5
-        )
+        requests.delete(f"{MGMT}/api/queues/%2F/{quote(self.queue, safe='')}", auth=AUTH, timeout=5)
 
 
 @pytest.fixture

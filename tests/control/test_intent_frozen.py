@@ -47,9 +47,7 @@ def _version(rt: Runtime, provider: str, gpu: str) -> int:
         return row.version
 
 
-def test_a_launch_rents_what_its_decision_judged_and_terminate_finds_its_provider(
-    tmp_path, db_url
-):
+def test_a_launch_rents_what_its_decision_judged_and_terminate_finds_its_provider(tmp_path, db_url):
     migrate.upgrade(db_url)
     env = {"AUTOSCALER_HOME": str(tmp_path), "AUTOSCALER_DATABASE_URL": db_url}
     rt = Runtime(Settings.from_env(env), env=env)

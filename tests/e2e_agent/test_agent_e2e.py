@@ -31,7 +31,9 @@ from tests.control.loopkit import REDIS, WATCH_BROKER, Loop, local_machines, uni
 
 CONTROL = f"{REDIS}/8"  # this test's own control-plane database
 
-TASKS = TASK_APP + """
+TASKS = (
+    TASK_APP
+    + """
 
 def record(path, entry):
     with open(path, "a") as fh:
@@ -49,6 +51,7 @@ def job(self, path, job_id, seconds, gate=None):
     record(path, {"job": job_id, "phase": "end", "worker": self.request.hostname,
                   "at": time.time()})
 """
+)
 
 STARTUP = (
     f"exec {sys.executable} -m celery -A tasks worker -Q {{queue}} "

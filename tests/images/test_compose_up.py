@@ -43,8 +43,16 @@ def stand_ins(images: Images) -> None:
     """PostgreSQL and Redis images from Debian's packages, FROM the base images.sh made."""
     for tag, folder in ((POSTGRES, "postgres"), (REDIS, "redis")):
         if not image_exists(tag):
-            podman("build", "--quiet", "--network", "host", "-t", tag, str(STAND_INS / folder),
-                   timeout=900)
+            podman(
+                "build",
+                "--quiet",
+                "--network",
+                "host",
+                "-t",
+                tag,
+                str(STAND_INS / folder),
+                timeout=900,
+            )
 
 
 @pytest.fixture
@@ -92,27 +100,60 @@ def compose(
 
 def test_the_compose_file_comes_up_and_a_job_flows_through_it(images, stand_ins, project):
     folder, name, env = project
-    c = {s: f"{name}_{s}" if "_" in s else f"{name}_{s}_1" for s in (*SERVICES, "migrate",
-                                                                      "postgres", "redis")}
+    c = {
+        s: f"{name}_{s}" if "_" in s else f"{name}_{s}_1"
+        for s in (*SERVICES, "migrate", "postgres", "redis")
+    }
 
     def dump() -> str:
-        out = [podman("ps", "-a", "--filter", f"label=io.podman.compose.project={name}",
-                      "--format", "{{.Names}} {{.Status}}", check=False).stdout]
+        out = [
+            podman(
+                "ps",
+                "-a",
+                "--filter",
+                f"label=io.podman.compose.project={name}",
+                "--format",
+                "{{.Names}} {{.Status}}",
+                check=False,
+            ).stdout
+        ]
         for container in c.values():
-            out.append(f"--- {container}\n" + podman("logs", "--tail", "20", container,
-                                                       check=False).stderr[-2000:])
+            out.append(
+                f"--- {container}\n"
+                + podman("logs", "--tail", "20", container, check=False).stderr[-2000:]
+            )
         return "\n".join(out)
 
     # 1. the stores first (what `condition: service_healthy` asks), then the rest
     compose(folder, name, "up", "-d", "postgres", "redis")
-    wait("PostgreSQL and Redis healthy",
-         lambda: healthy(c["postgres"]) and healthy(c["redis"]), 90, dump)
+    wait(
+        "PostgreSQL and Redis healthy",
+        lambda: healthy(c["postgres"]) and healthy(c["redis"]),
+        90,
+        dump,
+    )
     compose(folder, name, "up", "-d")
-    wait("the migration done", lambda: podman(
-        "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", c["migrate"], check=False
-    ).stdout.split() == ["exited", "0"], 120, dump)
-    wait("the API answering on its published port",
-         lambda: status_code(f"{API}/healthz") == 200, 90, dump)
+    wait(
+        "the migration done",
+        lambda: (
+            podman(
+                "inspect",
+                "--format",
+                "{{.State.Status}} {{.State.ExitCode}}",
+                c["migrate"],
+                check=False,
+            ).stdout.split()
+            == ["exited", "0"]
+        ),
+        120,
+        dump,
+    )
+    wait(
+        "the API answering on its published port",
+        lambda: status_code(f"{API}/healthz") == 200,
+        90,
+        dump,
+    )
 
     def exec_(service: str, *argv: str) -> str:
         return podman("exec", c[service], *argv, timeout=120).stdout
@@ -125,8 +166,10 @@ def test_the_compose_file_comes_up_and_a_job_flows_through_it(images, stand_ins,
         "providers": {"sandbox": {"kind": "mock", "boot_delay": 1}},
         "queues": {
             queue: {
-                "metrics": {"source": "redis-list",
-                            "url": f"redis://:{env['REDIS_PASSWORD']}@redis:6379/0"},
+                "metrics": {
+                    "source": "redis-list",
+                    "url": f"redis://:{env['REDIS_PASSWORD']}@redis:6379/0",
+                },
                 "autoscale": {
                     "provider": "sandbox",
                     "max_workers": 2,
@@ -141,10 +184,20 @@ def test_the_compose_file_comes_up_and_a_job_flows_through_it(images, stand_ins,
     exec_("api", "autoscaler", "apply", "/tmp/config.yaml", "--by", "compose-test")
 
     # 3. the job: `celery call` through the compose Redis to a worker, then the loop
-    task_id = exec_(
-        "worker_1", "celery", "-A", "autoscaler", "call", "autoscaler.scale",
-        "--args", json.dumps([queue, 1]),
-    ).strip().splitlines()[-1]
+    task_id = (
+        exec_(
+            "worker_1",
+            "celery",
+            "-A",
+            "autoscaler",
+            "call",
+            "autoscaler.scale",
+            "--args",
+            json.dumps([queue, 1]),
+        )
+        .strip()
+        .splitlines()[-1]
+    )
 
     def ready() -> list[Any]:
         rows = json.loads(exec_("api", "autoscaler", "instances", "--queue", queue, "--json"))

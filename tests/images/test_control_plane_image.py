@@ -58,9 +58,15 @@ def test_every_role_starts_from_the_image_runs_the_loop_and_is_healthy_as_non_ro
     try:
         # 1. `autoscaler db upgrade` (the compose file's `migrate` service): to the head
         done = podman(
-            "run", "--rm", "--network", "host",
+            "run",
+            "--rm",
+            "--network",
+            "host",
             *[f"--env={k}={v}" for k, v in env.items()],
-            images.control, "autoscaler", "db", "upgrade",
+            images.control,
+            "autoscaler",
+            "db",
+            "upgrade",
             timeout=120,
         )
         engine = loop.engine
@@ -89,13 +95,29 @@ def test_every_role_starts_from_the_image_runs_the_loop_and_is_healthy_as_non_ro
         # 2. each long-running role, as deploy/compose.yaml starts it
         control, lifecycle = loop.control_queue, f"{loop.control_queue}.lifecycle"
         api = run_role(
-            images, containers, env, "autoscaler", "serve",
+            images,
+            containers,
+            env,
+            "autoscaler",
+            "serve",
             health=["python", "-m", "autoscaler.ops.healthcheck", "api"],
         )
         worker = run_role(
-            images, containers, env,
-            "celery", "-A", "autoscaler", "worker", "-Q", f"{control},{lifecycle}",
-            "-l", "info", "--concurrency", "2", "-n", f"image-{uuid.uuid4().hex[:6]}@%h",
+            images,
+            containers,
+            env,
+            "celery",
+            "-A",
+            "autoscaler",
+            "worker",
+            "-Q",
+            f"{control},{lifecycle}",
+            "-l",
+            "info",
+            "--concurrency",
+            "2",
+            "-n",
+            f"image-{uuid.uuid4().hex[:6]}@%h",
         )
         beat = run_role(images, containers, env, "celery", "-A", "autoscaler", "beat", "-l", "info")
         names = (api, worker, beat)

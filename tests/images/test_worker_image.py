@@ -60,8 +60,16 @@ STARTUP = (
     "--prefetch-multiplier 1 --without-mingle -l info"
 )
 
-IMAGE_ENV = {"PATH", "HOME", "HOSTNAME", "TERM", "container", "PYTHONUNBUFFERED",
-             "PIP_DISABLE_PIP_VERSION_CHECK", "AUTOSCALER_AGENT_WORKDIR"}
+IMAGE_ENV = {
+    "PATH",
+    "HOME",
+    "HOSTNAME",
+    "TERM",
+    "container",
+    "PYTHONUNBUFFERED",
+    "PIP_DISABLE_PIP_VERSION_CHECK",
+    "AUTOSCALER_AGENT_WORKDIR",
+}
 """What the image and the engine put in a container's environment, besides the launch's."""
 
 
@@ -213,8 +221,9 @@ def test_the_loop_runs_jobs_on_containers_of_the_worker_image_and_removes_them(
             stamp.install(publisher)
             try:
                 sent = [
-                    publisher.send_task("imagee2e.job", args=[3.0], queue=queue, routing_key=queue)
-                    .id
+                    publisher.send_task(
+                        "imagee2e.job", args=[3.0], queue=queue, routing_key=queue
+                    ).id
                     for _ in range(jobs)
                 ]
             finally:
@@ -227,7 +236,8 @@ def test_the_loop_runs_jobs_on_containers_of_the_worker_image_and_removes_them(
             row = loop.wait(ready_row, 150, "a container's worker ready")
             launches.add(row["launch_id"])
             (container,) = [
-                c for c in our_containers(loop.installation_id)
+                c
+                for c in our_containers(loop.installation_id)
                 if c["Labels"][LABEL_KEY].endswith(row["launch_id"])
             ]
             name = container["Names"][0]
@@ -261,9 +271,7 @@ def test_the_loop_runs_jobs_on_containers_of_the_worker_image_and_removes_them(
 
             # 3. every job runs exactly once, reported by its agent
             def recorded() -> list[Any]:
-                return loop.sql(
-                    "SELECT task_id, worker FROM job_records WHERE queue = :q", q=queue
-                )
+                return loop.sql("SELECT task_id, worker FROM job_records WHERE queue = :q", q=queue)
 
             loop.wait(lambda: len(recorded()) >= jobs, 120, "every job run")
             records = recorded()
@@ -301,8 +309,10 @@ def test_the_loop_runs_jobs_on_containers_of_the_worker_image_and_removes_them(
 
 def _commit(path: Path, message: str) -> None:
     env = {
-        "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
         "PATH": "/usr/bin:/bin",
     }
     subprocess.run(["git", "add", "."], cwd=path, env=env, check=True)

@@ -53,20 +53,39 @@ class RedisServer:
     @property
     def url(self) -> str:
         if self.tls_dir is not None:
-            return (f"rediss://:{self.password}@127.0.0.1:{self.port}/0"
-                    f"?ssl_ca_certs={self.tls_dir / 'cert.pem'}")
+            return (
+                f"rediss://:{self.password}@127.0.0.1:{self.port}/0"
+                f"?ssl_ca_certs={self.tls_dir / 'cert.pem'}"
+            )
         return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        args = ["redis-server", "--bind", "127.0.0.1", "--requirepass", self.password,
-                "--save", "", "--appendonly", "no"]
+        args = [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--requirepass",
+            self.password,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
         if self.tls_dir is None:
             args += ["--port", str(self.port)]
         else:
-            args += ["--port", "0", "--tls-port", str(self.port),
-                     "--tls-cert-file", str(self.tls_dir / "cert.pem"),
-                     "--tls-key-file", str(self.tls_dir / "key.pem"),
-                     "--tls-auth-clients", "no"]
+            args += [
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(self.tls_dir / "cert.pem"),
+                "--tls-key-file",
+                str(self.tls_dir / "key.pem"),
+                "--tls-auth-clients",
+                "no",
+            ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -90,10 +109,26 @@ class RedisServer:
 def tls_redis(tmp_path) -> Iterator[RedisServer]:
     """A throwaway TLS-only redis-server (self-signed certificate for 127.0.0.1)."""
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem"),
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(tmp_path / "key.pem"),
+            "-out",
+            str(tmp_path / "cert.pem"),
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
     )
     server = RedisServer(SECRET, tls_dir=tmp_path)
     server.start()

@@ -104,10 +104,31 @@ class Deployment:
             "DEPLOY_GATE": GATE_URL,
         }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.metrics.deploy_app", "worker", "-Q",
-             queues, "-c", str(concurrency), "--pool", "prefork", "-n", node,
-             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.metrics.deploy_app",
+                "worker",
+                "-Q",
+                queues,
+                "-c",
+                str(concurrency),
+                "--pool",
+                "prefork",
+                "-n",
+                node,
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "WARNING",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         self._workers.append(proc)
@@ -144,8 +165,9 @@ def runtime_with(config_text: str, home: Path) -> Runtime:
     """A control-plane runtime on a fresh SQLite store running `config_text`."""
     url = f"sqlite:///{home / 'state.db'}"
     migrate.upgrade(url)
-    rt = Runtime(Settings.from_env({"AUTOSCALER_HOME": str(home),
-                                    "AUTOSCALER_DATABASE_URL": url}), env={})
+    rt = Runtime(
+        Settings.from_env({"AUTOSCALER_HOME": str(home), "AUTOSCALER_DATABASE_URL": url}), env={}
+    )
     config = load_config_text(config_text)
     with rt.transaction() as session:
         config_versions.record(session, config.model_dump(mode="json"), "test", utc_now())

@@ -73,21 +73,42 @@ return table.getn(ids)
 
 def schedule(r: redis.Redis, q: str, at: float) -> str:
     task_id = str(uuid.uuid4())
-    r.eval(SCHEDULE, 2, f"asynq:{{{q}}}:t:{task_id}", f"asynq:{{{q}}}:scheduled",
-           b"\x0a\x03foo", str(int(at)), task_id)
+    r.eval(
+        SCHEDULE,
+        2,
+        f"asynq:{{{q}}}:t:{task_id}",
+        f"asynq:{{{q}}}:scheduled",
+        b"\x0a\x03foo",
+        str(int(at)),
+        task_id,
+    )
     return task_id
 
 
 def dequeue(r: redis.Redis, q: str) -> bytes | None:
-    return r.eval(DEQUEUE, 4, f"asynq:{{{q}}}:pending", f"asynq:{{{q}}}:paused",
-                  f"asynq:{{{q}}}:active", f"asynq:{{{q}}}:lease", str(int(time.time()) + 30),
-                  f"asynq:{{{q}}}:t:")
+    return r.eval(
+        DEQUEUE,
+        4,
+        f"asynq:{{{q}}}:pending",
+        f"asynq:{{{q}}}:paused",
+        f"asynq:{{{q}}}:active",
+        f"asynq:{{{q}}}:lease",
+        str(int(time.time()) + 30),
+        f"asynq:{{{q}}}:t:",
+    )
 
 
 def enqueue(r: redis.Redis, q: str, at: float) -> str:
     task_id = str(uuid.uuid4())
-    r.eval(ENQUEUE, 2, f"asynq:{{{q}}}:t:{task_id}", f"asynq:{{{q}}}:pending",
-           b"\x0a\x03foo", task_id, str(int(at * 1e9)))
+    r.eval(
+        ENQUEUE,
+        2,
+        f"asynq:{{{q}}}:t:{task_id}",
+        f"asynq:{{{q}}}:pending",
+        b"\x0a\x03foo",
+        task_id,
+        str(int(at * 1e9)),
+    )
     return task_id
 
 
@@ -106,7 +127,11 @@ def test_asynq_pending_oldest_and_active(asynq_queue, rclient):
     assert m.oldest_pending_age is not None and abs(m.oldest_pending_age - 100) < 0.01
     empty = got[f"{q}-missing"]
     assert (empty.pending, empty.in_flight, empty.oldest_pending_age, empty.stale) == (
-        0, 0, None, False)
+        0,
+        0,
+        None,
+        False,
+    )
 
 
 def test_asynq_paused_queue_and_tasks_scheduled_for_later(asynq_queue, rclient):
@@ -134,8 +159,15 @@ def test_asynq_paused_queue_and_tasks_scheduled_for_later(asynq_queue, rclient):
     # resumed: a worker takes one, the forwarder moves the due one
     rclient.delete(f"asynq:{{{q}}}:paused")
     assert dequeue(rclient, q) is not None
-    rclient.eval(FORWARD, 2, f"asynq:{{{q}}}:scheduled", f"asynq:{{{q}}}:pending", str(int(now)),
-                 f"asynq:{{{q}}}:t:", str(int(now * 1e9)))
+    rclient.eval(
+        FORWARD,
+        2,
+        f"asynq:{{{q}}}:scheduled",
+        f"asynq:{{{q}}}:pending",
+        str(int(now)),
+        f"asynq:{{{q}}}:t:",
+        str(int(now * 1e9)),
+    )
     m = reader.read([q])[q]
     assert (m.pending, m.scheduled, m.running, m.paused) == (2, 2, 1, False)
 

@@ -63,17 +63,23 @@ def test_depth_sums_every_priority_key_with_prefix_custom_sep_and_steps(prefix, 
     assert CeleryRedisReader(f"{REDIS_URL}/0").read([f"{uuid.uuid4()}"]).popitem()[1].pending == 0
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     steps=st.lists(st.integers(0, 9), min_size=1, max_size=5, unique=True).map(
-        lambda s: tuple(sorted(s))),
+        lambda s: tuple(sorted(s))
+    ),
     sep=st.sampled_from(["\x06\x16", ":", "|pri|"]),
-    counts=st.dictionaries(st.sampled_from(["a", "b", "c"]),
-                           st.lists(st.integers(0, 4), min_size=5, max_size=5), max_size=3),
+    counts=st.dictionaries(
+        st.sampled_from(["a", "b", "c"]),
+        st.lists(st.integers(0, 4), min_size=5, max_size=5),
+        max_size=3,
+    ),
 )
-def test_depth_is_the_sum_over_priority_keys_for_random_layouts(prefix, rclient, steps, sep,
-                                                                counts):
+def test_depth_is_the_sum_over_priority_keys_for_random_layouts(
+    prefix, rclient, steps, sep, counts
+):
     sub = f"{prefix}{uuid.uuid4().hex[:6]}:"
     layout = CeleryRedisLayout(global_keyprefix=sub, sep=sep, priority_steps=steps)
     expected = {}
@@ -104,8 +110,9 @@ def test_stamped_producer_gives_the_oldest_age_over_all_priorities(prefix):
         stamp.uninstall()
     clock = Clock()
     clock.now = datetime.fromtimestamp(t0 + 120, UTC)
-    got = CeleryRedisReader(f"{REDIS_URL}/0", layout=CeleryRedisLayout(global_keyprefix=prefix),
-                            clock=clock).read(["q"])["q"]
+    got = CeleryRedisReader(
+        f"{REDIS_URL}/0", layout=CeleryRedisLayout(global_keyprefix=prefix), clock=clock
+    ).read(["q"])["q"]
     assert got.pending == 2
     assert got.oldest_pending_age is not None and 119 <= got.oldest_pending_age <= 121
 
@@ -125,8 +132,9 @@ def test_unstamped_age_is_bounded_from_first_sighting_and_survives_restart(prefi
     assert first.read(["q"])["q"].oldest_pending_age == 50.0
     # a restart: new reader, new store object, same database -> the bound keeps growing
     clock.advance(10)
-    again = CeleryRedisReader(url, layout=layout, clock=clock,
-                              sightings=StoredSightings(session_factory(engine)))
+    again = CeleryRedisReader(
+        url, layout=layout, clock=clock, sightings=StoredSightings(session_factory(engine))
+    )
     assert again.read(["q"])["q"].oldest_pending_age == 60.0
     # the head is consumed: the next message was seen behind it from the first read on, so
     # its bound keeps the first sighting (not "now", which would reset on every pop)
@@ -157,14 +165,16 @@ def test_in_flight_counts_real_unacked_messages_by_routing_key(prefix):
         for q, n in (("a", 2), ("b", 1)):
             held += [ch.basic_get(q, no_ack=False) for _ in range(n)]  # delivered, not acked
         assert all(m is not None for m in held)
-        got = CeleryRedisReader(f"{REDIS_URL}/0",
-                                layout=CeleryRedisLayout(global_keyprefix=prefix)).read(["a", "b"])
+        got = CeleryRedisReader(
+            f"{REDIS_URL}/0", layout=CeleryRedisLayout(global_keyprefix=prefix)
+        ).read(["a", "b"])
         assert (got["a"].pending, got["a"].in_flight) == (1, 2)
         assert (got["b"].pending, got["b"].in_flight) == (1, 1)
         for m in held:
             m.ack()
-        got = CeleryRedisReader(f"{REDIS_URL}/0",
-                                layout=CeleryRedisLayout(global_keyprefix=prefix)).read(["a", "b"])
+        got = CeleryRedisReader(
+            f"{REDIS_URL}/0", layout=CeleryRedisLayout(global_keyprefix=prefix)
+        ).read(["a", "b"])
         assert (got["a"].in_flight, got["b"].in_flight) == (0, 0)
     finally:
         conn.release()
@@ -222,11 +232,18 @@ def test_secrets_never_appear_in_reader_identity(private_redis):
     assert SECRET not in reader.source_id and SECRET not in repr(reader.__dict__.get("source_id"))
 
 
-@settings(max_examples=20, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
-    layout=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([0, 3, 6, 9]),
-                              st.one_of(st.none(), st.floats(0, 5000))), max_size=12),
+    layout=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),
+            st.sampled_from([0, 3, 6, 9]),
+            st.one_of(st.none(), st.floats(0, 5000)),
+        ),
+        max_size=12,
+    ),
     noise=st.sampled_from([b"not json", b'{"headers": 3}', b"[1,2]", b'{"id": "x\\ty"}']),
 )
 def test_script_and_pipeline_modes_agree_on_every_layout(prefix, rclient, layout, noise):
@@ -287,8 +304,17 @@ def test_one_round_trip_for_all_queues_and_redis_dying_during_the_read(private_r
     stats = admin.info("commandstats")
     calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
     # run by the script
-    inside = ("llen", "exists", "lindex", "lrange", "zrange", "zcard", "hlen", "hmget",
-              "config|resetstat")
+    inside = (
+        "llen",
+        "exists",
+        "lindex",
+        "lrange",
+        "zrange",
+        "zcard",
+        "hlen",
+        "hmget",
+        "config|resetstat",
+    )
     sent = {k: v for k, v in calls.items() if k not in inside}
     # 200 queues x 4 priority keys: a script call per piece of 50 queues, and one before and
     # one after them for the unacked index and hash; nothing per queue, no SCRIPT EXISTS
@@ -326,8 +352,10 @@ def test_tls_redis_from_a_rediss_url_and_no_secret_on_failure(tls_redis):
     got = CeleryRedisReader(url).read(["q"])["q"]
     assert got.pending == 2 and got.oldest_pending_age is not None
     # plain TCP against the TLS port, and TLS with a wrong password: redacted failures
-    for bad in (url.replace("rediss://", "redis://").split("?")[0],
-                url.replace(SECRET, SECRET + "x")):
+    for bad in (
+        url.replace("rediss://", "redis://").split("?")[0],
+        url.replace(SECRET, SECRET + "x"),
+    ):
         m = FallbackReader(CeleryRedisReader(bad, timeout=2), max_age=60).read(["q"])["q"]
         assert m.stale and m.error and SECRET not in m.error
 
@@ -346,8 +374,12 @@ def test_an_unchanged_window_costs_no_store_round_trip(prefix, engine):
         app.send_task("t.x", queue="q")
     app.close()
     clock = Clock()
-    reader = CeleryRedisReader(f"{REDIS_URL}/0", layout=CeleryRedisLayout(global_keyprefix=prefix),
-                               sightings=Counting(session_factory(engine)), clock=clock)
+    reader = CeleryRedisReader(
+        f"{REDIS_URL}/0",
+        layout=CeleryRedisLayout(global_keyprefix=prefix),
+        sightings=Counting(session_factory(engine)),
+        clock=clock,
+    )
     assert reader.read(["q"])["q"].oldest_pending_age == 0.0
     clock.advance(30)
     assert reader.read(["q"])["q"].oldest_pending_age == 30.0

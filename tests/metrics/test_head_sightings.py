@@ -32,10 +32,10 @@ def test_sources_are_separate_and_long_keys_fit(sessions):
     with transaction(sessions) as s:
         assert observe_heads(s, "one", {long_key: "id" * 150}, T0) == {long_key: T0}
         assert observe_heads(s, "two", {long_key: "other"}, T0 + timedelta(1)) == {
-            long_key: T0 + timedelta(1)}
+            long_key: T0 + timedelta(1)
+        }
     with transaction(sessions) as s:
-        assert observe_heads(s, "one", {long_key: "id" * 150}, T0 + timedelta(2)) == {
-            long_key: T0}
+        assert observe_heads(s, "one", {long_key: "id" * 150}, T0 + timedelta(2)) == {long_key: T0}
         assert forget_source(s, "one") == 1
         assert s.scalar(select(func.count()).select_from(QueueHeadSighting)) == 1
 

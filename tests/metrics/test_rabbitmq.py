@@ -33,8 +33,10 @@ def management_api() -> None:
     try:
         requests.get(f"{MGMT}/api/overview", auth=("guest", "guest"), timeout=3).raise_for_status()
     except requests.RequestException:
-        pytest.fail("RabbitMQ management API is not on 127.0.0.1:15672: run "
-                    "`rabbitmq-plugins enable rabbitmq_management`")
+        pytest.fail(
+            "RabbitMQ management API is not on 127.0.0.1:15672: run "
+            "`rabbitmq-plugins enable rabbitmq_management`"
+        )
 
 
 @pytest.fixture
@@ -81,9 +83,10 @@ def test_management_numbers_ready_unacked_and_head_age_of_stamped_tasks(queue, c
     assert held is not None
     clock = datetime.fromtimestamp(t0 + 100, UTC)
     reader = CeleryRabbitMQReader(AMQP_URL, management_url=MGMT, clock=lambda: clock)
-    got = wait_for(lambda: reader.read([queue])[queue],
-                   lambda m: (m.pending, m.in_flight) == (2, 1)
-                   and (m.oldest_pending_age or 0.0) >= 98)  # the stamp, once stats show it
+    got = wait_for(
+        lambda: reader.read([queue])[queue],
+        lambda m: (m.pending, m.in_flight) == (2, 1) and (m.oldest_pending_age or 0.0) >= 98,
+    )  # the stamp, once stats show it
     assert (got.pending, got.in_flight, got.stale) == (2, 1, False)
     assert got.oldest_pending_age is not None and 98 <= got.oldest_pending_age <= 101
     channel.basic_ack(held.delivery_tag)

@@ -44,9 +44,20 @@ def server() -> Iterator[str]:
 def _server(*extra: str) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
     try:
@@ -186,8 +197,9 @@ def longest_wait(head: list[Job], now: float) -> float | None:
             continue
         published = it.stamp
         if published is None:
-            published = min([now, *(later.stamp for later in head[i + 1:]
-                                    if later.stamp is not None)])
+            published = min(
+                [now, *(later.stamp for later in head[i + 1 :] if later.stamp is not None)]
+            )
         since = published if it.eta is None else max(published, it.eta)
         waits.append(max(0.0, now - since))
     return max(waits, default=None)
@@ -208,8 +220,16 @@ def delivered(client: redis.Redis, lay: CeleryRedisLayout) -> dict[str, list[Job
     return out
 
 
-def model(client: redis.Redis, lay: CeleryRedisLayout, queues: list[str], now: float, *,
-          window: int, scan_limit: int, scan_budget: int) -> dict[str, tuple[Any, ...] | None]:
+def model(
+    client: redis.Redis,
+    lay: CeleryRedisLayout,
+    queues: list[str],
+    now: float,
+    *,
+    window: int,
+    scan_limit: int,
+    scan_budget: int,
+) -> dict[str, tuple[Any, ...] | None]:
     """What a first read at `now` must report per queue - (pending, scheduled, next due time,
     in flight, scheduled held, oldest age), None for a queue with a key of another type - from
     the spec in `celery_redis`'s docstring, with plain commands (TYPE, LRANGE of each priority
@@ -262,15 +282,29 @@ def model(client: redis.Redis, lay: CeleryRedisLayout, queues: list[str], now: f
             continue
         jobs = held.get(q, [])
         later = [j.eta for j in jobs if j.scheduled(now) and j.eta is not None]
-        out[q] = (pending, scheduled + len(later), min(etas + later, default=None),
-                  len(jobs) - len(later), len(later), max(ages, default=None))
+        out[q] = (
+            pending,
+            scheduled + len(later),
+            min(etas + later, default=None),
+            len(jobs) - len(later),
+            len(later),
+            max(ages, default=None),
+        )
     return out
 
 
 def summary(got: dict[str, Any]) -> dict[str, tuple[Any, ...] | None]:
     return {
-        q: None if m.stale else (m.pending, m.scheduled, m.next_due_at, m.in_flight,
-                                 m.scheduled_held, m.oldest_pending_age)
+        q: None
+        if m.stale
+        else (
+            m.pending,
+            m.scheduled,
+            m.next_due_at,
+            m.in_flight,
+            m.scheduled_held,
+            m.oldest_pending_age,
+        )
         for q, m in got.items()
     }
 
@@ -290,17 +324,22 @@ KEY = st.one_of(
     st.lists(MESSAGE, max_size=12),
     # a deep list, built from one repeated pattern (cheap to generate)
     st.tuples(st.integers(60, 400), st.lists(MESSAGE, min_size=1, max_size=4)).map(
-        lambda t: [t[1][i % len(t[1])] for i in range(t[0])]),
+        lambda t: [t[1][i % len(t[1])] for i in range(t[0])]
+    ),
 )
 
 
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(
     steps=st.sampled_from([(0, 3, 6, 9), (0,), (0, 5), (2, 7)]),
     sep=st.sampled_from(["\x06\x16", ":"]),
-    lists=st.dictionaries(st.tuples(st.sampled_from("abcdef"), st.integers(0, 3)), KEY,
-                          max_size=10),
+    lists=st.dictionaries(
+        st.tuples(st.sampled_from("abcdef"), st.integers(0, 3)), KEY, max_size=10
+    ),
     unacked=st.lists(st.tuples(st.sampled_from("abcdefg"), ETAS), max_size=8),
     noise=st.sampled_from([None, b"not json", b'{"headers": 3}']),
     foreign=st.booleans(),
@@ -309,22 +348,30 @@ KEY = st.one_of(
     limit=st.sampled_from([64, 150, 10_000]),
     scan_budget=st.sampled_from([SCAN_BUDGET, 500, 0]),
 )
-def test_pieces_read_what_the_model_says(r, server, steps, sep, lists, unacked, noise, foreign,
-                                         budget, window, limit, scan_budget):
+def test_pieces_read_what_the_model_says(
+    r, server, steps, sep, lists, unacked, noise, foreign, budget, window, limit, scan_budget
+):
     """Random queues, priorities, stamps, ETAs, deep lists, unacked jobs and a key of the wrong
     type: pending, scheduled, next due time, in flight, held and oldest age are what the model
     of the spec computes from plain reads of the same keys, whatever the piece budget (down to
     pieces of a few messages, lists continued over several rounds) and the scan budgets."""
-    lay = CeleryRedisLayout(global_keyprefix=f"p{uuid.uuid4().hex[:6]}:", sep=sep,
-                            priority_steps=steps)
+    lay = CeleryRedisLayout(
+        global_keyprefix=f"p{uuid.uuid4().hex[:6]}:", sep=sep, priority_steps=steps
+    )
     now = datetime.now(UTC)
     ts = now.timestamp()
     pipe = r.pipeline(transaction=False)
     for (q, step), msgs in lists.items():
         key = lay.keys(q)[step % len(lay.steps)]
         for stamped, eta in msgs:
-            pipe.lpush(key, envelope(q, stamp=ts - 40 if stamped else None,
-                                     eta=None if eta is None else now + timedelta(seconds=eta)))
+            pipe.lpush(
+                key,
+                envelope(
+                    q,
+                    stamp=ts - 40 if stamped else None,
+                    eta=None if eta is None else now + timedelta(seconds=eta),
+                ),
+            )
     if noise is not None:
         pipe.lpush(lay.keys("c")[0], noise)
     if foreign:  # another writer's set named like one of g's priority keys
@@ -334,8 +381,15 @@ def test_pieces_read_what_the_model_says(r, server, steps, sep, lists, unacked, 
         deliver(r, lay, q, envelope(q, eta=None if eta is None else now + timedelta(seconds=eta)))
     queues = list("abcdefg")
     want = model(r, lay, queues, ts, window=window, scan_limit=limit, scan_budget=scan_budget)
-    reader = CeleryRedisReader(server, layout=lay, clock=Clock(now), piece_budget=budget,
-                               window=window, scan_limit=limit, scan_budget=scan_budget)
+    reader = CeleryRedisReader(
+        server,
+        layout=lay,
+        clock=Clock(now),
+        piece_budget=budget,
+        window=window,
+        scan_limit=limit,
+        scan_budget=scan_budget,
+    )
     got = summary(reader.read(queues))
     assert all(close(got[q], want[q]) for q in queues), (got, want)
     again = summary(reader.read(queues))  # a second read (cached heads, known windows)
@@ -373,8 +427,9 @@ def monitored(url: str, action: Callable[[], object]) -> list[tuple[str, list[st
     return seen
 
 
-def units_per_call(seen: list[tuple[str, list[str]]],
-                   lengths: dict[str, int]) -> list[tuple[str, int]]:
+def units_per_call(
+    seen: list[tuple[str, list[str]]], lengths: dict[str, int]
+) -> list[tuple[str, int]]:
     """Units each script call spent, counted from the commands it ran (every command: 1; an
     LRANGE or ZRANGE: 1 more per entry it returned, from the keys' sizes - they do not change
     here; an HMGET: 1 more per field) and the COUNT of each SCAN-style page: (command,
@@ -394,8 +449,10 @@ def units_per_call(seen: list[tuple[str, list[str]]],
         if name in ("LRANGE", "ZRANGE"):
             n = lengths.get(_unescape(words[1]), 0)
             start, stop = int(words[2]), int(words[3])
-            start, stop = max(n + start if start < 0 else start, 0), min(
-                n + stop if stop < 0 else stop, n - 1)
+            start, stop = (
+                max(n + start if start < 0 else start, 0),
+                min(n + stop if stop < 0 else stop, n - 1),
+            )
             units += max(0, stop - start + 1)
         elif name == "HMGET":
             units += len(words) - 2
@@ -411,8 +468,11 @@ def _unescape(word: str) -> str:
 
 def lengths_of(r: redis.Redis, prefix: str) -> dict[str, int]:
     sizes = {b"list": r.llen, b"zset": r.zcard}
-    return {k.decode(): int(sizes[kind](k)) for k in r.scan_iter(match=f"{prefix}*", count=1000)
-            if (kind := r.type(k)) in sizes}
+    return {
+        k.decode(): int(sizes[kind](k))
+        for k in r.scan_iter(match=f"{prefix}*", count=1000)
+        if (kind := r.type(k)) in sizes
+    }
 
 
 def fill(r: redis.Redis, lay: CeleryRedisLayout, queues: int, deep: int) -> None:
@@ -426,10 +486,13 @@ def fill(r: redis.Redis, lay: CeleryRedisLayout, queues: int, deep: int) -> None
         if i % 7 == 0:
             pipe.lpush(keys[2], envelope(q, eta=now + timedelta(minutes=5)))
     for start in range(0, deep, 500):
-        pipe.lpush(lay.keys("q1")[0], *[
-            envelope("q1", stamp=time.time(), eta=now + timedelta(hours=1))
-            for _ in range(min(500, deep - start))
-        ])
+        pipe.lpush(
+            lay.keys("q1")[0],
+            *[
+                envelope("q1", stamp=time.time(), eta=now + timedelta(hours=1))
+                for _ in range(min(500, deep - start))
+            ],
+        )
     pipe.execute()
     for i in range(0, queues, 5):
         deliver(r, lay, f"q{i}", envelope(f"q{i}"))
@@ -457,7 +520,8 @@ def test_every_server_call_stays_within_its_budget(r, server, budget):
     assert reader.rounds == 2
     assert got["q1"].scheduled == 3000 and got["q1"].pending == 1
     assert sum(m.pending + m.scheduled + m.in_flight for m in got.values()) == (
-        sum(i % 6 for i in range(600)) + len(range(0, 600, 7)) + 3000 + len(range(0, 600, 5)))
+        sum(i % 6 for i in range(600)) + len(range(0, 600, 7)) + 3000 + len(range(0, 600, 5))
+    )
 
 
 def test_a_deep_scan_is_bounded_by_the_budget_not_the_list(r, server):
@@ -467,8 +531,9 @@ def test_a_deep_scan_is_bounded_by_the_budget_not_the_list(r, server):
     reader = CeleryRedisReader(server, layout=lay, piece_budget=500)
     reader.read(["q1"])
     seen = monitored(server, lambda: reader.read(["q1"]))
-    scripts = [u for kind, u in units_per_call(seen, lengths_of(r, "d:"))
-               if kind.startswith("EVALSHA")]
+    scripts = [
+        u for kind, u in units_per_call(seen, lengths_of(r, "d:")) if kind.startswith("EVALSHA")
+    ]
     assert max(scripts) <= 500 and len(scripts) >= 9000 // 500
 
 
@@ -497,8 +562,9 @@ def counted(got: dict[str, Any]) -> int:
     return sum(m.pending + m.scheduled + m.in_flight for m in got.values())
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     move=st.sampled_from(["deliver", "deliver-gap", "restore", "restore-tail"]),
     at=st.integers(1, 5),
@@ -506,8 +572,9 @@ def counted(got: dict[str, Any]) -> int:
     queue=st.integers(0, 89),
     budget=st.sampled_from([300, 700]),
 )
-def test_a_job_moving_between_pieces_is_never_counted_twice(r, server, move, at, gap, queue,
-                                                            budget):
+def test_a_job_moving_between_pieces_is_never_counted_twice(
+    r, server, move, at, gap, queue, budget
+):
     """A worker takes a job (BRPOP, then kombu's unacked write - `gap` of our commands later)
     or kombu restores one to its list (head or tail), between any two commands of the read:
     the job counts once, or - taken before its list was counted and delivered after the
@@ -545,13 +612,21 @@ def test_a_job_moving_between_pieces_is_never_counted_twice(r, server, move, at,
     assert total - 1 <= counted(got) <= total
     flagged = sum(m.delivered_during_read for m in got.values())
     assert flagged == got[q].delivered_during_read <= 1  # only the moved job, on its queue
-    delivered_in_read = move.startswith("deliver") and popped and popped[0] and (
-        at + (gap if move == "deliver-gap" else 0) < reader.done)
+    delivered_in_read = (
+        move.startswith("deliver")
+        and popped
+        and popped[0]
+        and (at + (gap if move == "deliver-gap" else 0) < reader.done)
+    )
     if delivered_in_read and counted(got) == total - 1:
         assert flagged == 1  # in no count: the delivery during the read says so
     assert counted(got) + flagged <= total + 1
-    if move == "deliver-gap" and popped and popped[0] and r.hget(lay.unacked, json.loads(
-            popped[0])["properties"]["delivery_tag"]) is None:
+    if (
+        move == "deliver-gap"
+        and popped
+        and popped[0]
+        and r.hget(lay.unacked, json.loads(popped[0])["properties"]["delivery_tag"]) is None
+    ):
         deliver(r, lay, q, popped[0])  # the worker's unacked write, after the read
     after = CeleryRedisReader(server, layout=lay).read(names)  # nothing moves now: all of them
     assert counted(after) == total
@@ -566,8 +641,14 @@ def test_kombus_own_delivery_between_any_two_commands_counts_the_job_at_most_onc
         conn = Connection(server, transport_options={"global_keyprefix": lay.global_keyprefix})
         taken: list[Any] = []
 
-        def hook(done: int, _round: int, _n: int, at: int = at, conn: Connection = conn,
-                 taken: list[Any] = taken) -> None:
+        def hook(
+            done: int,
+            _round: int,
+            _n: int,
+            at: int = at,
+            conn: Connection = conn,
+            taken: list[Any] = taken,
+        ) -> None:
             if done == at:
                 taken.append(conn.channel().basic_get("q5", no_ack=False))
 
@@ -582,8 +663,9 @@ def test_kombus_own_delivery_between_any_two_commands_counts_the_job_at_most_onc
 
 def _calls(server: str, lay: CeleryRedisLayout, names: list[str]) -> Iterator[int]:
     counter: list[int] = []
-    Stepping(server, layout=lay, piece_budget=300,
-             hook=lambda done, _r, _n: counter.append(done)).read(names)
+    Stepping(
+        server, layout=lay, piece_budget=300, hook=lambda done, _r, _n: counter.append(done)
+    ).read(names)
     yield from counter
 
 
@@ -594,8 +676,10 @@ def test_a_deep_list_moving_between_rounds_is_classified_once(r, server):
     lay = CeleryRedisLayout(global_keyprefix=f"s{uuid.uuid4().hex[:6]}:")
     key = lay.keys("deep")[0]
     now = datetime.now(UTC)
-    r.lpush(key, *[envelope("deep", stamp=time.time(), eta=now + timedelta(hours=1))
-                   for _ in range(2000)])
+    r.lpush(
+        key,
+        *[envelope("deep", stamp=time.time(), eta=now + timedelta(hours=1)) for _ in range(2000)],
+    )
     for moves in ((3, 0), (0, 5), (10, 4), (SEARCH_RADIUS - 1, 0)):
 
         def hook(_done: int, round_no: int, n: int, moves: tuple[int, int] = moves) -> None:
@@ -604,8 +688,7 @@ def test_a_deep_list_moving_between_rounds_is_classified_once(r, server):
                 for _ in range(popped):
                     r.rpop(key)
                 for _ in range(pushed):
-                    r.rpush(key, envelope("deep", stamp=time.time(),
-                                         eta=now + timedelta(hours=1)))
+                    r.rpush(key, envelope("deep", stamp=time.time(), eta=now + timedelta(hours=1)))
 
         reader = Stepping(server, layout=lay, piece_budget=300, hook=hook, clock=Clock(now))
         got = reader.read(["deep"])["deep"]
@@ -620,16 +703,19 @@ def test_a_lost_anchor_scans_the_list_again_and_never_overcounts(r, server):
     lay = CeleryRedisLayout(global_keyprefix=f"l{uuid.uuid4().hex[:6]}:")
     key = lay.keys("deep")[0]
     now = datetime.now(UTC)
-    r.lpush(key, *[envelope("deep", stamp=time.time(), eta=now + timedelta(hours=1))
-                   for _ in range(1500)])
+    r.lpush(
+        key,
+        *[envelope("deep", stamp=time.time(), eta=now + timedelta(hours=1)) for _ in range(1500)],
+    )
 
     def hook(_done: int, round_no: int, n: int) -> None:
         if n == 1 and round_no == 2:
             for _ in range(SEARCH_RADIUS * 3):
                 r.rpop(key)
 
-    got = Stepping(server, layout=lay, piece_budget=300, hook=hook,
-                   clock=Clock(now)).read(["deep"])["deep"]
+    got = Stepping(server, layout=lay, piece_budget=300, hook=hook, clock=Clock(now)).read(
+        ["deep"]
+    )["deep"]
     assert got.pending + got.scheduled == 1500  # the depth counted in the first round
     assert got.pending >= 0 and got.scheduled <= 1500
 
@@ -687,8 +773,9 @@ def test_the_script_flushed_between_rounds_is_loaded_again(r, server):
         if n == 1 and round_no == 2:
             r.script_flush()
 
-    got = Stepping(server, layout=lay, piece_budget=300, hook=hook,
-                   clock=Clock(now)).read(["q"])["q"]
+    got = Stepping(server, layout=lay, piece_budget=300, hook=hook, clock=Clock(now)).read(["q"])[
+        "q"
+    ]
     assert (got.pending, got.scheduled) == (0, 900)
 
 
@@ -711,9 +798,15 @@ def test_the_configured_piece_budget_reaches_the_reader():
     from autoscaler.config.models import CelerySource, Queue
     from autoscaler.metrics.registry import build_source
 
-    queue = Queue.model_validate({"metrics": {
-        "source": "celery", "url": "redis://127.0.0.1:1/0", "piece_budget": 700,
-    }})
+    queue = Queue.model_validate(
+        {
+            "metrics": {
+                "source": "celery",
+                "url": "redis://127.0.0.1:1/0",
+                "piece_budget": 700,
+            }
+        }
+    )
     assert isinstance(queue.metrics, CelerySource)
     assert queue.metrics.piece_budget == 700 != PIECE_BUDGET
     source = build_source(queue.metrics)

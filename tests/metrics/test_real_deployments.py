@@ -105,8 +105,11 @@ def test_running_jobs_are_counted_from_the_workers_with_early_and_late_acks(
             def held() -> tuple[int, int, int, int]:
                 """(waiting in the list, unacked, running, prefetched) as the broker and
                 Celery's own inspect say."""
-                return (broker.llen(prefix + queue), broker.hlen(prefix + "unacked"),
-                        *worker_holds(app, node))
+                return (
+                    broker.llen(prefix + queue),
+                    broker.hlen(prefix + "unacked"),
+                    *worker_holds(app, node),
+                )
 
             for sent in (2, 8):
                 dep.send(app, sent - (0 if sent == 2 else 2), "hold", queue=queue)
@@ -150,10 +153,14 @@ def test_running_jobs_are_counted_from_the_workers_with_early_and_late_acks(
 def test_in_flight_follows_kombu_routing_for_custom_routing_keys_and_topics(prefix):
     """task_queues whose routing keys differ from the queue names: a direct exchange with its own
     key and a topic exchange. Each worker runs one job and holds one prefetched (unacked)."""
-    dep = Deployment(WATCHED, transport={"global_keyprefix": prefix}, queues=[
-        ("gpu-work", "jobsx", "direct", "work.gpu"),
-        ("gpu-topic", "tasks", "topic", "gpu.#"),
-    ])
+    dep = Deployment(
+        WATCHED,
+        transport={"global_keyprefix": prefix},
+        queues=[
+            ("gpu-work", "jobsx", "direct", "work.gpu"),
+            ("gpu-topic", "tasks", "topic", "gpu.#"),
+        ],
+    )
     broker = redis.Redis.from_url(WATCHED)
     try:
         with (
@@ -164,8 +171,11 @@ def test_in_flight_follows_kombu_routing_for_custom_routing_keys_and_topics(pref
             dep.send(app, 3, "hold", exchange="jobsx", routing_key="work.gpu")
             dep.send(app, 3, "hold", queue="gpu-topic", routing_key="gpu.fast")
             depth = wait_for(
-                lambda: (broker.llen(prefix + "gpu-work"), broker.llen(prefix + "gpu-topic"),
-                         broker.hlen(prefix + "unacked")),
+                lambda: (
+                    broker.llen(prefix + "gpu-work"),
+                    broker.llen(prefix + "gpu-topic"),
+                    broker.hlen(prefix + "unacked"),
+                ),
                 lambda d: d == (1, 1, 2),
             )
             assert depth == (1, 1, 2)
@@ -203,7 +213,8 @@ def test_countdown_jobs_are_scheduled_not_demand_with_priorities_and_a_custom_se
     dep = Deployment(WATCHED, transport=transport)
     queue = f"gpu-{dep.run}"
     config = CONFIG.format(queue=queue, url=WATCHED, prefix=prefix).replace(
-        'global_keyprefix: "', 'sep: ":p:", priority_steps: [0, 2, 5], global_keyprefix: "')
+        'global_keyprefix: "', 'sep: ":p:", priority_steps: [0, 2, 5], global_keyprefix: "'
+    )
     rt = runtime_with(config, tmp_path)
     broker = redis.Redis.from_url(WATCHED)
     try:
@@ -250,8 +261,10 @@ def test_eta_jobs_held_by_a_redis_worker_are_scheduled_not_in_flight(prefix):
             app = dep.producer()
             for _ in range(3):
                 app.send_task("t.hold", args=["x"], queue=queue, countdown=900)
-            held = wait_for(lambda: (broker.llen(prefix + queue), broker.hlen(prefix + "unacked")),
-                            lambda d: d == (0, 3))
+            held = wait_for(
+                lambda: (broker.llen(prefix + queue), broker.hlen(prefix + "unacked")),
+                lambda d: d == (0, 3),
+            )
             assert held == (0, 3)
             reader = CeleryRedisReader(WATCHED, layout=CeleryRedisLayout(global_keyprefix=prefix))
             m = reader.read([queue])[queue]
@@ -278,8 +291,9 @@ def test_a_drained_worker_holding_a_countdown_job_is_busy_not_idle(prefix):
             probe = CeleryWorkerProbe(WATCHED, transport_options=dep.transport, timeout=1.0)
             try:
                 probe.cancel_consumer(node, queue)
-                state = wait_for(lambda: probe.worker_state(node),
-                                 lambda s: s is not None and queue not in s[0])
+                state = wait_for(
+                    lambda: probe.worker_state(node), lambda s: s is not None and queue not in s[0]
+                )
             finally:
                 probe.close()
             assert state is not None
@@ -328,8 +342,11 @@ queues:
             for _ in range(3):
                 app.send_task("t.hold", args=["x"], queue=queue, countdown=900)
             reader = CeleryRabbitMQReader(AMQP_URL, management_url="http://127.0.0.1:15672")
-            raw = wait_for(lambda: reader.read([queue])[queue],
-                           lambda m: (m.pending, m.in_flight) == (0, 3), timeout=20)
+            raw = wait_for(
+                lambda: reader.read([queue])[queue],
+                lambda m: (m.pending, m.in_flight) == (0, 3),
+                timeout=20,
+            )
             reader.close()
             assert (raw.pending, raw.in_flight) == (0, 3)  # the broker: 3 unacknowledged
 
@@ -366,8 +383,9 @@ def test_unstamped_age_keeps_growing_while_a_real_worker_drains_the_queue(prefix
     queue = f"gpu-{dep.run}"
     broker = redis.Redis.from_url(WATCHED)
     clock = Later()
-    reader = CeleryRedisReader(WATCHED, layout=CeleryRedisLayout(global_keyprefix=prefix),
-                               clock=clock)
+    reader = CeleryRedisReader(
+        WATCHED, layout=CeleryRedisLayout(global_keyprefix=prefix), clock=clock
+    )
     try:
         with dep.worker(queue, concurrency=1):
             app = dep.producer()
@@ -403,24 +421,33 @@ def test_rabbitmq_bounds_unstamped_ages_from_its_delivery_counters(tmp_path):
         app = dep.producer()
         dep.send(app, 4, "hold", queue=queue)
         published = datetime.now(UTC)
-        m = wait_for(lambda: reader.read([queue])[queue],
-                     lambda m: m.pending == 4 and m.oldest_pending_age is not None, timeout=20)
+        m = wait_for(
+            lambda: reader.read([queue])[queue],
+            lambda m: m.pending == 4 and m.oldest_pending_age is not None,
+            timeout=20,
+        )
         assert m.pending == 4 and m.oldest_pending_age == pytest.approx(0, abs=1)
         first = clock()
         clock.offset += 120
         m = reader.read([queue])[queue]
         assert m.oldest_pending_age == pytest.approx((clock() - first).total_seconds(), abs=1)
         with dep.worker(queue, concurrency=1):  # runs one, holds one: 2 delivered, 2 ready
-            m = wait_for(lambda: reader.read([queue])[queue],
-                         lambda m: (m.pending, m.in_flight) == (2, 1), timeout=20)
+            m = wait_for(
+                lambda: reader.read([queue])[queue],
+                lambda m: (m.pending, m.in_flight) == (2, 1),
+                timeout=20,
+            )
             assert (m.pending, m.in_flight) == (2, 1)
             truth = (clock() - published).total_seconds()
             waited = (clock() - first).total_seconds()
             assert m.oldest_pending_age is not None
             assert waited - 1 <= m.oldest_pending_age <= truth + 1
             dep.open("hold")  # everything runs and ends: nothing waits, no age
-            m = wait_for(lambda: reader.read([queue])[queue],
-                         lambda m: (m.pending, m.in_flight) == (0, 0), timeout=20)
+            m = wait_for(
+                lambda: reader.read([queue])[queue],
+                lambda m: (m.pending, m.in_flight) == (0, 0),
+                timeout=20,
+            )
             assert m.oldest_pending_age is None
     finally:
         reader.close()
@@ -441,8 +468,9 @@ def test_the_worker_probe_is_built_from_the_same_metrics_block_as_the_reader(tmp
     rt = Runtime(Settings.from_env({"AUTOSCALER_HOME": str(tmp_path)}), env={})
     try:
         with dep.worker("jobs", concurrency=1) as node:
-            source = CelerySource(url=url, global_keyprefix=prefix, sep=":p:",
-                                   priority_steps=(1, 5))
+            source = CelerySource(
+                url=url, global_keyprefix=prefix, sep=":p:", priority_steps=(1, 5)
+            )
             probe = rt.worker_probe(source)
             assert probe is not None
             assert wait_for(probe.poll, lambda r: node in r, timeout=5) == {node: ("jobs",)}

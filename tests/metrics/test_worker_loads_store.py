@@ -17,8 +17,9 @@ def test_loads_of_every_worker_process_are_summed_per_queue(sessions):
     seen = {
         # two worker processes on one hand-made host: different tasks, both count
         "w1@desk": WorkerStatus(("gpu",), 2, {"gpu": QueueLoad(2, 1, 0, None)}),
-        "w2@desk": WorkerStatus(("gpu", "cpu"), 1, {"gpu": QueueLoad(1, 0, 2, 50.0),
-                                                    "cpu": QueueLoad()}),
+        "w2@desk": WorkerStatus(
+            ("gpu", "cpu"), 1, {"gpu": QueueLoad(1, 0, 2, 50.0), "cpu": QueueLoad()}
+        ),
         # answered active_queues only: alive, load unknown (not a zero)
         "w3@busy": WorkerStatus(("gpu",), 1),
         # the older form of a sighting still records
@@ -60,11 +61,25 @@ def test_a_queues_boot_time_is_the_longest_of_its_last_five_boots(sessions):
     with transaction(sessions) as s:
         for i, secs in enumerate(boots):
             created = T0 - timedelta(hours=len(boots) - i)
-            s.add(Instance(launch_id=f"l{i}", queue="gpu", provider="p",
-                           state=InstanceState.TERMINATED, created_at=created,
-                           ready_at=created + timedelta(seconds=secs)))
-        s.add(Instance(launch_id="never", queue="cpu", provider="p",
-                       state=InstanceState.FAILED, created_at=T0))
+            s.add(
+                Instance(
+                    launch_id=f"l{i}",
+                    queue="gpu",
+                    provider="p",
+                    state=InstanceState.TERMINATED,
+                    created_at=created,
+                    ready_at=created + timedelta(seconds=secs),
+                )
+            )
+        s.add(
+            Instance(
+                launch_id="never",
+                queue="cpu",
+                provider="p",
+                state=InstanceState.FAILED,
+                created_at=T0,
+            )
+        )
     with transaction(sessions) as s:
         assert boot_estimates(s, ["gpu", "cpu"], T0) == {"gpu": 90.0}
         assert boot_estimates(s, [], T0) == {}
@@ -84,8 +99,16 @@ def test_a_booting_machine_seen_through_remote_control_is_ready_at_once(sessions
 
     with transaction(sessions) as s:
         for lid, state in (("boot1", S.BOOTING), ("ready1", S.READY)):
-            s.add(Instance(launch_id=lid, queue="gpu", provider="p", state=state,
-                           created_at=T0, booting_at=T0))
+            s.add(
+                Instance(
+                    launch_id=lid,
+                    queue="gpu",
+                    provider="p",
+                    state=state,
+                    created_at=T0,
+                    booting_at=T0,
+                )
+            )
         machines.rental_failed(s, "gpu", "p", T0, Backoff(base=30, jitter=0), "boom")
     seen = {
         "asg-inst-boot1@gpu-host": WorkerStatus(("gpu",), 0),

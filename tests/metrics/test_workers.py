@@ -32,15 +32,34 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_real_worker_is_seen_on_its_queues_and_not_live_after_it_dies(prefix):
     env = os.environ | {"TEST_WORKER_BROKER": f"{REDIS_URL}/0", "TEST_WORKER_PREFIX": prefix}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tests.metrics.worker_app", "worker", "-Q",
-         "gpu-a,gpu-b", "--pool", "solo", "-n", "w1@hand-made-box", "--without-gossip",
-         "--without-mingle", "-l", "WARNING"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.metrics.worker_app",
+            "worker",
+            "-Q",
+            "gpu-a,gpu-b",
+            "--pool",
+            "solo",
+            "-n",
+            "w1@hand-made-box",
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     now = [datetime.now(UTC)]
-    probe = CeleryWorkerProbe(f"{REDIS_URL}/0", transport_options={"global_keyprefix": prefix},
-                              timeout=1.0)
+    probe = CeleryWorkerProbe(
+        f"{REDIS_URL}/0", transport_options={"global_keyprefix": prefix}, timeout=1.0
+    )
     workers = BrokerWorkers(probe, window=60, clock=lambda: now[0])
     try:
         deadline = time.monotonic() + 30
@@ -49,9 +68,9 @@ def test_a_real_worker_is_seen_on_its_queues_and_not_live_after_it_dies(prefix):
             live = workers.read()
         assert live == {"gpu-a": ("w1@hand-made-box",), "gpu-b": ("w1@hand-made-box",)}
         # a probe on another prefix (another app) must not see it
-        other = CeleryWorkerProbe(f"{REDIS_URL}/0",
-                                  transport_options={"global_keyprefix": prefix + "x:"},
-                                  timeout=0.5)
+        other = CeleryWorkerProbe(
+            f"{REDIS_URL}/0", transport_options={"global_keyprefix": prefix + "x:"}, timeout=0.5
+        )
         assert other.poll() == {}
         other.close()
     finally:
@@ -72,8 +91,10 @@ def test_tracker_window_per_worker_and_queues_kept_on_bare_heartbeats():
     tr.observe("celery@a", ["q1"], t0)
     tr.observe("celery@b", ["q1", "q2"], t0, window=4)  # event heartbeats: 2 x 2 s
     tr.observe("celery@a", None, t0 + timedelta(seconds=8))  # heartbeat without queue list
-    assert tr.live(t0 + timedelta(seconds=4)) == {"q1": ("celery@a", "celery@b"),
-                                                  "q2": ("celery@b",)}
+    assert tr.live(t0 + timedelta(seconds=4)) == {
+        "q1": ("celery@a", "celery@b"),
+        "q2": ("celery@b",),
+    }
     assert tr.live(t0 + timedelta(seconds=5)) == {"q1": ("celery@a",)}
     assert tr.live(t0 + timedelta(seconds=18.5)) == {}
 
@@ -102,13 +123,25 @@ def test_with_broker_workers_fills_only_the_named_queues():
 def test_a_task_is_attributed_to_the_consumed_queue_its_exchange_and_key_route_to():
     from autoscaler.metrics.workers import _consumed, queue_of_task
 
-    consumed = _consumed([
-        {"name": "jobs", "exchange": {"name": "celery", "type": "direct"}, "routing_key": "celery"},
-        {"name": "gpu-work", "exchange": {"name": "jobsx", "type": "direct"},
-         "routing_key": "work.gpu"},
-        {"name": "gpu-topic", "exchange": {"name": "tasks", "type": "topic"},
-         "routing_key": "gpu.#"},
-    ])
+    consumed = _consumed(
+        [
+            {
+                "name": "jobs",
+                "exchange": {"name": "celery", "type": "direct"},
+                "routing_key": "celery",
+            },
+            {
+                "name": "gpu-work",
+                "exchange": {"name": "jobsx", "type": "direct"},
+                "routing_key": "work.gpu",
+            },
+            {
+                "name": "gpu-topic",
+                "exchange": {"name": "tasks", "type": "topic"},
+                "routing_key": "gpu.#",
+            },
+        ]
+    )
 
     def task(exchange: str, key: str) -> dict:
         return {"delivery_info": {"exchange": exchange, "routing_key": key}}

@@ -180,12 +180,19 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
             idle_down = [d for d in down if d.trigger == "idle"]
             if idle_down and qs.metrics.pending > 0:
                 per = max(
-                    [t.target_per_worker for t in auto.scale_up
-                     if isinstance(t, QueueDepthTrigger) and t.target_per_worker] or [1]
+                    [
+                        t.target_per_worker
+                        for t in auto.scale_up
+                        if isinstance(t, QueueDepthTrigger) and t.target_per_worker
+                    ]
+                    or [1]
                 )
                 serving = sum(1 for m in qs.machines if m.serving)
                 assert serving - len(idle_down) >= math.ceil(qs.metrics.pending / per), (
-                    serving, len(idle_down), qs.metrics.pending, per
+                    serving,
+                    len(idle_down),
+                    qs.metrics.pending,
+                    per,
                 )
         check_warm_pool(qs, config, qp)
         for a in qp.launches:
@@ -268,8 +275,10 @@ def check_warm_pool(qs: QueueSnapshot, config: Config, qp) -> None:
         if fits(m)
         and (
             m.state in WARM
-            or (m.keep_warm and m.state in (InstanceState.READY, InstanceState.DRAINING,
-                                            InstanceState.DRAINED))
+            or (
+                m.keep_warm
+                and m.state in (InstanceState.READY, InstanceState.DRAINING, InstanceState.DRAINED)
+            )
         )
     )
     if warm:

@@ -94,14 +94,16 @@ def configs(draw):
             "scale_down": draw(down_triggers()),
             "instance": {"gpu": "x", "max_price_per_hour": draw(st.sampled_from([0.3, 0.6, 1.1]))},
             **(
-                {"instance": {
-                    "gpu": "x",
-                    "max_price_per_hour": 1.1,
-                    "interruptible": {
-                        "bid": draw(st.sampled_from([0.2, "50%"])),
-                        "max_share": draw(st.sampled_from([0.1, 0.5, 0.7, 1.0])),
-                    },
-                }}
+                {
+                    "instance": {
+                        "gpu": "x",
+                        "max_price_per_hour": 1.1,
+                        "interruptible": {
+                            "bid": draw(st.sampled_from([0.2, "50%"])),
+                            "max_share": draw(st.sampled_from([0.1, 0.5, 0.7, 1.0])),
+                        },
+                    }
+                }
                 if draw(st.booleans())
                 else {}
             ),

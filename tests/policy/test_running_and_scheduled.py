@@ -98,8 +98,9 @@ def test_scheduled_jobs_are_not_demand_until_a_boot_time_before_they_fall_due():
 def test_latency_and_thresholds_see_only_due_jobs():
     only_later = m(0, 0, scheduled=3, next_due_at=NOW.timestamp() + 60)
     view = t.make_view(only_later, (), 0, NOW)
-    assert not t.latency(config([{"trigger": "latency", "max_latency": 1}]).queues["q"]
-                         .autoscale.scale_up[0], view).fired
+    assert not t.latency(
+        config([{"trigger": "latency", "max_latency": 1}]).queues["q"].autoscale.scale_up[0], view
+    ).fired
     assert view.load == 0
 
 
@@ -119,8 +120,12 @@ def test_the_last_machine_is_kept_for_jobs_about_to_fall_due():
 
 def test_a_paused_queue_rents_nothing_for_its_pending_jobs():
     paused = m(7, 0, paused=True)
-    up = [{"trigger": "no_workers"}, {"trigger": "queue_depth", "threshold": 1},
-          {"trigger": "latency", "max_latency": 1}, *TARGET]
+    up = [
+        {"trigger": "no_workers"},
+        {"trigger": "queue_depth", "threshold": 1},
+        {"trigger": "latency", "max_latency": 1},
+        *TARGET,
+    ]
     plan = launches(paused, scale_up=up)
     assert plan.launches == ()
     assert any("paused" in n for n in plan.notes)
@@ -145,8 +150,11 @@ def richer_worlds(draw):
                 next_due_at=now.timestamp() + draw(st.integers(-60, 4000)),
                 paused=draw(st.integers(0, 5)) == 0,
             )
-        queues.append(dataclasses.replace(
-            qs, metrics=metrics, boot_estimate=draw(st.none() | st.floats(0, 1200))))
+        queues.append(
+            dataclasses.replace(
+                qs, metrics=metrics, boot_estimate=draw(st.none() | st.floats(0, 1200))
+            )
+        )
     return Snapshot(tuple(queues)), cfg, now
 
 
@@ -158,7 +166,10 @@ def _as_broker_only(snapshot: Snapshot) -> Snapshot:
         met = qs.metrics
         if met is not None:
             met = dataclasses.replace(
-                met, in_flight=met.started_or_held, running=None, reserved=None,
+                met,
+                in_flight=met.started_or_held,
+                running=None,
+                reserved=None,
                 pending=0 if met.paused else met.pending,
                 scheduled=0 if met.paused else met.scheduled,
                 paused=False,
@@ -188,9 +199,15 @@ def test_worker_reports_scheduled_and_paused_queues_keep_every_invariant(world):
         if len(a.drains) < len(b.drains):  # the last machine kept for jobs about to fall due
             assert a.capacity - len(a.drains) >= 1
     # and the checked invariants hold for the world as it is, scheduled jobs and all
-    report_free = Snapshot(tuple(
-        dataclasses.replace(qs, metrics=dataclasses.replace(
-            qs.metrics, running=None, reserved=None, paused=False) if qs.metrics else None)
-        for qs in snapshot.queues
-    ))
+    report_free = Snapshot(
+        tuple(
+            dataclasses.replace(
+                qs,
+                metrics=dataclasses.replace(qs.metrics, running=None, reserved=None, paused=False)
+                if qs.metrics
+                else None,
+            )
+            for qs in snapshot.queues
+        )
+    )
     checked_decide(report_free, cfg, now + timedelta(0))

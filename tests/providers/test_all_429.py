@@ -90,4 +90,3 @@ def test_every_call_answered_429_gives_up_within_the_budget_and_creates_nothing(
             assert info.value.retry_after is None, name
             assert len(fake.requests) - sent == len(slept) + 1 <= RetryPolicy().attempts, name
     assert dict(created()) == before  # nothing was created, by any call
-

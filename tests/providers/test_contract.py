@@ -112,9 +112,7 @@ def _mock(request: pytest.FixtureRequest, db: str) -> Case:
     Base.metadata.create_all(engine)
     request.addfinalizer(engine.dispose)
     sessions: sessionmaker[Session] = session_factory(engine)
-    config = MockConfig(
-        kind="mock", boot_delay=0, stop_delay=0, start_delay=0, price_per_hour=0.25
-    )
+    config = MockConfig(kind="mock", boot_delay=0, stop_delay=0, start_delay=0, price_per_hour=0.25)
     p = MockProvider("demo", config, INSTALLATION, StoredMockMachines(sessions))
     other = MockProvider("demo", config, OTHER_INSTALLATION, StoredMockMachines(sessions))
 

@@ -45,14 +45,22 @@ def test_every_kind_says_its_terms_price_and_key_need(kind, sessions, tmp_path):
     known = config.known_price(spec)
     assert known is None or (known[0] >= 0 and known[1])
     built = build_provider(
-        f"p-{kind}", config, credential="k", installation_id="inst", sessions=sessions,
+        f"p-{kind}",
+        config,
+        credential="k",
+        installation_id="inst",
+        sessions=sessions,
         state_dir=tmp_path,
     )
     assert isinstance(built, Provider) and built.kind == kind
     if kind in KEYED_KINDS:  # rented with a key: refused without one
         with pytest.raises(AuthError):
             build_provider(
-                f"p-{kind}", config, credential=None, installation_id="inst", sessions=sessions,
+                f"p-{kind}",
+                config,
+                credential=None,
+                installation_id="inst",
+                sessions=sessions,
                 state_dir=tmp_path,
             )
 
@@ -66,8 +74,12 @@ def test_a_kinds_can_stop_is_its_options_models_and_it_implements_stop_and_start
     provider's."""
     (model,) = [m for m in PROVIDER_MODELS if m.model_fields["kind"].annotation.__args__ == (kind,)]
     built = build_provider(
-        f"p-{kind}", model.model_validate(MINIMAL[kind]), credential="k", installation_id="inst",
-        sessions=sessions, state_dir=tmp_path,
+        f"p-{kind}",
+        model.model_validate(MINIMAL[kind]),
+        credential="k",
+        installation_id="inst",
+        sessions=sessions,
+        state_dir=tmp_path,
     )
     assert built.can_stop is model.can_stop
     if model.can_stop:

@@ -168,7 +168,7 @@ def test_a_process_that_left_the_machines_group_goes_with_the_machine(tmp_path: 
     too (it carries the machine's label), as a rented machine takes everything with it."""
     pidfile = tmp_path / "escaped"
     escaped = (
-        f"{PY} -c \"import os, subprocess; "
+        f'{PY} -c "import os, subprocess; '
         f"p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
         f"open('{pidfile}', 'w').write(str(p.pid))\"; sleep 300"
     )
@@ -205,7 +205,7 @@ def test_stop_ends_every_process_keeps_the_folder_and_start_runs_it_again_there(
     escaped_pid = tmp_path / "escaped"
     cmd = (
         f'echo "$PWD $AUTOSCALER_AGENT_WORKDIR $QUEUE $AUTOSCALER_WORKER_TOKEN" >> runs; '
-        f"{PY} -c \"import subprocess; "
+        f'{PY} -c "import subprocess; '
         f"p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
         f"open('{escaped_pid}', 'w').write(str(p.pid))\"; exec sleep 300"
     )

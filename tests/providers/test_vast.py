@@ -369,9 +369,7 @@ def test_no_secret_in_logs_errors_or_reprs(fake_vast: FakeVast, sqlite_sessions,
 # ---------------------------------------------------------------- stop / start (warm pools)
 
 
-def running_instance(
-    fake: FakeVast, sessions: sessionmaker[Session]
-) -> tuple[VastProvider, str]:
+def running_instance(fake: FakeVast, sessions: sessionmaker[Session]) -> tuple[VastProvider, str]:
     vast = make_vast(fake, sessions, **FILTERS)
     m = vast.create(vast.find_offers(spec())[0], launch())
     assert vast.get(m.provider_instance_id).status is MachineStatus.RUNNING  # type: ignore[union-attr]

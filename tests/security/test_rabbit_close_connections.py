@@ -44,8 +44,12 @@ class Machine:
         self.held: list[Any] = []
         ch = self.conn.channel()
         ch.basic_qos(0, n, False)
-        self.consumer = Consumer(ch, [Queue(queue, no_declare=True)], no_ack=False,
-                                 callbacks=[lambda body, m: self.held.append(m)])
+        self.consumer = Consumer(
+            ch,
+            [Queue(queue, no_declare=True)],
+            no_ack=False,
+            callbacks=[lambda body, m: self.held.append(m)],
+        )
         self.consumer.consume()
         deadline = time.monotonic() + 10
         while len(self.held) < n:

@@ -92,7 +92,7 @@ def test_another_prefix_is_out_of_reach_of_a_machine(machine):
             for call in (
                 lambda: as_machine.lpush(reply, "forged answer"),
                 lambda: as_machine.smembers("b:_kombu.binding.reply.celery.pidbox"),
-                lambda: as_machine.hset("b:unacked", "tag", "[{}, \"\", \"b\"]"),
+                lambda: as_machine.hset("b:unacked", "tag", '[{}, "", "b"]'),
                 lambda: as_machine.lpush("b:qb", "forged job"),
                 lambda: as_machine.execute_command("SUBSCRIBE", f"b:/{DB}.celery.pidbox"),
             ):
@@ -131,9 +131,7 @@ def test_another_database_is_reachable_yet_its_replies_count_for_nothing(machine
                 # kombu's own collection takes the forgeries as answers (and, without a limit,
                 # would collect for as long as they come) ...
                 stock = Celery("stock", broker=f"{REDIS_URL}/0", set_as_current=False)
-                answers = stock.control.broadcast(
-                    "active_queues", reply=True, timeout=1, limit=1
-                )
+                answers = stock.control.broadcast("active_queues", reply=True, timeout=1, limit=1)
                 stock.close()
                 assert Forger.BODY in answers
                 # ... the loop's counts none: the machine cannot hear a ticket of database 0
@@ -215,9 +213,7 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_a_reply_counts_only_for_the_queues_of_the_domain_it_came_through(
-    tmp_path, db_url, layout
-):
+def test_a_reply_counts_only_for_the_queues_of_the_domain_it_came_through(tmp_path, db_url, layout):
     """Queues a and b both trust broker-seen workers (`hand_made: broker`) and both consume
     a queue named `jobs`. Five workers heard through a's domain claiming `jobs` are a's
     capacity, never b's: b rents for its 200 waiting jobs."""

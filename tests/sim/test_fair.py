@@ -22,14 +22,18 @@ CONFIG = TRACES_DIR / "sim-config.yaml"
 
 def write_config(tmp_path: Path, **auto) -> Path:
     block = {
-        "provider": "sim", "min_workers": 0, "max_workers": 4,
+        "provider": "sim",
+        "min_workers": 0,
+        "max_workers": 4,
         "scale_up": [{"trigger": "no_workers"}, {"trigger": "queue_depth", "threshold": 0}],
         "scale_down": [{"trigger": "idle", "timeout": "5m"}],
         "instance": {"gpu": "x", "max_price_per_hour": 0.6},
     }
     block.update(auto)
-    doc = {"providers": {"sim": {"kind": "mock", "boot_delay": 180, "price_per_hour": 0.6}},
-           "queues": {"q": {"autoscale": block}}}
+    doc = {
+        "providers": {"sim": {"kind": "mock", "boot_delay": 180, "price_per_hour": 0.6}},
+        "queues": {"q": {"autoscale": block}},
+    }
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(doc))
     return p
@@ -67,8 +71,9 @@ def test_runqy_as_documented_does_not_stack_and_releases_per_worker(tmp_path):
 
 
 def test_keda_counts_running_jobs_and_kills_nothing(tmp_path):
-    cfg = load_sim_config(write_config(
-        tmp_path, scale_up=[{"trigger": "queue_depth", "target_per_worker": 1}]))
+    cfg = load_sim_config(
+        write_config(tmp_path, scale_up=[{"trigger": "queue_depth", "target_per_worker": 1}])
+    )
     jobs = [Job(0.0, 1800.0), Job(1.0, 1800.0)]
     keda = summarize(run_one(cfg, "q", jobs, "keda"))
     assert keda.killed == 0 and keda.never_served == 0
@@ -101,10 +106,16 @@ def test_the_harder_world_kills_nothing_and_charges_rentals():
     assert easy.dollars == pytest.approx(easy.machine_hours * 0.6)
 
 
-@pytest.mark.parametrize("world", [
-    World(blind_in_flight=True), World(blind_age=True), World(metric_lag_s=30),
-    World(drain_race_s=5), World(worker_concurrency=3),
-])
+@pytest.mark.parametrize(
+    "world",
+    [
+        World(blind_in_flight=True),
+        World(blind_age=True),
+        World(metric_lag_s=30),
+        World(drain_race_s=5),
+        World(worker_concurrency=3),
+    ],
+)
 def test_every_world_knob_keeps_work_safe(world):
     cfg = load_sim_config(CONFIG)
     jobs = UNSEEN["short-burst"]()
@@ -122,8 +133,9 @@ def test_worker_concurrency_runs_jobs_side_by_side(tmp_path):
 
 
 def test_a_drain_racing_a_pickup_finishes_the_job_first(tmp_path):
-    cfg = load_sim_config(write_config(tmp_path, max_workers=1,
-                                       scale_down=[{"trigger": "idle", "timeout": "1m"}]))
+    cfg = load_sim_config(
+        write_config(tmp_path, max_workers=1, scale_down=[{"trigger": "idle", "timeout": "1m"}])
+    )
     # the next job lands inside the drain's race window of the idle worker
     jobs = [Job(0.0, 60.0), Job(400.0, 60.0)]
     r = summarize(run_one(cfg, "q", jobs, "ours", world=World(drain_race_s=600)))
@@ -158,8 +170,9 @@ def test_tune_prints_the_choice_the_front_and_yaml(tmp_path, monkeypatch):
     monkeypatch.setattr(t, "MIN_WORKERS", (0,))
     trace = tmp_path / "t.csv"
     write_csv([Job(float(i * 300), 60.0) for i in range(30)], trace)
-    out = CliRunner().invoke(tune, ["--trace", str(trace), "--config", str(CONFIG),
-                                    "--p95-wait", "1h", "--jobs", "1"])
+    out = CliRunner().invoke(
+        tune, ["--trace", str(trace), "--config", str(CONFIG), "--p95-wait", "1h", "--jobs", "1"]
+    )
     assert out.exit_code == 0, out.output
     assert "cheapest holding the target" in out.output and "Pareto front" in out.output
     block = yaml.safe_load(out.output.split("(provider and instance unchanged):\n", 1)[1])
@@ -189,8 +202,9 @@ def test_a_fixed_idle_timeout_is_swept_and_pasted_as_learn_false():
 def test_tune_refuses_bad_input(tmp_path):
     trace = tmp_path / "t.csv"
     write_csv([Job(0, 1)], trace)
-    out = CliRunner().invoke(tune, ["--trace", str(trace), "--config", str(CONFIG),
-                                    "--p95-wait", "soon"])
+    out = CliRunner().invoke(
+        tune, ["--trace", str(trace), "--config", str(CONFIG), "--p95-wait", "soon"]
+    )
     assert out.exit_code == 2 and "duration" in out.output
 
 
@@ -213,11 +227,18 @@ def test_simulate_realistic_prints_the_references_and_what_each_baseline_is(tmp_
 
     trace = tmp_path / "t.csv"
     write_csv([Job(float(i * 120), 60.0) for i in range(30)], trace)
-    out = CliRunner().invoke(simulate, ["--trace", str(trace), "--config", str(CONFIG),
-                                        "--realistic"])
+    out = CliRunner().invoke(
+        simulate, ["--trace", str(trace), "--config", str(CONFIG), "--realistic"]
+    )
     assert out.exit_code == 0, out.output
-    for text in ("zero-wait oracle", "wait floor", "lower bound", "runqy as documented",
-                 "scale-in delay", "fast path"):
+    for text in (
+        "zero-wait oracle",
+        "wait floor",
+        "lower bound",
+        "runqy as documented",
+        "scale-in delay",
+        "fast path",
+    ):
         assert text in out.output, text
 
 
@@ -229,15 +250,18 @@ def test_two_queues_share_the_account_cap_in_one_run(tmp_path):
     from autoscaler.sim.engine import Account, Simulation
 
     block = {
-        "provider": "sim", "min_workers": 0, "max_workers": 4,
-        "scale_up": [{"trigger": "no_workers"},
-                     {"trigger": "queue_depth", "target_per_worker": 1}],
+        "provider": "sim",
+        "min_workers": 0,
+        "max_workers": 4,
+        "scale_up": [{"trigger": "no_workers"}, {"trigger": "queue_depth", "target_per_worker": 1}],
         "scale_down": [{"trigger": "idle", "timeout": "5m"}],
         "instance": {"gpu": "x", "max_price_per_hour": 0.6},
     }
-    doc = {"providers": {"sim": {"kind": "mock", "boot_delay": 180, "price_per_hour": 0.6}},
-           "limits": {"max_machines": 3},
-           "queues": {"a": {"autoscale": {**block, "priority": 1}}, "b": {"autoscale": block}}}
+    doc = {
+        "providers": {"sim": {"kind": "mock", "boot_delay": 180, "price_per_hour": 0.6}},
+        "limits": {"max_machines": 3},
+        "queues": {"a": {"autoscale": {**block, "priority": 1}}, "b": {"autoscale": block}},
+    }
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(doc))
     cfg = load_sim_config(p)
@@ -260,28 +284,37 @@ def test_simulate_all_queues_runs_them_in_one_account(tmp_path):
     from autoscaler.sim.cli import simulate
 
     block = {
-        "provider": "sim", "min_workers": 0, "max_workers": 4,
-        "scale_up": [{"trigger": "no_workers"},
-                     {"trigger": "queue_depth", "target_per_worker": 1}],
+        "provider": "sim",
+        "min_workers": 0,
+        "max_workers": 4,
+        "scale_up": [{"trigger": "no_workers"}, {"trigger": "queue_depth", "target_per_worker": 1}],
         "scale_down": [{"trigger": "idle", "timeout": "5m"}],
         "instance": {"gpu": "x", "max_price_per_hour": 0.6},
     }
-    doc = {"providers": {"sim": {"kind": "mock", "boot_delay": 180, "price_per_hour": 0.6}},
-           "limits": {"max_machines": 3},
-           "queues": {"a": {"autoscale": block}, "b": {"autoscale": block}}}
+    doc = {
+        "providers": {"sim": {"kind": "mock", "boot_delay": 180, "price_per_hour": 0.6}},
+        "limits": {"max_machines": 3},
+        "queues": {"a": {"autoscale": block}, "b": {"autoscale": block}},
+    }
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(doc))
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(
-        f'{{"arrival_s": {i}, "runtime_s": 300, "queue": "{q}"}}\n' for i in range(6) for q in "ab"
-    ))
+    trace.write_text(
+        "".join(
+            f'{{"arrival_s": {i}, "runtime_s": 300, "queue": "{q}"}}\n'
+            for i in range(6)
+            for q in "ab"
+        )
+    )
     runner = CliRunner()
     out = runner.invoke(simulate, ["--trace", str(trace), "--config", str(cfg), "--all-queues"])
     assert out.exit_code == 0, out.output
     assert "2 queues in one account" in out.output
-    data = json.loads(runner.invoke(
-        simulate, ["--trace", str(trace), "--config", str(cfg), "--all-queues", "--json"]
-    ).output)
+    data = json.loads(
+        runner.invoke(
+            simulate, ["--trace", str(trace), "--config", str(cfg), "--all-queues", "--json"]
+        ).output
+    )
     assert data["peak_machines_account"] <= 3
     assert [q["policy"] for q in data["queues"]] == ["a", "b"]
     assert all(q["jobs"] == 6 and q["never_served"] == 0 for q in data["queues"])

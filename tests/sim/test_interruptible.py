@@ -46,7 +46,9 @@ QUEUE = "inference"
 def write_config(tmp_path: Path, **auto) -> Path:
     """One queue on a mock provider: $0.60/h, 10 s boots, no failures."""
     block = {
-        "provider": "sim", "min_workers": 0, "max_workers": 4,
+        "provider": "sim",
+        "min_workers": 0,
+        "max_workers": 4,
         "scale_up": [{"trigger": "no_workers"}, {"trigger": "queue_depth", "target_per_worker": 1}],
         "scale_down": [{"trigger": "idle", "timeout": "1m", "learn": False}],
         "instance": {"gpu": "x", "max_price_per_hour": PRICE},
@@ -71,13 +73,25 @@ class Draws:
         return self.after.pop(0) if self.after else 1e12
 
 
-def small(tmp_path: Path, jobs: list[Job], after: tuple[float, ...], acks: str = "late",
-          max_share: float = 1.0) -> tuple[Simulation, Report]:
+def small(
+    tmp_path: Path,
+    jobs: list[Job],
+    after: tuple[float, ...],
+    acks: str = "late",
+    max_share: float = 1.0,
+) -> tuple[Simulation, Report]:
     """`jobs` on the small queue, every machine interruptible (max_share 1.0) at "50%", the
     preemptions at `after` seconds from each rental in turn."""
     config = with_interruptible(load_sim_config(write_config(tmp_path)), "q", "50%", max_share)
-    sim = Simulation(config, "q", jobs, decide, day_s=3600, tail_s=3600,
-                     world=World(preemption_rate=1.0, acks=acks))  # type: ignore[arg-type]
+    sim = Simulation(
+        config,
+        "q",
+        jobs,
+        decide,
+        day_s=3600,
+        tail_s=3600,
+        world=World(preemption_rate=1.0, acks=acks),
+    )  # type: ignore[arg-type]
     sim.preempt_rng = Draws(*after)  # type: ignore[assignment]
     return sim, summarize(sim.run())
 
@@ -102,8 +116,13 @@ def test_a_preempted_machine_stops_billing_at_once_and_its_job_runs_again_under_
     assert start == pytest.approx(100.0 + HANDBACK_S)
     assert r.wait_max == pytest.approx(start)  # a rerun job waited until its last start
     # billing: the preempted machine 100 s at the bid, the replacement from 100 s on
-    billed = sum(sum(b - a for a, b in m.running_spans(sim.result.end_s)) * m.price
-                 for m in sim.result.machines) / 3600
+    billed = (
+        sum(
+            sum(b - a for a, b in m.running_spans(sim.result.end_s)) * m.price
+            for m in sim.result.machines
+        )
+        / 3600
+    )
     assert r.dollars == pytest.approx(billed)
     assert r.interruptible_hours == pytest.approx(r.machine_hours)
     assert r.undone_hours == 0
@@ -137,8 +156,11 @@ def test_without_interruptible_the_preemption_rate_changes_nothing(tmp_path):
     config = load_sim_config(TRACES_DIR / "sim-config.yaml")
     jobs = load_trace(TRACES_DIR / "steady.csv")
     plain = summarize(Simulation(config, QUEUE, jobs, decide).run())
-    rated = summarize(Simulation(config, QUEUE, jobs, decide,
-                                 world=World(preemption_rate=5.0, acks="early")).run())
+    rated = summarize(
+        Simulation(
+            config, QUEUE, jobs, decide, world=World(preemption_rate=5.0, acks="early")
+        ).run()
+    )
     assert plain == rated
     assert "preemptions" not in plain.as_dict()  # the report as before
     assert fmt_interruptible(plain) is None
@@ -306,8 +328,9 @@ def test_stops_paying_finds_the_first_rate_out_of_the_band():
         r = Report("m", 1, 1.0, dollars, 1.0, 1.0, 0, p95, 0, 0, 0, 0, 0, 0, 0, 0)
         return MixedRun(rate, "late", r, base)
 
-    t = stops_paying([point([at(2, 9.0, 120)]), point([at(0.5, 7.0, 105)]),
-                      point([at(5, 10.5, 200)])])
+    t = stops_paying(
+        [point([at(2, 9.0, 120)]), point([at(0.5, 7.0, 105)]), point([at(5, 10.5, 200)])]
+    )
     assert (t.p95_leaves, t.cost_reaches, t.first()) == (2, 5, 2)
     assert stops_paying([point([at(0.5, 7.0, 100)])]).first() is None
     # over seeds: the means
@@ -320,14 +343,25 @@ def test_stops_paying_finds_the_first_rate_out_of_the_band():
 def vast_config(tmp_path: Path) -> Path:
     doc = {
         "providers": {"v": {"kind": "vast"}},
-        "queues": {"q": {"autoscale": {
-            "provider": "v", "min_workers": 0, "max_workers": 4,
-            "scale_up": [{"trigger": "no_workers"},
-                         {"trigger": "queue_depth", "target_per_worker": 1}],
-            "scale_down": [{"trigger": "idle", "timeout": "2m", "learn": False}],
-            "instance": {"gpu": "RTX 4090", "max_price_per_hour": PRICE,
-                         "interruptible": {"bid": "50%", "max_share": 0.7}},
-        }}},
+        "queues": {
+            "q": {
+                "autoscale": {
+                    "provider": "v",
+                    "min_workers": 0,
+                    "max_workers": 4,
+                    "scale_up": [
+                        {"trigger": "no_workers"},
+                        {"trigger": "queue_depth", "target_per_worker": 1},
+                    ],
+                    "scale_down": [{"trigger": "idle", "timeout": "2m", "learn": False}],
+                    "instance": {
+                        "gpu": "RTX 4090",
+                        "max_price_per_hour": PRICE,
+                        "interruptible": {"bid": "50%", "max_share": 0.7},
+                    },
+                }
+            }
+        },
     }
     p = tmp_path / "v.yaml"
     p.write_text(yaml.safe_dump(doc))
@@ -338,8 +372,16 @@ def test_simulate_reports_preemptions_reruns_and_lost_jobs(tmp_path):
     trace = tmp_path / "t.csv"
     write_csv([Job(60.0 * i, 1800.0) for i in range(12)], trace)
     runner = CliRunner()
-    args = ["--trace", str(trace), "--config", str(vast_config(tmp_path)),
-            "--preemption-rate", "2", "--acks", "early"]
+    args = [
+        "--trace",
+        str(trace),
+        "--config",
+        str(vast_config(tmp_path)),
+        "--preemption-rate",
+        "2",
+        "--acks",
+        "early",
+    ]
     data = json.loads(runner.invoke(simulate, [*args, "--json"]).output)
     by = {p["policy"]: p for p in data["policies"]}
     assert "ours-on-demand" in by
@@ -356,10 +398,21 @@ def test_simulate_reports_preemptions_reruns_and_lost_jobs(tmp_path):
 def test_simulate_says_when_the_queue_has_no_interruptible(tmp_path):
     trace = tmp_path / "t.csv"
     write_csv([Job(0.0, 60.0)], trace)
-    out = CliRunner().invoke(simulate, ["--trace", str(trace), "--config",
-                                        str(write_config(tmp_path)), "--preemption-rate", "0.05"])
+    out = CliRunner().invoke(
+        simulate,
+        [
+            "--trace",
+            str(trace),
+            "--config",
+            str(write_config(tmp_path)),
+            "--preemption-rate",
+            "0.05",
+        ],
+    )
     assert out.exit_code == 0, out.output
     assert "preempts nothing" in out.output and "ours-on-demand" not in out.output
-    bad = CliRunner().invoke(simulate, ["--trace", str(trace), "--config",
-                                        str(write_config(tmp_path)), "--acks", "sometimes"])
+    bad = CliRunner().invoke(
+        simulate,
+        ["--trace", str(trace), "--config", str(write_config(tmp_path)), "--acks", "sometimes"],
+    )
     assert bad.exit_code != 0

@@ -50,7 +50,8 @@ def write_config(
     $0.60/h, 3 min boots, no failures."""
     block = {
         "provider": provider if provider is not None else ["cheap", "dear"],
-        "min_workers": 0, "max_workers": 4,
+        "min_workers": 0,
+        "max_workers": 4,
         "scale_up": [{"trigger": "no_workers"}, {"trigger": "queue_depth", "target_per_worker": 1}],
         "scale_down": [{"trigger": "idle", "timeout": "2m", "learn": False}],
         "instance": {"gpu": "x", "max_price_per_hour": DEAR},
@@ -85,16 +86,23 @@ def test_one_provider_runs_are_the_runs_before_placement():
     jobs = load_trace(TRACES_DIR / "diurnal.csv")
     r = summarize(run_one(cfg, "inference", jobs, "ours"))
     assert (r.dollars, r.wait_p95, r.launches, r.failed_rentals) == (
-        42.71368333333332, 262.47430764765886, 160, 11
+        42.71368333333332,
+        262.47430764765886,
+        160,
+        11,
     )
     keda = summarize(run_one(cfg, "inference", jobs, "keda"))
     assert (keda.dollars, keda.wait_p95, keda.launches) == (
-        44.038564980782695, 251.72048333667772, 124
+        44.038564980782695,
+        251.72048333667772,
+        124,
     )
     spiky = load_trace(TRACES_DIR / "spiky.csv")
     hard = summarize(run_one(cfg, "inference", spiky, "ours", world=World.realistic()))
     assert (hard.dollars, hard.wait_p95, hard.launches) == (
-        35.60844798760802, 861.2078068745031, 253
+        35.60844798760802,
+        861.2078068745031,
+        253,
     )
     q = cfg.queues["inference"]
     assert q.autoscale is not None
@@ -121,15 +129,17 @@ def test_cheapest_rents_the_cheaper_and_bills_each_machine_its_own_price(tmp_pat
     assert rep.lower_bound_dollars == pytest.approx(6 * 300 / 3600 * CHEAP)
 
 
-@pytest.mark.parametrize("rule,provider,cheap,dear,expected", [
-    ("in_order", ["dear", "cheap"], {}, {}, "dear"),
-    ("cheapest", ["dear", "cheap"], {}, {}, "cheap"),
-    ("fastest", ["cheap", "dear"], {"boot_delay": 300}, {"boot_delay": 60}, "dear"),
-    # within 5 % of the cheapest price: a tie, and the faster boot wins it
-    ("cheapest", ["cheap", "dear"], {"boot_delay": 300}, {"price_per_hour": 0.41}, "dear"),
-])
-def test_the_queue_placement_rule_ranks_the_offers(tmp_path, rule, provider, cheap, dear,
-                                                     expected):
+@pytest.mark.parametrize(
+    "rule,provider,cheap,dear,expected",
+    [
+        ("in_order", ["dear", "cheap"], {}, {}, "dear"),
+        ("cheapest", ["dear", "cheap"], {}, {}, "cheap"),
+        ("fastest", ["cheap", "dear"], {"boot_delay": 300}, {"boot_delay": 60}, "dear"),
+        # within 5 % of the cheapest price: a tie, and the faster boot wins it
+        ("cheapest", ["cheap", "dear"], {"boot_delay": 300}, {"price_per_hour": 0.41}, "dear"),
+    ],
+)
+def test_the_queue_placement_rule_ranks_the_offers(tmp_path, rule, provider, cheap, dear, expected):
     cfg = load_sim_config(write_config(tmp_path, provider, cheap, dear, placement=rule))
     _, r = run(cfg, jobs_every(900.0, 3))
     assert {m.provider for m in r.machines} == {expected}
@@ -142,8 +152,12 @@ def test_an_outage_fails_over_to_the_other_provider_and_backs_the_first_off(tmp_
 
     def watch(snapshot: Snapshot, config: Config, now: datetime) -> Plan:
         qs = snapshot.queues[0]
-        seen.append(((now - datetime(2025, 3, 3, tzinfo=now.tzinfo)).total_seconds(),
-                     {b.provider: b.failures for b in qs.backoffs}))
+        seen.append(
+            (
+                (now - datetime(2025, 3, 3, tzinfo=now.tzinfo)).total_seconds(),
+                {b.provider: b.failures for b in qs.backoffs},
+            )
+        )
         return decide(snapshot, config, now)
 
     jobs = jobs_every(400.0, 25, runtime=200.0)
@@ -158,8 +172,7 @@ def test_an_outage_fails_over_to_the_other_provider_and_backs_the_first_off(tmp_
     assert rep.never_served == 0
     # nobody waited for the outage: at most a boot (±25 %) and a poll
     assert rep.wait_max <= 1.25 * BOOT + 30
-    cost = sum(sum(b - a for a, b in m.running_spans(r.end_s)) / 3600 * m.price
-               for m in r.machines)
+    cost = sum(sum(b - a for a, b in m.running_spans(r.end_s)) / 3600 * m.price for m in r.machines)
     assert rep.dollars == pytest.approx(cost)
     split = {u.provider: u for u in uses(r)}
     assert split["dear"].rentals == len(inside) and split["cheap"].rentals == len(outside)
@@ -179,8 +192,9 @@ def test_a_provider_in_backoff_is_never_rented_from(tmp_path):
     """Every boot on `cheap` fails (its backoff grows); the policy names both providers in
     every launch regardless of backoffs (as decide() did before it gave launches fallbacks),
     so only the simulator's own guard keeps it from renting from `cheap` under backoff."""
-    cfg = load_sim_config(write_config(tmp_path, cheap={"boot_failure_rate": 1.0},
-                                       boot_timeout="4m"))
+    cfg = load_sim_config(
+        write_config(tmp_path, cheap={"boot_failure_rate": 1.0}, boot_timeout="4m")
+    )
     held_at: list[tuple[float, frozenset[str]]] = []
 
     def careless(snapshot: Snapshot, config: Config, now: datetime) -> Plan:
@@ -251,17 +265,38 @@ def test_simulate_shows_the_list_beside_each_provider_alone(tmp_path):
     trace = tmp_path / "t.csv"
     write_csv(jobs_every(400.0, 25, runtime=200.0), trace)
     config = write_config(tmp_path)
-    out = CliRunner().invoke(simulate, [
-        "--trace", str(trace), "--config", str(config), "--outage", "cheap@00:50-01:40",
-    ])
+    out = CliRunner().invoke(
+        simulate,
+        [
+            "--trace",
+            str(trace),
+            "--config",
+            str(config),
+            "--outage",
+            "cheap@00:50-01:40",
+        ],
+    )
     assert out.exit_code == 0, out.output
     assert "placement cheapest over cheap $0.40/h, boot 180 s; dear $0.60/h" in out.output
     assert "outages (every rental fails with a capacity error): cheap@00:50-01:40" in out.output
     for label in ("cheapest over the list", "cheap alone", "dear alone", "the list rented:"):
         assert label in out.output
-    data = json.loads(CliRunner().invoke(simulate, [
-        "--trace", str(trace), "--config", str(config), "--outage", "cheap@3000-6000", "--json",
-    ]).output)
+    data = json.loads(
+        CliRunner()
+        .invoke(
+            simulate,
+            [
+                "--trace",
+                str(trace),
+                "--config",
+                str(config),
+                "--outage",
+                "cheap@3000-6000",
+                "--json",
+            ],
+        )
+        .output
+    )
     assert data["outages"] == [{"provider": "cheap", "start_s": 3000.0, "end_s": 6000.0}]
     runs = {r["policy"]: r for r in data["placement"]["runs"]}
     listed, cheap = runs["cheapest over the list"], runs["cheap alone"]
@@ -274,17 +309,20 @@ def test_simulate_keeps_its_format_for_one_provider_and_refuses_unknown_outages(
     trace = tmp_path / "t.csv"
     write_csv(jobs_every(400.0, 5), trace)
     one = write_config(tmp_path, "cheap")
-    data = json.loads(CliRunner().invoke(simulate, [
-        "--trace", str(trace), "--config", str(one), "--json"]).output)
+    data = json.loads(
+        CliRunner().invoke(simulate, ["--trace", str(trace), "--config", str(one), "--json"]).output
+    )
     assert "placement" not in data and "outages" not in data
     out = CliRunner().invoke(simulate, ["--trace", str(trace), "--config", str(one)])
     assert out.output.startswith("queue q: 5 jobs, $0.40/h per machine\n")
     assert "placement:" not in out.output
-    refused = CliRunner().invoke(simulate, [
-        "--trace", str(trace), "--config", str(one), "--outage", "dear@10:00-12:00"])
+    refused = CliRunner().invoke(
+        simulate, ["--trace", str(trace), "--config", str(one), "--outage", "dear@10:00-12:00"]
+    )
     assert refused.exit_code == 2 and "'dear'" in refused.output and "cheap" in refused.output
-    bad = CliRunner().invoke(simulate, [
-        "--trace", str(trace), "--config", str(one), "--outage", "cheap@12:00-10:00"])
+    bad = CliRunner().invoke(
+        simulate, ["--trace", str(trace), "--config", str(one), "--outage", "cheap@12:00-10:00"]
+    )
     assert bad.exit_code == 2 and "ends before it starts" in bad.output
 
 

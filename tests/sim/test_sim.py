@@ -20,14 +20,18 @@ CONFIG = TRACES_DIR / "sim-config.yaml"
 
 def write_config(tmp_path: Path, **auto) -> Path:
     block = {
-        "provider": "sim", "min_workers": 0, "max_workers": 4,
+        "provider": "sim",
+        "min_workers": 0,
+        "max_workers": 4,
         "scale_up": [{"trigger": "no_workers"}, {"trigger": "queue_depth", "threshold": 0}],
         "scale_down": [{"trigger": "idle", "timeout": "5m"}],
         "instance": {"gpu": "x", "max_price_per_hour": 0.6},
     }
     block.update(auto)
-    doc = {"providers": {"sim": {"kind": "mock", "boot_delay": 180, "price_per_hour": 0.6}},
-           "queues": {"q": {"autoscale": block}}}
+    doc = {
+        "providers": {"sim": {"kind": "mock", "boot_delay": 180, "price_per_hour": 0.6}},
+        "queues": {"q": {"autoscale": block}},
+    }
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(doc))
     return p
@@ -43,13 +47,16 @@ def test_csv_and_jsonl_traces(tmp_path):
     assert load_trace(tmp_path / "t.jsonl") == [Job(3, 4, "a")]
 
 
-@pytest.mark.parametrize("name,text", [
-    ("bad.csv", "arrival,runtime\n1,2\n"),
-    ("bad2.csv", "arrival_s,runtime_s\n1,abc\n"),
-    ("neg.csv", "arrival_s,runtime_s\n-1,2\n"),
-    ("bad.jsonl", "{nope\n"),
-    ("list.jsonl", "[1, 2]\n"),
-])
+@pytest.mark.parametrize(
+    "name,text",
+    [
+        ("bad.csv", "arrival,runtime\n1,2\n"),
+        ("bad2.csv", "arrival_s,runtime_s\n1,abc\n"),
+        ("neg.csv", "arrival_s,runtime_s\n-1,2\n"),
+        ("bad.jsonl", "{nope\n"),
+        ("list.jsonl", "[1, 2]\n"),
+    ],
+)
 def test_bad_traces_are_refused_with_the_line(tmp_path, name, text):
     (tmp_path / name).write_text(text)
     with pytest.raises(TraceError, match=name):
@@ -106,8 +113,9 @@ def test_our_policy_never_kills_and_keeps_max_on_every_trace():
     auto = doc["queues"]["inference"]["autoscale"]
     max_workers = auto["max_workers"]
     boot = cfg.providers["sim-gpu"].boot_delay
-    (max_latency,) = (t.max_latency for t in cfg.queues["inference"].autoscale.scale_up
-                      if t.trigger == "latency")
+    (max_latency,) = (
+        t.max_latency for t in cfg.queues["inference"].autoscale.scale_up if t.trigger == "latency"
+    )
     for name in GENERATORS:
         jobs = load_trace(TRACES_DIR / f"{name}.csv")
         r = summarize(run_one(cfg, "inference", jobs, "ours"))
@@ -145,8 +153,9 @@ def test_runqy_original_stacks_launches_while_booting(tmp_path):
 
 
 def test_keda_like_kills_busy_workers(tmp_path):
-    cfg = load_sim_config(write_config(
-        tmp_path, scale_up=[{"trigger": "queue_depth", "target_per_worker": 1}]))
+    cfg = load_sim_config(
+        write_config(tmp_path, scale_up=[{"trigger": "queue_depth", "target_per_worker": 1}])
+    )
     jobs = [Job(0.0, 1800.0), Job(1.0, 1800.0)]
     keda = summarize(run_one(cfg, "q", jobs, "keda-like"))
     ours = summarize(run_one(cfg, "q", jobs, "ours"))
@@ -173,14 +182,26 @@ def test_cli_table_and_json(tmp_path):
     runner = CliRunner()
     out = runner.invoke(simulate, ["--trace", str(trace), "--config", str(CONFIG)])
     assert out.exit_code == 0, out.output
-    for row in ("ours", "runqy", "keda", "keda+delay", "zero-wait oracle", "wait floor",
-                "lower bound"):
+    for row in (
+        "ours",
+        "runqy",
+        "keda",
+        "keda+delay",
+        "zero-wait oracle",
+        "wait floor",
+        "lower bound",
+    ):
         assert row in out.output
-    out = runner.invoke(simulate, ["--trace", str(trace), "--config", str(CONFIG), "--json",
-                                   "--seed", "3"])
+    out = runner.invoke(
+        simulate, ["--trace", str(trace), "--config", str(CONFIG), "--json", "--seed", "3"]
+    )
     data = json.loads(out.output)
     assert [p["policy"] for p in data["policies"]] == [
-        "ours", "ours+pool", "runqy", "keda", "keda+delay"
+        "ours",
+        "ours+pool",
+        "runqy",
+        "keda",
+        "keda+delay",
     ]
     assert data["lower_bound_dollars"] == pytest.approx(40 * 120 / 3600 * 0.6)
 
@@ -191,6 +212,7 @@ def test_cli_refuses_bad_input(tmp_path):
     out = CliRunner().invoke(simulate, ["--trace", str(trace), "--config", str(CONFIG)])
     assert out.exit_code != 0 and "arrival_s" in out.output
     write_csv([Job(0, 1)], trace)
-    out = CliRunner().invoke(simulate, ["--trace", str(trace), "--config", str(CONFIG),
-                                        "--queue", "nope"])
+    out = CliRunner().invoke(
+        simulate, ["--trace", str(trace), "--config", str(CONFIG), "--queue", "nope"]
+    )
     assert out.exit_code != 0 and "nope" in out.output

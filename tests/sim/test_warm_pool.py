@@ -33,21 +33,32 @@ STORAGE = 0.06  # a tenth of the machine's price: large enough to see in the fig
 BOOT = 180.0
 
 
-def write_config(tmp_path: Path, pool: dict | None = None, provider: dict | None = None,
-                 **auto) -> Path:
+def write_config(
+    tmp_path: Path, pool: dict | None = None, provider: dict | None = None, **auto
+) -> Path:
     """One queue on a mock provider with the warm pool's numbers set. The boot timeout is
     4 min, at most 1.5 × the boot estimate: decide()'s hedged launch is off, so these tests
     see the pool alone (the hedge's interplay with resumes: the test below)."""
     block = {
-        "provider": "sim", "min_workers": 0, "max_workers": 4, "boot_timeout": "4m",
+        "provider": "sim",
+        "min_workers": 0,
+        "max_workers": 4,
+        "boot_timeout": "4m",
         "scale_up": [{"trigger": "no_workers"}, {"trigger": "queue_depth", "target_per_worker": 1}],
         "scale_down": [{"trigger": "idle", "timeout": "1m", "learn": False}],
         "instance": {"gpu": "x", "max_price_per_hour": PRICE},
         "warm_pool": pool if pool is not None else {"size": 1, "keep_for": "1h"},
     }
     block.update(auto)
-    prov = {"kind": "mock", "boot_delay": BOOT, "price_per_hour": PRICE, "start_delay": RESUME_S,
-            "stop_delay": STOP_S, "resume_failure_rate": 0.0, "storage_price_per_hour": STORAGE}
+    prov = {
+        "kind": "mock",
+        "boot_delay": BOOT,
+        "price_per_hour": PRICE,
+        "start_delay": RESUME_S,
+        "stop_delay": STOP_S,
+        "resume_failure_rate": 0.0,
+        "storage_price_per_hour": STORAGE,
+    }
     prov.update(provider or {})
     doc = {"providers": {"sim": prov}, "queues": {"q": {"autoscale": block}}}
     p = tmp_path / "c.yaml"
@@ -55,11 +66,21 @@ def write_config(tmp_path: Path, pool: dict | None = None, provider: dict | None
     return p
 
 
-def simulate(tmp_path: Path, jobs: list[Job], policy=decide, world: World | None = None,
-             seed: int = 0, **kw) -> tuple[Simulation, Result]:
+def simulate(
+    tmp_path: Path, jobs: list[Job], policy=decide, world: World | None = None, seed: int = 0, **kw
+) -> tuple[Simulation, Result]:
     config = load_sim_config(write_config(tmp_path, **kw))
-    sim = Simulation(config, "q", jobs, policy, seed=seed, day_s=3600, tail_s=3 * 3600,
-                     world=world, keep_log=True)
+    sim = Simulation(
+        config,
+        "q",
+        jobs,
+        policy,
+        seed=seed,
+        day_s=3600,
+        tail_s=3 * 3600,
+        world=world,
+        keep_log=True,
+    )
     return sim, sim.run()
 
 
@@ -143,8 +164,9 @@ def test_a_resumed_machine_looks_to_decide_as_production_s_row_does(tmp_path):
 
 
 def test_a_failed_resume_is_a_warm_miss_and_a_fresh_machine_is_rented(tmp_path):
-    sim, r = simulate(tmp_path, [Job(0.0, 60.0), Job(3000.0, 60.0)],
-                      provider={"resume_failure_rate": 1.0})
+    sim, r = simulate(
+        tmp_path, [Job(0.0, 60.0), Job(3000.0, 60.0)], provider={"resume_failure_rate": 1.0}
+    )
     assert r.resumes == 1 and r.warm_misses == 1 and r.warm_hits == 0
     assert len(r.machines) == 2  # the missed one destroyed, a fresh one rented
     missed, fresh = r.machines
@@ -159,14 +181,20 @@ def test_a_failed_resume_is_a_warm_miss_and_a_fresh_machine_is_rented(tmp_path):
 
 def test_a_vast_miss_is_seen_at_the_resume_timeout_a_runpod_one_when_the_start_answers():
     doc = {
-        "providers": {"rp": {"kind": "runpod", "api_key_env": "RP_KEY", "volume_gb": 100},
-                      "va": {"kind": "vast", "api_key_env": "VA_KEY"}},
+        "providers": {
+            "rp": {"kind": "runpod", "api_key_env": "RP_KEY", "volume_gb": 100},
+            "va": {"kind": "vast", "api_key_env": "VA_KEY"},
+        },
         "queues": {
-            name: {"autoscale": {
-                "provider": prov, "max_workers": 2,
-                "scale_up": [{"trigger": "no_workers"}],
-                "scale_down": [{"trigger": "idle", "timeout": "5m"}],
-                "instance": {"gpu": "RTX 4090", "max_price_per_hour": 0.5, "disk_gb": 40}}}
+            name: {
+                "autoscale": {
+                    "provider": prov,
+                    "max_workers": 2,
+                    "scale_up": [{"trigger": "no_workers"}],
+                    "scale_down": [{"trigger": "idle", "timeout": "5m"}],
+                    "instance": {"gpu": "RTX 4090", "max_price_per_hour": 0.5, "disk_gb": 40},
+                }
+            }
             for name, prov in (("a", "rp"), ("b", "va"))
         },
     }
@@ -195,7 +223,7 @@ def test_a_mock_provider_s_own_numbers_win_and_the_assumptions_fill_the_rest():
 def test_keep_for_empties_the_pool(tmp_path):
     sim, r = simulate(tmp_path, [Job(0.0, 60.0)], pool={"size": 1, "keep_for": "10m"})
     (m,) = r.machines
-    (since, until), = m.stopped
+    ((since, until),) = m.stopped
     assert until is None and r.retired == 1  # destroyed stopped, never resumed
     assert 600 <= m.ended_s - since <= 600 + sim.poll
     assert not sim.live  # nothing left billing
@@ -287,8 +315,11 @@ def test_simulate_prints_the_pooled_row_and_the_model_s_assumptions(tmp_path):
     assert any(line.startswith(POOLED) for line in out.output.splitlines())
     assert "resume 40 s" in out.output and "10% of resumes fail" in out.output
     assert "resumes (" in out.output and "of storage" in out.output
-    data = json.loads(runner.invoke(
-        simulate_cmd, ["--trace", str(trace), "--config", str(config), "--json"]).output)
+    data = json.loads(
+        runner.invoke(
+            simulate_cmd, ["--trace", str(trace), "--config", str(config), "--json"]
+        ).output
+    )
     pooled = next(p for p in data["policies"] if p["policy"] == POOLED)
     assert pooled["resumes"] > 0 and pooled["storage_dollars"] > 0
 
@@ -296,7 +327,7 @@ def test_simulate_prints_the_pooled_row_and_the_model_s_assumptions(tmp_path):
 def test_tune_sweeps_the_pool_size_and_keep_for_on_the_front():
     config = load_sim_config(TRACES_DIR / "sim-config.yaml")
     assert pool_options(16) == [(n, k) for n in (1, 2, 4, 8, 16) for k in KEEP_FORS]
-    assert [n for n, _ in pool_options(3)][::len(KEEP_FORS)] == [1, 2, 3]
+    assert [n for n, _ in pool_options(3)][:: len(KEEP_FORS)] == [1, 2, 3]
     base = Setting(60, 2, None, 0)
     grid = pool_grid([base], 16)
     assert {(s.pool_size, s.keep_for) for s in grid} == set(pool_options(16))
@@ -336,8 +367,9 @@ def test_tune_prints_the_pool_it_chose_and_the_best_without(tmp_path, monkeypatc
     config = TRACES_DIR / "sim-config.yaml"
     # a target only resumes hold: without a pool the p95 is a failed boot's (528 s); with one,
     # a warm miss's (a resume, then a cold boot: 270 s)
-    out = CliRunner().invoke(tune, ["--trace", str(trace), "--config", str(config),
-                                    "--p95-wait", "5m", "--jobs", "1"])
+    out = CliRunner().invoke(
+        tune, ["--trace", str(trace), "--config", str(config), "--p95-wait", "5m", "--jobs", "1"]
+    )
     assert out.exit_code == 0, out.output
     assert "with 1 warm pools each" in out.output
     assert "pool 1 for 1h *" in out.output

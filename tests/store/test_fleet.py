@@ -155,9 +155,7 @@ def test_each_move_sets_its_states_timestamp_and_the_given_fields(sessions):
 
 
 @pytest.mark.parametrize("extra", [0, JSON_ROWS_FROM])  # the big batch: one JSON document
-def test_move_many_moves_only_rows_still_in_the_source_state_each_with_its_reason(
-    sessions, extra
-):
+def test_move_many_moves_only_rows_still_in_the_source_state_each_with_its_reason(sessions, extra):
     """On both databases, and on PostgreSQL through CASE and through a joined JSON document."""
     add(sessions, "A", S.READY)
     add(sessions, "B", S.READY)
@@ -183,9 +181,10 @@ def test_move_many_moves_only_rows_still_in_the_source_state_each_with_its_reaso
     if extra:
         assert load(sessions, "X0").state == S.BOOTING
     with transaction(sessions) as s:  # a second process making the same moves wins nothing
-        assert moves.move_many(
-            s, {"A": "again", "B": "again", **others}, S.READY, S.DRAINING, at(2)
-        ) == []
+        assert (
+            moves.move_many(s, {"A": "again", "B": "again", **others}, S.READY, S.DRAINING, at(2))
+            == []
+        )
         with pytest.raises(ValueError):
             moves.move_many(s, {"A": "x"}, S.DRAINING, S.READY, at(2))
     assert load(sessions, "A").state_reason == "idle a"

@@ -22,10 +22,14 @@ from tests.conftest import PG_ADMIN_DSN, PG_URL_TEMPLATE
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=8)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.text(max_size=8)
     | st.floats(allow_nan=False, allow_infinity=False),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 _row = st.tuples(st.integers(0, 400), st.integers(0, 10**6), _json | st.just({"gaps": [1.5]}))
@@ -65,13 +69,18 @@ def test_an_upsert_writes_the_same_rows_bound_or_as_one_document(pg_sessions, ba
         rows = {}
         for q, version, doc in batch:  # one row per key (ON CONFLICT cannot update one twice)
             rows[f"q{q}"] = {
-                "queue": f"q{q}", "evaluated_at": T0 + timedelta(seconds=version),
-                "config_version": version, "status": {"doc": doc},
+                "queue": f"q{q}",
+                "evaluated_at": T0 + timedelta(seconds=version),
+                "config_version": version,
+                "status": {"doc": doc},
                 "history": doc if isinstance(doc, dict) and doc else None,
             }
         with transaction(pg_sessions) as s:
             upsert(
-                s, QueueStatus, list(rows.values()), key=("queue",),
+                s,
+                QueueStatus,
+                list(rows.values()),
+                key=("queue",),
                 update={
                     "evaluated_at": lambda new: new.evaluated_at,
                     "config_version": lambda new: new.config_version,
@@ -84,9 +93,13 @@ def test_an_upsert_writes_the_same_rows_bound_or_as_one_document(pg_sessions, ba
             model[q] = dict(row, history=row["history"] if row["history"] is not None else kept)
     with transaction(pg_sessions) as s:
         got = {
-            r.queue: {"queue": r.queue, "evaluated_at": r.evaluated_at,
-                      "config_version": r.config_version, "status": r.status,
-                      "history": r.history}
+            r.queue: {
+                "queue": r.queue,
+                "evaluated_at": r.evaluated_at,
+                "config_version": r.config_version,
+                "status": r.status,
+                "history": r.history,
+            }
             for r in s.scalars(select(QueueStatus))
         }
     assert got == model
@@ -97,12 +110,15 @@ def test_a_big_claim_returns_the_rows_it_inserted_only(pg_sessions):
     the document as through bound rows (the tick's slot claim relies on it)."""
     with transaction(pg_sessions) as s:
         s.execute(delete(TickSlot))
-        first = [{"queue": f"q{i}", "slot": 1, "claimed_by": "a", "claimed_at": T0}
-                 for i in range(0, 400, 2)]
+        first = [
+            {"queue": f"q{i}", "slot": 1, "claimed_by": "a", "claimed_at": T0}
+            for i in range(0, 400, 2)
+        ]
         assert len(upsert(s, TickSlot, first, key=("queue", "slot"), returning=("queue",))) == 200
     with transaction(pg_sessions) as s:
-        every = [{"queue": f"q{i}", "slot": 1, "claimed_by": "b", "claimed_at": T0}
-                 for i in range(400)]
+        every = [
+            {"queue": f"q{i}", "slot": 1, "claimed_by": "b", "claimed_at": T0} for i in range(400)
+        ]
         got = upsert(s, TickSlot, every, key=("queue", "slot"), returning=("queue",))
         assert sorted(r[0] for r in got) == sorted(f"q{i}" for i in range(1, 400, 2))
         few = upsert(s, TickSlot, every[:3], key=("queue", "slot"), returning=("queue",))
@@ -112,17 +128,27 @@ def test_a_big_claim_returns_the_rows_it_inserted_only(pg_sessions):
 def test_values_json_cannot_carry_are_bound_row_by_row(pg_sessions):
     """A NaN runtime is refused by a JSON document; those rows go bound and still land whole; a
     naive timestamp is refused either way, with nothing written."""
-    jobs = [{"queue": "q", "task_id": f"t{i}", "worker": "w", "started_at": T0,
-             "finished_at": T0, "runtime_s": float("nan") if i == 7 else float(i)}
-            for i in range(JSON_ROWS_FROM + 5)]
+    jobs = [
+        {
+            "queue": "q",
+            "task_id": f"t{i}",
+            "worker": "w",
+            "started_at": T0,
+            "finished_at": T0,
+            "runtime_s": float("nan") if i == 7 else float(i),
+        }
+        for i in range(JSON_ROWS_FROM + 5)
+    ]
     with transaction(pg_sessions) as s:
         s.execute(delete(JobRecord))
         upsert(s, JobRecord, jobs, key=("queue", "task_id", "reporter"))
     with transaction(pg_sessions) as s:
         got = dict(s.execute(select(JobRecord.task_id, JobRecord.runtime_s)).all())
     assert len(got) == JSON_ROWS_FROM + 5 and math.isnan(got["t7"]) and got["t8"] == 8.0
-    naive = [dict(r, source="s", queue=f"n{i}", read_at=T0.replace(tzinfo=None), reading={})
-             for i, r in enumerate({} for _ in range(JSON_ROWS_FROM))]
+    naive = [
+        dict(r, source="s", queue=f"n{i}", read_at=T0.replace(tzinfo=None), reading={})
+        for i, r in enumerate({} for _ in range(JSON_ROWS_FROM))
+    ]
     with pytest.raises(Exception, match="naive datetime"), transaction(pg_sessions) as s:
         upsert(s, MetricReading, naive, key=("source", "queue"), update=("reading", "read_at"))
     with transaction(pg_sessions) as s:

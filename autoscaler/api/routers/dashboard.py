@@ -82,9 +82,7 @@ def _refused(exc: ConfigError, status: int = 422) -> JSONResponse:
     )
 
 
-def _check(
-    session: Session, rt: Runtime, text: str, source: str
-) -> tuple[Config, dict[str, Any]]:
+def _check(session: Session, rt: Runtime, text: str, source: str) -> tuple[Config, dict[str, Any]]:
     """`autoscaler validate`'s checks on a whole document: ConfigError with its refusals."""
     registered = registered_provider_configs(session)
     config = load_config_text(text, source, registered, runnable=True)
