@@ -15,6 +15,12 @@ ruff check .
 ruff format --check .  # one layout: a diff that only reformats never hides a change
 mypy autoscaler celeryconfig.py
 lint-imports  # the layer contracts of pyproject.toml (ARCHITECTURE.md, "Layers")
+# dead code: functions, methods and classes nothing calls ([tool.vulture] in pyproject.toml)
+dead=$(vulture | grep -E "unused (function|method|class|property)" || true)
+if [ -n "$dead" ]; then
+  printf 'dead code: delete it, or name what calls it in scripts/vulture_allow.py\n%s\n' "$dead"
+  exit 1
+fi
 if [ "$#" -gt 0 ]; then
   exec pytest -q "$@"
 fi

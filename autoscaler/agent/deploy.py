@@ -480,11 +480,6 @@ def _distrusted(path: Path, bad: str) -> tuple[None, str]:
     return None, f"the deploy record is not trusted: {bad}"
 
 
-def read_state(workdir: Path) -> dict[str, Any] | None:
-    """The last finished deploy's record, None when there is none or it is not one of ours."""
-    return load_state(workdir)[0]
-
-
 def _forget_state(workdir: Path) -> None:
     """Before site-packages changes: no record may describe a folder half replaced."""
     with contextlib.suppress(FileNotFoundError):

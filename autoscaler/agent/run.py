@@ -281,12 +281,6 @@ def gpu_utilisation() -> float | None:
     return gpu.mean_utilisation(gpu.read())
 
 
-def deploy(dep: Mapping[str, Any], workdir: Path) -> Path:
-    """The checkout of the deployment's ref in `workdir`, its requirements installed (warm
-    when the work folder holds them: see deploy.py)."""
-    return prepare_deploy(dep, workdir).repo
-
-
 def prepare_deploy(dep: Mapping[str, Any], workdir: Path) -> Deployed:
     """`deploy.prepare`, its refusals as the agent's (said once, the agent exits 2)."""
     try:

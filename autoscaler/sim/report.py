@@ -186,17 +186,6 @@ def summarize(result: Result, saturation: Saturation | None = None) -> Report:
     )
 
 
-def lower_bound_row(report: Report) -> dict[str, Any]:
-    return {
-        "policy": "lower bound",
-        "machine_hours": report.lower_bound_dollars / (report.dollars / report.machine_hours)
-        if report.machine_hours and report.dollars
-        else 0.0,
-        "dollars": report.lower_bound_dollars,
-        "ratio": 1.0,
-    }
-
-
 HEADER = (
     f"{'policy':<16}{'mach-h':>8}{'$':>9}{'ratio':>7}{'p50 s':>8}{'p95 s':>8}{'p99 s':>8}"
     f"{'max s':>8}{'unserved':>9}{'killed':>7}{'rentals':>8}{'undone h':>9}"
