@@ -338,6 +338,7 @@ def tick_process(url: str, home: str, conn: Connection) -> None:
     from autoscaler.control.tick.evaluate import evaluate
     from autoscaler.policy.snapshot import QueueMetrics
     from autoscaler.settings import Settings
+    from tests.control.outbox import RecordingOutbox
 
     rt = Runtime(
         Settings.from_env({"AUTOSCALER_DATABASE_URL": url, "AUTOSCALER_HOME": home}), env={}
@@ -352,7 +353,7 @@ def tick_process(url: str, home: str, conn: Connection) -> None:
         }
         w0 = int(schedstat.read_text().split()[1])
         c0, t = time.thread_time(), time.perf_counter()
-        res = evaluate(rt, lambda *_: None, trigger="manual", readings=readings, now=now)
+        res = evaluate(rt, RecordingOutbox(), trigger="manual", readings=readings, now=now)
         wall, cpu = time.perf_counter() - t, time.thread_time() - c0
         waited = (int(schedstat.read_text().split()[1]) - w0) / 1e9
         assert res.skipped is None and not res.launched and not res.drains, res.as_dict()

@@ -1,5 +1,5 @@
 """A machine lost mid-job: how long until its job runs on another machine, today and with the
-hand-back (`control.handback`), on Redis and RabbitMQ with `task_acks_late`.
+hand-back (`control.steps.handback`), on Redis and RabbitMQ with `task_acks_late`.
 
     python benchmarks/handback.py [--trials 2] [--visibility-timeout 20] [--restore-interval 10]
                                   [--heartbeat 10]
@@ -18,12 +18,12 @@ from the loss to b's start of the job (the marks file, polled every 10 ms).
                      default): measured with `--visibility-timeout` on b's app and the sweep
                      every 10 s (throttle 1), so the run stays short. The hand-back changes
                      nothing here: the hash records no consumer and every machine of the domain
-                     may write it, so no machine's word restores a job (`control.handback`).
+                     may write it, so no machine's word restores a job (`control.steps.handback`).
   RabbitMQ, frozen   a's process group gets SIGSTOP: a host that vanished, its TCP connection
                      open. Today the broker requeues when the AMQP heartbeat gives up: measured
                      with `--heartbeat` as a's `broker_heartbeat`; Celery asks for 120 s, which
                      RabbitMQ (server default 60 s) negotiates down to the smaller. With the
-                     hand-back: `run_handback` closes the connections of a's user through the
+                     hand-back: the handback step closes the connections of a's user through the
                      management API right after the freeze.
   RabbitMQ, killed   SIGKILL: the kernel closes the socket and the broker requeues at once, even
                      today (a process that died on a machine that is still up; a destroyed host
@@ -31,7 +31,7 @@ from the loss to b's start of the job (the marks file, polled every 10 ms).
 
 In the control loop the step does not run at the loss itself: reconcile sees the provider say
 the machine is gone at its next poll (up to `poll_interval`, 30 s by default), then waits
-`control.handback.GRACE` (5 s); the budget is printed beside the measured step.
+`control.steps.handback.GRACE` (5 s); the budget is printed beside the measured step.
 
 Measured on this 2-core machine (2 trials, medians; visibility timeout 20 s with a sweep
 every 10 s, heartbeat 10 s; RabbitMQ 3.10 granting 60 s to Celery's 120 s, kombu 5.7; 105 s
@@ -86,12 +86,13 @@ import requests  # noqa: E402
 from celery import Celery  # noqa: E402
 from kombu.connection import Connection  # noqa: E402
 
-from autoscaler.access import rabbit_users  # noqa: E402
-from autoscaler.access.broker_users import create_user, plan_for  # noqa: E402
+from autoscaler.brokers.rabbitmq import users as rabbit_users  # noqa: E402
+from autoscaler.brokers.users import create_user, plan_for  # noqa: E402
 from autoscaler.config import load_config_text  # noqa: E402
 from autoscaler.config.models import CelerySource, Config  # noqa: E402
-from autoscaler.control.handback import GRACE, run_handback  # noqa: E402
 from autoscaler.control.runtime import Runtime, utc_now  # noqa: E402
+from autoscaler.control.steps.frame import Kind, run_step  # noqa: E402
+from autoscaler.control.steps.handback import GRACE, STEP  # noqa: E402
 from autoscaler.lifecycle import InstanceState  # noqa: E402
 from autoscaler.settings import Settings  # noqa: E402
 from autoscaler.store import config_versions, migrate  # noqa: E402
@@ -241,7 +242,8 @@ class Case:
 
 def redis_case(bench: Bench, visibility: float, sweep: float) -> Case:
     """SIGKILL a mid-job; b's own sweep brings the job back after `visibility`. The hand-back
-    changes nothing on Redis (`control.handback`: the broker cannot tell whose a delivery is)."""
+    changes nothing on Redis (`control.steps.handback`: the broker cannot tell whose a delivery
+    is)."""
     tag = uuid.uuid4().hex[:6]
     queue, prefix = f"hbb-r-{tag}", f"hbb-{tag}:"
     marks = bench.tmp / f"marks-{tag}.jsonl"
@@ -285,9 +287,9 @@ def rabbit_case(bench: Bench, rt: Runtime | None, how: signal.Signals, heartbeat
     step = None
     if rt is not None:
         t = time.monotonic()
-        what = run_handback(rt, f"rabbit-{tag}")
+        what = run_step(STEP, rt, f"rabbit-{tag}")
         step = time.monotonic() - t
-        assert what.startswith("closed ") and user_a in what, what
+        assert what.kind is Kind.DONE and user_a in str(what), what
     ran = started(marks, user_b, f"job-{tag}", 4 * heartbeat + 60)
     bench.signal(b, signal.SIGKILL)
     bench.signal(a, signal.SIGKILL)

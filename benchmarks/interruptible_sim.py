@@ -70,7 +70,7 @@ from autoscaler.sim.interruptible import (
     stops_paying,
     with_interruptible,
 )
-from autoscaler.sim.report import Report
+from autoscaler.sim.report import PolicyReport
 from autoscaler.sim.run import load_sim_config
 from autoscaler.sim.trace import load_trace
 from autoscaler.sim.tracegen import GENERATORS, TRACES_DIR
@@ -85,7 +85,7 @@ HEADER = (
 )
 
 
-def row(label: str, r: Report, base: Report) -> str:
+def row(label: str, r: PolicyReport, base: PolicyReport) -> str:
     cost = r.dollars / base.dollars if base.dollars else 1.0
     p95 = r.wait_p95 / base.wait_p95 if base.wait_p95 else 1.0
     share = r.interruptible_hours / r.machine_hours if r.machine_hours else 0.0

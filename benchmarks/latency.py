@@ -54,8 +54,8 @@ from sqlalchemy import delete, select, update
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autoscaler.brokers.base import PUBLISHED_AT_HEADER
 from autoscaler.lifecycle import LIVE_STATES, InstanceState
-from autoscaler.metrics.base import PUBLISHED_AT_HEADER
 from autoscaler.settings import CONTROL_KEYPREFIX
 from autoscaler.store import config_versions, migrate
 from autoscaler.store.db import make_engine, session_factory, transaction

@@ -74,8 +74,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoscaler.metrics.base import PUBLISHED_AT_HEADER, parse_celery_envelope
-from autoscaler.metrics.celery_redis import (
+from autoscaler.brokers.base import PUBLISHED_AT_HEADER, parse_celery_envelope
+from autoscaler.brokers.redis.celery_redis import (
     CeleryRedisLayout,
     CeleryRedisReader,
     count_unacked,

@@ -13,8 +13,8 @@ timestamps relative to now) and one mock machine per row in `mock_machines` (the
 store), under the row's label and provider id: the ready and draining ones running, the booting
 ones still starting (they boot a day later), so the provider lists every live row.
 
-It times `autoscaler.control.reconciler.run_reconcile(rt, enqueue, now)`, what the Celery task
-`autoscaler.reconcile` runs, with an enqueue that only counts what would be sent, after one
+It times `autoscaler.control.reconciler.run_reconcile(rt, outbox, now)`, what the Celery task
+`autoscaler.reconcile` runs, with an outbox that only counts what would be sent, after one
 warm-up pass (config parse, provider and worker probe built, connections, the first retries
 audited), median of `--runs`. Every pass gets the same `now`, so the seeded ages keep their
 meaning (the mock's own clock, which says starting or running, is the wall clock):
@@ -31,15 +31,15 @@ local Redis under the throwaway prefix: no worker answers, so it waits its timeo
 not depend on the machines; shown apart as "observe workers"), the mock provider's list (all its
 machines from `mock_machines`), the rows read, `policy.reconcile.reconcile`, the moves, retries
 and events written, orphans (none) and the broker-user sweep (SCRIPT LOAD and ACL USERS on the
-local Redis; no user of this installation exists). Not included: sending the tasks (the enqueue is
-a no-op), the tasks themselves (terminate, drain, handback), PostgreSQL's own CPU (the CPU column
-is this process's). Per phase, the time and statements of each step are taken by wrapping the
+local Redis; no user of this installation exists). Not included: sending the tasks (the outbox only
+counts them), the tasks themselves (terminate, drain, handback), PostgreSQL's own CPU (the CPU
+column is this process's). Per phase, the time and statements of each step are taken by wrapping the
 functions `run_reconcile` calls (`observe_celery_workers`, `list_providers`, `instances.live_rows` /
 `rows_of`, `reconcile`, `_apply`, `_destroy_orphans`, `_sweep_broker_users`); "other" is the rest
 (config load, the rows turned into `policy.reconcile.Row`, orphan sightings, pending handbacks,
-commits). SQL statements are counted with `tick.Counter_` (`before_cursor_execute`; an
-executemany is one). The ratios 20,000/2,000 are measured in the same run. The time Python's
-cycle collector took inside the pass is counted too (`gc.callbacks`).
+commits). SQL statements are counted with `tick.Counter_` (`before_cursor_execute`; an executemany
+is one). The ratios 20,000/2,000 are measured in the same run. The time Python's cycle collector
+took inside the pass is counted too (`gc.callbacks`).
 
 Measured on this 2-CPU machine, 100 queues, 5 runs, median ms; "probe" = the fixed ~2,010 ms
 remote-control wait; CPU is this process's. Before: a conditional UPDATE per retried drain every
@@ -98,6 +98,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tick.py
 from tick import PROVIDER, Counter_, config_document, instance_rows, med
 
 from autoscaler.control import reconciler
+from autoscaler.control.outbox import StepName
 from autoscaler.control.runtime import Runtime
 from autoscaler.lifecycle import InstanceState
 from autoscaler.providers.labels import make_label
@@ -248,17 +249,27 @@ class Run:
         return self.wall - self.phases["observe workers"][0]
 
 
-def timed_pass(rt: Runtime, counter: Counter_, clock: PhaseClock, now: datetime) -> Run:
-    sent: Counter[str] = Counter()
+class Counting(Counter[str]):
+    """An outbox that counts what would be sent, by step (sending is not part of the round)."""
 
-    def enqueue(step: str, launch_id: str) -> None:
-        sent[step] += 1
+    def step(self, step: StepName, launch_id: str, *, after: float | None = None) -> None:
+        self[step] += 1
+
+    def evaluate(self, queue: str) -> None:
+        self["evaluate"] += 1
+
+    def shard(self, number: int) -> None:
+        self["shard"] += 1
+
+
+def timed_pass(rt: Runtime, counter: Counter_, clock: PhaseClock, now: datetime) -> Run:
+    sent = Counting()
 
     clock.walls.clear()
     with counter.counting(), GC.counting():
         c = time.process_time()
         t = time.perf_counter()
-        res = reconciler.run_reconcile(rt, enqueue, now=now)
+        res = reconciler.run_reconcile(rt, sent, now=now)
         wall = time.perf_counter() - t
         cpu = time.process_time() - c
     assert "skipped" not in res and not res["providers_unreadable"], res
@@ -379,7 +390,7 @@ def bench_size(machines: int, args: argparse.Namespace) -> Size:
                     churn_world()
                 p = cProfile.Profile()
                 p.enable()
-                reconciler.run_reconcile(rt, lambda step, launch: None, now=now)
+                reconciler.run_reconcile(rt, Counting(), now=now)
                 p.disable()
                 buf.write(
                     f"\n--- {label} pass, {machines} machines: the project's functions by "

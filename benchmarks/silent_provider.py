@@ -94,9 +94,9 @@ from sqlalchemy.orm import Session, sessionmaker
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from autoscaler.brokers.base import PUBLISHED_AT_HEADER  # noqa: E402
 from autoscaler.config import load_config_text  # noqa: E402
 from autoscaler.lifecycle import LIVE_STATES, InstanceState  # noqa: E402
-from autoscaler.metrics.base import PUBLISHED_AT_HEADER  # noqa: E402
 from autoscaler.settings import CONTROL_QUEUE, LIFECYCLE_SUFFIX  # noqa: E402
 from autoscaler.store import config_versions, migrate  # noqa: E402
 from autoscaler.store.db import make_engine, session_factory, transaction  # noqa: E402
@@ -271,17 +271,18 @@ def wait_for(what: str, check: Any, timeout: float, procs: Procs, every: float =
 
 OPERATOR = """
 import sys, threading
-from autoscaler.control.drain import run_drain
 from autoscaler.control.manual import request_drain
 from autoscaler.control.runtime import Runtime
-from autoscaler.control.tasks import send_step
+from autoscaler.control.steps.drain import Drain
+from autoscaler.control.steps.frame import run_step
+from autoscaler.control.tasks import BEST_EFFORT
 from autoscaler.settings import Settings
 
 def drain(launch_id):  # what `autoscaler drain ID --by benchmark` does
     rt = Runtime(Settings.from_env())
     try:
         request_drain(rt, launch_id, "benchmark")
-        said = run_drain(rt, launch_id, "benchmark asked to drain it", enqueue=send_step)
+        said = run_step(Drain("benchmark asked to drain it"), rt, launch_id, BEST_EFFORT)
     except Exception as exc:
         said = f"failed: {exc!r}"
     finally:

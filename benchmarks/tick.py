@@ -12,10 +12,10 @@ queues are one round trip), `--instances` rows across the queues (ready / bootin
 timestamps relative to now; some queues without any machine), and pending jobs in a fifth of
 the queues (heads half stamped, half unstamped so sightings are kept).
 
-It times `autoscaler.control.evaluate` (trigger "poll", a no-op enqueue) after a warm-up
-tick, median of `--runs`. Every run passes the same `now`, and the tick slots of the previous run
-are deleted before it, outside the timing: every queue's poll slot is due on every run (as with
-a new `now` per poll interval) while the seeded idle and boot times keep their meaning.
+It times `autoscaler.control.evaluate` (trigger "poll", an outbox that sends nothing) after a
+warm-up tick, median of `--runs`. Every run passes the same `now`, and the tick slots of the
+previous run are deleted before it, outside the timing: every queue's poll slot is due on every run
+(as with a new `now` per poll interval) while the seeded idle and boot times keep their meaning.
 
 - steady: nothing changes between ticks (the usual tick; the warm-up already drained the idle
   machines and wrote the launch intents);
@@ -146,16 +146,17 @@ from sqlalchemy import event, insert, text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import autoscaler.control.tick.evaluate as tick
+from autoscaler.brokers.base import PUBLISHED_AT_HEADER
+from autoscaler.brokers.redis.celery_redis import CeleryRedisLayout
 from autoscaler.config.models import Config
 from autoscaler.control.executor import execute
+from autoscaler.control.outbox import StepName
 from autoscaler.control.runtime import Runtime
 from autoscaler.control.tick.actions import StoreActions
 from autoscaler.control.tick.evaluate import EVALUATION_LEASE, LEASE_TTL, evaluate, holder_id
 from autoscaler.control.tick.read import read_metrics
 from autoscaler.control.tick.snapshot import build_snapshot
 from autoscaler.lifecycle import InstanceState
-from autoscaler.metrics.base import PUBLISHED_AT_HEADER
-from autoscaler.metrics.celery_redis import CeleryRedisLayout
 from autoscaler.policy.decide import decide
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, leases, migrate
@@ -422,12 +423,24 @@ class SourceFailures(logging.Handler):
 
 
 FAILURES = SourceFailures()
-logging.getLogger("autoscaler.metrics").addHandler(FAILURES)
-logging.getLogger("autoscaler.metrics").propagate = False
+logging.getLogger("autoscaler.brokers").addHandler(FAILURES)
+logging.getLogger("autoscaler.brokers").propagate = False
 
 
-def noop(step: str, launch_id: str) -> None:
-    return None
+class Discard:
+    """An outbox that sends nothing (the steps' tasks are not part of the tick's time)."""
+
+    def step(self, step: StepName, launch_id: str, *, after: float | None = None) -> None:
+        return None
+
+    def evaluate(self, queue: str) -> None:
+        return None
+
+    def shard(self, number: int) -> None:
+        return None
+
+
+noop = Discard()
 
 
 def timed_evaluate(rt: Runtime, counter: Counter_, now: datetime) -> Run:

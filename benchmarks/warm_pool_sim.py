@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from autoscaler.config.models import Config, WarmPool
 from autoscaler.sim.engine import World
-from autoscaler.sim.report import Report, summarize
+from autoscaler.sim.report import PolicyReport, summarize
 from autoscaler.sim.run import (
     load_sim_config,
     pick_queue,
@@ -47,7 +47,7 @@ def run(
     pool: tuple[int, float] | None,
     seed: int,
     world: World,
-) -> Report:
+) -> PolicyReport:
     cfg = config
     if pool is not None:
         base = config.queues[queue].autoscale
@@ -60,7 +60,7 @@ def run(
     return summarize(*run_watched(cfg, queue, jobs, "ours", seed, world=world))
 
 
-def row(label: str, r: Report, base: Report | None = None) -> str:
+def row(label: str, r: PolicyReport, base: PolicyReport | None = None) -> str:
     delta = ""
     if base is not None:
         dc = (r.dollars / base.dollars - 1) * 100 if base.dollars else 0.0
@@ -82,8 +82,10 @@ HEADER = (
 
 
 def tuned(
-    base: Report, pooled: dict[tuple[int, float], Report]
-) -> tuple[tuple[tuple[int, float], Report] | None, tuple[tuple[int, float], Report] | None]:
+    base: PolicyReport, pooled: dict[tuple[int, float], PolicyReport]
+) -> tuple[
+    tuple[tuple[int, float], PolicyReport] | None, tuple[tuple[int, float], PolicyReport] | None
+]:
     """The pool of each route: lowest p95 within +5 % cost; cheapest at no worse a p95."""
     ok = {k: r for k, r in pooled.items() if r.killed == 0 and r.never_served == 0}
     wait = [x for x in ok.items() if x[1].dollars <= base.dollars * (1 + WAIT_COST_SLACK)]
@@ -93,7 +95,7 @@ def tuned(
     return by_wait, by_cost
 
 
-def verdict(base: Report, by_wait: Report | None, by_cost: Report | None) -> str:
+def verdict(base: PolicyReport, by_wait: PolicyReport | None, by_cost: PolicyReport | None) -> str:
     wait_ok = by_wait is not None and by_wait.wait_p95 <= base.wait_p95 * (1 - WAIT_CUT)
     cost_ok = by_cost is not None and by_cost.dollars <= base.dollars * (1 - COST_CUT)
     routes = [

@@ -167,7 +167,7 @@ redis_up() {
 
 if [ "$redis_where" != local ]; then
   check_elsewhere Redis TEST_REDIS_URL "$redis_host" "$redis_port"
-  have redis-server || fail "tests/metrics also start throwaway Redis servers of their own:" \
+  have redis-server || fail "tests/brokers also start throwaway Redis servers of their own:" \
     "redis-server must be installed here (Debian/Ubuntu: apt-get install redis-server)"
 elif redis_up; then
   say "Redis: answering on 127.0.0.1:6379"
@@ -207,7 +207,7 @@ mgmt_loopback_conf() {
 
 if [ "$amqp_where" != local ]; then
   check_elsewhere RabbitMQ TEST_AMQP_URL "$amqp_host" "$amqp_port"
-  say "RabbitMQ: note that tests/metrics/test_rabbitmq.py also uses 127.0.0.1:5672 and the" \
+  say "RabbitMQ: note that tests/brokers/test_rabbitmq.py also uses 127.0.0.1:5672 and the" \
     "management API on 127.0.0.1:15672 directly"
 elif ! have rabbitmq-server; then
   if answers_tcp 127.0.0.1 5672 && mgmt_up; then

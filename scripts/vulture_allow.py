@@ -19,15 +19,15 @@ _.process_result_value  # sqlalchemy TypeDecorator
 # Used only by the tests today (issue 35 item 7 moves them into tests/ or removes them with
 # their tests; listed here so the check fails on any new one):
 hand_made_workers  # control/observe.py: tests/agent/test_agent.py, tests/api/...
-uninstall  # metrics/stamp.py: the metrics and image tests
-BrokerWorkers  # metrics/workers.py: tests/metrics/test_workers.py
-merge_live_workers  # metrics/workers.py: tests/metrics/test_workers.py
-with_broker_workers  # metrics/workers.py: tests/metrics/test_workers.py
+uninstall  # brokers/stamp.py: the brokers and image tests
+BrokerWorkers  # brokers/workers.py: tests/brokers/test_workers.py
+merge_live_workers  # brokers/workers.py: tests/brokers/test_workers.py
+with_broker_workers  # brokers/workers.py: tests/brokers/test_workers.py
 _.interruptible_share  # sim/interruptible.py: tests/sim/test_interruptible.py
 _.pays  # sim/interruptible.py: tests/sim/test_sim.py
 run_one  # sim/run.py: tests/sim/
 compare_files  # sim/run.py: tests/sim/test_report_honesty.py
-forget_source  # store/head_sightings.py: tests/metrics/test_head_sightings.py
+forget_source  # store/head_sightings.py: tests/brokers/test_head_sightings.py
 live_agent_workers  # store/instances.py: tests/store/test_instances.py
 holder_of  # store/leases.py: tests/store/test_leases.py
 claim_tick  # store/leases.py: tests/store/test_leases.py

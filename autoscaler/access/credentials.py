@@ -11,8 +11,7 @@ from sqlalchemy.orm import Session
 
 from autoscaler.config.errors import ConfigError, refusals_from_validation
 from autoscaler.config.models import Config, ProviderConfig
-from autoscaler.store.models import ProviderRow
-from autoscaler.store.providers import list_providers
+from autoscaler.store.providers import ProviderRecord, list_providers
 from autoscaler.vault import Vault
 
 MAX_OPTIONS_TEXT = 64 * 1024
@@ -145,7 +144,7 @@ def resolve_api_key(
     return None
 
 
-def describe_credentials(row: ProviderRow) -> str:
+def describe_credentials(row: ProviderRecord) -> str:
     """What `providers list` shows: where the key lives, never the key."""
     if row.credentials_encrypted is not None:
         return "stored encrypted"

@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 from autoscaler.digits import ascii_whole
 from autoscaler.lifecycle import InstanceState
 from autoscaler.store import api_keys
+from autoscaler.store.api_keys import KeyRecord
 from autoscaler.store.instances import InstanceDetails
-from autoscaler.store.models import ApiKey
 
 ADMIN = "admin"
 ENROLMENT = "enrolment"
@@ -67,7 +67,7 @@ class KeyInfo:
         return queue in self.queues
 
 
-def _info(row: ApiKey) -> KeyInfo:
+def _info(row: KeyRecord) -> KeyInfo:
     queues = tuple(str(q) for q in row.queues) if isinstance(row.queues, list) else ()
     return KeyInfo(row.id, row.kind, row.name, row.created_at, row.revoked_at, queues)
 

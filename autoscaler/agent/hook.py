@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import Any
 
-from autoscaler.metrics.base import PUBLISHED_AT_HEADER
+from autoscaler.brokers.base import PUBLISHED_AT_HEADER
 
 STATUS_ENV = "AUTOSCALER_STATUS_FILE"
 JOBS_KEPT = 500

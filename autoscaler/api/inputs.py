@@ -36,7 +36,7 @@ def _storable_values(value: Any) -> Any:
     return value
 
 
-class Strict(BaseModel):
+class RequestBody(BaseModel):
     """A request body: unknown fields refused, every text storable."""
 
     model_config = ConfigDict(extra="forbid")

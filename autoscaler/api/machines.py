@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from autoscaler.api.inputs import Strict
+from autoscaler.api.inputs import RequestBody
 
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@\-]+$")]
 WorkerState = Literal["starting", "idle", "busy", "draining", "crashed"]
@@ -20,7 +20,7 @@ TaskId = Annotated[str, Field(min_length=1, max_length=200)]
 """A Celery task id as a worker reports it (any text the producer chose, bounded)."""
 
 
-class JobReport(Strict):
+class JobReport(RequestBody):
     """A job the worker finished (the agent's hook): its task id, the queue it came from (the
     message's routing key, any text), the producer's publish stamp if any, and when it started
     and ended (epoch seconds). Clocks disagree (a producer's runs ahead, a worker's steps back):
@@ -39,7 +39,7 @@ class HeartbeatAnswer(BaseModel):
     state: str
 
 
-class Deployment(BaseModel):
+class DeploymentAnswer(BaseModel):
     queue: str
     git_url: str | None
     git_ref: str | None
@@ -52,9 +52,9 @@ class Deployment(BaseModel):
 
 def deployment(
     queue: str, dep: Any, env: Mapping[str, str], broker_url: str | None, note: str | None
-) -> Deployment:
+) -> DeploymentAnswer:
     """The answer for a machine of `queue` (its config's `deployment:` block `dep`, or None)."""
-    return Deployment(
+    return DeploymentAnswer(
         queue=queue,
         git_url=dep.git_url if dep else None,
         git_ref=dep.git_ref if dep else None,
@@ -73,4 +73,4 @@ def _git_token(dep: Any, env: Mapping[str, str]) -> str | None:
     return (env.get(name) or None) if name else None
 
 
-__all__ = ["Deployment", "HeartbeatAnswer", "JobReport", "Name", "deployment"]
+__all__ = ["DeploymentAnswer", "HeartbeatAnswer", "JobReport", "Name", "deployment"]

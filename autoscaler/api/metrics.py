@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.billing import Charge, committed
-from autoscaler.store import instances, metric_readings, views
+from autoscaler.store import event_views, instances, metric_readings, queue_status, warm_pool_views
+from autoscaler.store.boots import boot_times
 from autoscaler.store.db import Session, store_now
 
 EVER = datetime(1970, 1, 1, tzinfo=UTC)
@@ -135,7 +136,7 @@ def render(session: Session, rt: Any = None) -> str:
         age = data.get("oldest_pending_age")
         oldest.labels(queue).set(float(age) if isinstance(age, int | float) else 0.0)
         stale.labels(queue).set(1.0 if data.get("stale") else 0.0)
-    for queue, evaluation in views.statuses(session).items():
+    for queue, evaluation in queue_status.evaluations(session).items():
         status = evaluation.status
         value = (status or {}).get("desired") if isinstance(status, dict) else None
         if isinstance(value, int | float):
@@ -156,23 +157,23 @@ def render(session: Session, rt: Any = None) -> str:
         workers.labels(queue, state).set(n)
     for queue, rate in rates.items():
         spend.labels(queue).set(rate)
-    for (queue, action), n in views.launch_counts(session).items():
+    for (queue, action), n in event_views.launch_counts(session).items():
         (launches if action == "created" else failures).labels(queue).set(n)
-    pools = views.warm_pools(session)
+    pools = warm_pool_views.warm_pools(session)
     for queue, pool in pools.items():
         pool_size.labels(queue).set(pool.size)
     for queue in set(pools) | {q for q, state in counts if state == InstanceState.STOPPED}:
         pool_stopped.labels(queue).set(counts.get((queue, InstanceState.STOPPED.value), 0))
         pool_storage.labels(queue).set(storage.get(queue, 0.0))
-    for (queue, action), n in views.warm_counts(session).items():
+    for (queue, action), n in warm_pool_views.warm_counts(session).items():
         if action in ("hit", "miss"):
             (hits if action == "hit" else misses).labels(queue).set(n)
-    for (queue, provider, host), n in views.preempting_hosts(session, EVER).items():
+    for (queue, provider, host), n in event_views.preempting_hosts(session, EVER).items():
         preempted.labels(queue, provider, host).set(n)
-    for queue, (_, lost, back) in views.lost_work(session, EVER).items():
+    for queue, (_, lost, back) in event_views.lost_work(session, EVER).items():
         lost_jobs.labels(queue).set(lost)
         handed_back.labels(queue).set(back)
-    for b in views.boot_times(session, store_now(session)):
+    for b in boot_times(session, store_now(session)):
         boot.labels(b.provider, b.gpu, "0.5").set(b.median_seconds)
         boot.labels(b.provider, b.gpu, "0.9").set(b.p90_seconds)
         boots.labels(b.provider, b.gpu).set(b.samples)

@@ -1,7 +1,7 @@
 """Each queue's numbers as the dashboard shows them, and the chart's samples taken from them.
 
 Samples are written by the API whenever it shows the numbers (the overview, the chart's
-history, a /metrics scrape), from the rows `autoscaler status` reads (store/views.py): the
+history, a /metrics scrape), from the rows `autoscaler status` reads (store/queue_views.py): the
 loop never writes them, and a reading sampled twice is one row.
 """
 
@@ -11,17 +11,17 @@ from datetime import datetime
 from typing import Any
 
 from autoscaler.control.runtime import Runtime, log, utc_now
-from autoscaler.store import queue_samples, views
+from autoscaler.store import queue_samples, queue_views
 from autoscaler.store.db import Session
 
 
 def queue_rows(session: Session, rt: Runtime, at: datetime) -> list[dict[str, Any]]:
-    """`autoscaler status`'s own queue views (store/views.py: the same rows, the same
+    """`autoscaler status`'s own queue views (store/queue_views.py: the same rows, the same
     arithmetic), each with its autoscale settings from the newest config."""
     loaded = rt.load(session)
     configured = loaded.config.queues if loaded else {}
     out = []
-    for view in views.queues(session, at):
+    for view in queue_views.queues(session, at):
         row = view.as_json()
         cfg = configured.get(view.queue)
         auto = cfg.autoscale if cfg is not None else None

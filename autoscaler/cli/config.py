@@ -91,11 +91,11 @@ def validate(file: str) -> None:
             registered=registered,
         )
     )
-    from autoscaler.metrics.layout import broker_layout_warnings  # reads the watched brokers
+    from autoscaler.brokers.redis.layout import broker_layout_warnings  # reads the watched brokers
 
     for line in broker_layout_warnings(config):
         click.echo(line)
-    from autoscaler.access.broker_users import machine_access  # asks the watched Redis versions
+    from autoscaler.brokers.users import machine_access  # asks the watched Redis versions
 
     for line in machine_access(config):
         click.echo(line)

@@ -51,17 +51,18 @@ def drain(launch_id: str, by: str) -> None:
 
     A machine not ready yet (pending, creating, booting) is cancelled: never rented, or
     destroyed as soon as it exists. Only a machine already gone is refused."""
-    from autoscaler.control.drain import run_drain
     from autoscaler.control.manual import ManualError, request_drain
     from autoscaler.control.runtime import Runtime
-    from autoscaler.control.tasks import send_step
+    from autoscaler.control.steps.drain import Drain
+    from autoscaler.control.steps.frame import run_step
+    from autoscaler.control.tasks import BEST_EFFORT
 
     current = settings()
     sessions(current)
     rt = Runtime(current)
     try:
         click.echo(request_drain(rt, launch_id, by))
-        click.echo(run_drain(rt, launch_id, f"{by} asked to drain it", enqueue=send_step))
+        click.echo(str(run_step(Drain(f"{by} asked to drain it"), rt, launch_id, BEST_EFFORT)))
     except ManualError as exc:
         fail(str(exc))
     finally:

@@ -162,5 +162,5 @@ def providers_remove(name: str) -> None:
                 f"provider {name!r} still has {live} machine(s) that may be billing; scale its "
                 "queues to zero and wait for them to terminate, then remove it"
             )
-        provider_store.remove_provider(session, row)
+        provider_store.remove_provider(session, name)
     click.echo(f"provider {name} removed")

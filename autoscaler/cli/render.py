@@ -1,5 +1,6 @@
 """The tables `status`, `instances` and `events` print: read-only views of the state store
-(`autoscaler/store/views.py`) laid out for a terminal, or as the JSON document of `--json`."""
+(`autoscaler/store/`: `queue_views`, `machine_views`, `spend`, `event_views`, `boots`) laid out
+for a terminal, or as the JSON document of `--json`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from sqlalchemy.orm import Session
 
 from autoscaler.cli.tables import age, clock, money, table
 from autoscaler.settings import Settings, redact_url
-from autoscaler.store import boot_phases, config_versions, views
+from autoscaler.store import (
+    boot_phases,
+    config_versions,
+    event_views,
+    machine_views,
+    queue_views,
+    spend,
+)
+from autoscaler.store.boots import BootTimeView, boot_times
 
 
 def embedded_broker_note(settings: Settings) -> str | None:
@@ -29,7 +38,7 @@ def embedded_broker_note(settings: Settings) -> str | None:
     )
 
 
-def _backoff_text(q: views.QueueView, now: datetime) -> str:
+def _backoff_text(q: queue_views.QueueView, now: datetime) -> str:
     if not q.backoffs:
         return "—"
     return "; ".join(
@@ -37,7 +46,7 @@ def _backoff_text(q: views.QueueView, now: datetime) -> str:
     )
 
 
-def _provider_text(p: views.ProviderStateView, now: datetime) -> str:
+def _provider_text(p: queue_views.ProviderStateView, now: datetime) -> str:
     """One provider of a queue that lists several: `gpu-runpod serving (2 machines)`,
     `gpu-vast key refused until 14:05 (401 …)`."""
     text = f"{p.provider} {p.state}"
@@ -50,18 +59,18 @@ def _provider_text(p: views.ProviderStateView, now: datetime) -> str:
     return text
 
 
-def _manual_text(q: views.QueueView, now: datetime) -> str:
+def _manual_text(q: queue_views.QueueView, now: datetime) -> str:
     t = q.manual_target
     if t is None:
         return "auto"
     return f"{t.workers} for {age((t.until - now).total_seconds())} ({t.set_by})"
 
 
-def _desired_text(q: views.QueueView) -> str:
+def _desired_text(q: queue_views.QueueView) -> str:
     return "—" if q.desired is None else str(q.desired)
 
 
-def _stopped_text(q: views.QueueView) -> str:
+def _stopped_text(q: queue_views.QueueView) -> str:
     """Stopped machines of the queue's warm pool, out of its size: 1/2."""
     w = q.warm_pool
     if w.size:
@@ -69,7 +78,7 @@ def _stopped_text(q: views.QueueView) -> str:
     return str(w.stopped) if w.stopped else "—"
 
 
-def _warm_line(q: views.QueueView) -> str | None:
+def _warm_line(q: queue_views.QueueView) -> str | None:
     w = q.warm_pool
     if not w.shown:
         return None
@@ -89,11 +98,11 @@ def _warm_line(q: views.QueueView) -> str | None:
 def status_document(
     session: Session, settings: Settings, now: datetime, queue: str | None = None
 ) -> dict[str, Any]:
-    machines = views.instances(session, now, queue=queue)
-    queues = views.queues(session, now, machines=machines, only=queue)
-    spent = views.spend(session, now)
+    machines = machine_views.instances(session, now, queue=queue)
+    queues = queue_views.queues(session, now, machines=machines, only=queue)
+    spent = spend.spend(session, now)
     note = embedded_broker_note(settings)
-    boots = views.boot_times(session, now, queue=queue)
+    boots = boot_times(session, now, queue=queue)
     return {
         "generated_at": now.isoformat(),
         "config_version": config_versions.current_version(session),
@@ -109,9 +118,9 @@ def status_document(
 def render_status(
     session: Session, settings: Settings, now: datetime, queue: str | None = None
 ) -> str:
-    machines = views.instances(session, now, queue=queue)
-    queues = views.queues(session, now, machines=machines, only=queue)
-    spent = views.spend(session, now)
+    machines = machine_views.instances(session, now, queue=queue)
+    queues = queue_views.queues(session, now, machines=machines, only=queue)
+    spent = spend.spend(session, now)
     version = config_versions.current_version(session)
     out = [
         f"autoscaler status at {now:%Y-%m-%d %H:%M:%S}Z — config "
@@ -213,7 +222,7 @@ def render_status(
             details.append(f"{q.queue}:\n" + "\n".join(f"  {line}" for line in lines))
         out += ["", *details]
     out += ["", render_instances(machines, now, empty="no machine that may bill")]
-    boots = render_boot_times(views.boot_times(session, now, queue=queue), queue)
+    boots = render_boot_times(boot_times(session, now, queue=queue), queue)
     if boots:
         out += ["", boots]
     stopped = any(m.state == "stopped" for m in machines)
@@ -232,7 +241,7 @@ def render_status(
     return "\n".join(out)
 
 
-def _busy_text(m: views.InstanceView) -> str:
+def _busy_text(m: machine_views.InstanceView) -> str:
     if m.state in ("stopping", "stopped", "resuming"):
         return "warm pool" + (f", resumed ×{m.resumes}" if m.resumes else "")
     if m.busy:
@@ -242,14 +251,14 @@ def _busy_text(m: views.InstanceView) -> str:
     return "—"
 
 
-def _storage_text(m: views.InstanceView) -> str:
+def _storage_text(m: machine_views.InstanceView) -> str:
     if m.storage_price_per_hour is not None:
         return money(m.storage_price_per_hour, 3)
     return "?" if m.state in ("stopping", "stopped", "resuming") else "—"
 
 
 def render_instances(
-    machines: Sequence[views.InstanceView], now: datetime, empty: str = "no machine"
+    machines: Sequence[machine_views.InstanceView], now: datetime, empty: str = "no machine"
 ) -> str:
     if not machines:
         return empty
@@ -285,7 +294,7 @@ def render_instances(
     return table(headers, rows, right=(6, 7, 8, 9) if warm else (6, 7, 8))
 
 
-def render_boot_times(boots: Sequence[views.BootTimeView], queue: str | None = None) -> str:
+def render_boot_times(boots: Sequence[BootTimeView], queue: str | None = None) -> str:
     """Median and p90 boot (launch decision → ready, cold boots of the last 7 days) per
     (provider, GPU), with how many boots; "" when there is none."""
     if not boots:
@@ -355,7 +364,7 @@ def render_machine_boots(m: boot_phases.MachineBoots, now: datetime) -> str:
     return "\n".join(lines)
 
 
-def render_events(events: Sequence[views.EventView], now: datetime) -> str:
+def render_events(events: Sequence[event_views.EventView], now: datetime) -> str:
     if not events:
         return "no event matches"
     rows = [

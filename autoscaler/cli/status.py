@@ -1,6 +1,6 @@
 """`autoscaler status`, `autoscaler instances`, `autoscaler events`: what the fleet is doing.
 
-Read-only: every number comes from the state store through `autoscaler/store/views.py` (the
+Read-only: every number comes from the state store through its views (`autoscaler/store/`: the
 same views the API and the dashboard can use). Tables for a terminal, `--json` for scripts
 (with `--watch`, one JSON document per line), `--watch` to refresh every `--interval` seconds.
 """
@@ -23,7 +23,7 @@ from autoscaler.cli.render import (
 )
 from autoscaler.cli.watch import dump, run_view, watch_options
 from autoscaler.lifecycle import InstanceState
-from autoscaler.store import boot_phases, views
+from autoscaler.store import boot_phases, event_views, machine_views
 
 
 @click.command()
@@ -96,7 +96,7 @@ def instances(
     _, sessions = open_store()
 
     def produce(session: Session, now: datetime) -> str:
-        found = views.instances(
+        found = machine_views.instances(
             session,
             now,
             queue=queue,
@@ -159,7 +159,7 @@ def events(
     _, sessions = open_store()
 
     def produce(session: Session, now: datetime) -> str:
-        found = views.events(
+        found = event_views.events(
             session,
             queue=queue,
             launch_id=launch_id,

@@ -1,7 +1,7 @@
 """`autoscaler trace export`: the jobs a queue ran, as a trace `simulate` and `tune` replay.
 
 The jobs come from `job_records` (the agents' reports). A job's arrival is the producer's
-publish stamp (`autoscaler.metrics.stamp`); an unstamped job's is when it started, so its wait
+publish stamp (`autoscaler.brokers.stamp`); an unstamped job's is when it started, so its wait
 reads zero and the trace shows the traffic the workers served, not how long it queued. The
 summary on stderr says how many jobs are so.
 """
@@ -124,6 +124,6 @@ class _Summary:
         if self.unstamped:
             text += (
                 f"; {self.unstamped} without a publish stamp: their arrival is when they started "
-                "(stamp the producers with autoscaler.metrics.stamp.install() for true waits)"
+                "(stamp the producers with autoscaler.brokers.stamp.install() for true waits)"
             )
         return text

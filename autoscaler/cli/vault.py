@@ -36,9 +36,10 @@ def vault_rotate() -> None:
             for row in provider_store.list_providers(session):
                 if row.credentials_encrypted is None:
                     continue
-                row.credentials_encrypted = keys.rotate(
+                rotated = keys.rotate(
                     row.credentials_encrypted, f"the credentials of provider {row.name!r}"
                 )
+                provider_store.set_credentials(session, row.name, rotated)
                 count += 1
     except VaultError as exc:
         fail(str(exc))

@@ -17,7 +17,7 @@ from autoscaler.config.models import (
     PROVIDER_MODELS,
     Config,
     ProviderConfig,
-    RunPodProvider,
+    RunPodOptions,
 )
 from autoscaler.config.safe_yaml import YamlRefusal, load_yaml
 from autoscaler.textfile import TextFileError, read_text
@@ -164,8 +164,8 @@ def check_runnable(config: Config) -> list[Refusal]:
     for name, auto in enabled.items():
         assert auto is not None
         where = f"queues.{name}.autoscale"
-        qpoll = auto.poll_interval or poll
-        boot = auto.boot_timeout or config.boot_timeout
+        settings = config.queue_settings(name)
+        qpoll, boot = settings.poll_interval, settings.boot_timeout
         if auto.poll_interval is not None and config.heartbeat_timeout < qpoll:
             refusals.append(
                 Refusal(
@@ -364,7 +364,7 @@ def _warm_pool_refusals(
                 f"that can stop ({_stoppable_kinds()}){which}",
             )
         ]
-    if isinstance(provider, RunPodProvider) and provider.volume_gb == 0:
+    if isinstance(provider, RunPodOptions) and provider.volume_gb == 0:
         fix = (
             f"set providers.{p}.volume_gb to the GB that folder needs (e.g. 20)"
             if p in config.providers
@@ -405,7 +405,7 @@ def check_gpu_names(config: Config, registered: Mapping[str, ProviderConfig]) ->
             where = f"queues.{name}.autoscale.instance.gpu"
             refusals += [_unknown_gpu(where, g, whose) for g in _unknown(auto.instance.gpus)]
     for name, provider in config.providers.items():
-        if isinstance(provider, RunPodProvider):
+        if isinstance(provider, RunPodOptions):
             where, whose = f"providers.{name}.gpu_types", f"RunPod provider {name!r}"
             refusals += [_unknown_gpu(where, g, whose) for g in _unknown(provider.gpu_types)]
             refusals += [_not_on_runpod(where, g) for g in _vast_only(provider.gpu_types)]

@@ -6,10 +6,12 @@ number that spends money or bounds capacity is range-checked here, once, for eve
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import unicodedata
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, Self, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
@@ -19,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     ValidationInfo,
     field_validator,
@@ -26,7 +29,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from autoscaler.config.durations import Duration
+from autoscaler.config.durations import Duration, format_duration
 from autoscaler.digits import ASCII_FORM
 from autoscaler.urls import UrlError, parse_url, shown_url, split_url
 
@@ -252,13 +255,38 @@ def _check_timezone(name: str) -> str:
     return name
 
 
-class NoWorkersTrigger(Strict):
+def next_firing(cron: str, tz: str, now: datetime) -> str:
+    """When `cron` next fires after `now`, in its time zone, as the dry run shows it."""
+    local_now = now.astimezone(ZoneInfo(tz))
+    try:  # the schema refuses crons that do not fire within a year; never crash the dry run
+        nxt = croniter(cron, local_now, max_years_between_matches=2).get_next(datetime)
+    except (CroniterError, ValueError, OverflowError):
+        return "not within a year"
+    return f"{nxt:%Y-%m-%d %H:%M} {tz}"
+
+
+class _Trigger(Strict):
+    """What every trigger kind (one class per kind, in `ScaleUpTrigger` or `ScaleDownTrigger`)
+    has beside its options: it says what it does (`tests/config/test_trigger_kinds.py` fails
+    when a kind does not)."""
+
+    def describe(self, now: datetime, warm_pool: WarmPool | None = None) -> str:
+        """What the trigger does, on one line of the dry run (`autoscaler validate`): `now`
+        dates a schedule's next firing; `warm_pool`, the queue's, says what becomes of a
+        drained machine."""
+        raise NotImplementedError(f"trigger kind {type(self).__name__} does not describe itself")
+
+
+class NoWorkersTrigger(_Trigger):
     """Jobs are pending and no live worker serves the queue: start one machine."""
 
     trigger: Literal["no_workers"]
 
+    def describe(self, now: datetime, warm_pool: WarmPool | None = None) -> str:
+        return "jobs pending and no live worker serves the queue → start 1 machine"
 
-class QueueDepthTrigger(Strict):
+
+class QueueDepthTrigger(_Trigger):
     """More than `threshold` pending: one more machine; or `target_per_worker` jobs per machine."""
 
     trigger: Literal["queue_depth"]
@@ -275,15 +303,23 @@ class QueueDepthTrigger(Strict):
             )
         return self
 
+    def describe(self, now: datetime, warm_pool: WarmPool | None = None) -> str:
+        if self.target_per_worker is not None:
+            return f"queue depth → ceil(pending / {self.target_per_worker}) machines"
+        return f"more than {self.threshold} jobs pending → add 1 machine"
 
-class LatencyTrigger(Strict):
+
+class LatencyTrigger(_Trigger):
     """The oldest pending job has waited longer than `max_latency`: add a machine."""
 
     trigger: Literal["latency"]
     max_latency: Duration = Field(gt=0)
 
+    def describe(self, now: datetime, warm_pool: WarmPool | None = None) -> str:
+        return f"oldest pending job older than {format_duration(self.max_latency)} → add 1 machine"
 
-class MetricTrigger(Strict):
+
+class MetricTrigger(_Trigger):
     """An external value (a Prometheus instant query) above a threshold or per-worker target."""
 
     trigger: Literal["metric"]
@@ -307,8 +343,16 @@ class MetricTrigger(Strict):
             )
         return self
 
+    def describe(self, now: datetime, warm_pool: WarmPool | None = None) -> str:
+        rule = (
+            f"above {self.threshold:g} → add 1 machine"
+            if self.threshold is not None
+            else f"→ ceil(value / {self.target_per_worker:g}) machines"
+        )
+        return f"Prometheus {self.query!r} {rule}"
 
-class ScheduleUpTrigger(Strict):
+
+class ScheduleUpTrigger(_Trigger):
     """Each cron firing holds a floor of `workers` machines for `duration` (pre-warming)."""
 
     trigger: Literal["schedule"]
@@ -320,6 +364,13 @@ class ScheduleUpTrigger(Strict):
     _cron = field_validator("cron")(_check_cron)
     _tz = field_validator("timezone")(_check_timezone)
 
+    def describe(self, now: datetime, warm_pool: WarmPool | None = None) -> str:
+        return (
+            f"schedule {self.cron!r} ({self.timezone}) → keep at least {self.workers} "
+            f"machine(s) for {format_duration(self.duration)}; next "
+            f"{next_firing(self.cron, self.timezone, now)}"
+        )
+
 
 MIN_GAPS = 8
 """No idle timeout is learned from fewer quiet gaps: the configured one holds until then."""
@@ -328,7 +379,7 @@ LEARNED_MAX_FACTOR = 4.0
 """A learned idle timeout never exceeds this × the configured one."""
 
 
-class IdleTrigger(Strict):
+class IdleTrigger(_Trigger):
     """A worker that has run no task for `timeout` is drained, most idle first.
 
     `learn` (default on): once the queue has shown enough quiet gaps, and while no job waits,
@@ -340,8 +391,27 @@ class IdleTrigger(Strict):
     timeout: Duration = Field(gt=0)
     learn: bool = True
 
+    def describe(self, now: datetime, warm_pool: WarmPool | None = None) -> str:
+        fate = (
+            "stop its machine while the warm pool has room, else destroy it"
+            if warm_pool is not None and warm_pool.size
+            else "destroy its machine"
+        )
+        return (
+            f"a worker has run no task for {format_duration(self.timeout)} → drain it and "
+            f"{fate} (most idle first, busy workers spared, never below the floor)"
+            + (
+                f"; once the queue has shown {MIN_GAPS} quiet gaps, the timeout that would have "
+                f"cost least over them (up to "
+                f"{format_duration(self.timeout * LEARNED_MAX_FACTOR)}; `learn: false` turns it "
+                "off)"
+                if self.learn
+                else ""
+            )
+        )
 
-class ScheduleDownTrigger(Strict):
+
+class ScheduleDownTrigger(_Trigger):
     """At each cron firing, go back to `min_workers`: idle drained now, busy once finished."""
 
     trigger: Literal["schedule"]
@@ -350,6 +420,12 @@ class ScheduleDownTrigger(Strict):
 
     _cron = field_validator("cron")(_check_cron)
     _tz = field_validator("timezone")(_check_timezone)
+
+    def describe(self, now: datetime, warm_pool: WarmPool | None = None) -> str:
+        return (
+            f"schedule {self.cron!r} ({self.timezone}) → back to min_workers (idle drained "
+            f"now, busy once they finish); next {next_firing(self.cron, self.timezone, now)}"
+        )
 
 
 ScaleUpTrigger = Annotated[
@@ -757,7 +833,7 @@ def _check_volume_gb(value: int) -> int:
     return value
 
 
-class RunPodProvider(_ProviderBase):
+class RunPodOptions(_ProviderBase):
     needs_key: ClassVar[bool] = True
     kind: Literal["runpod"]
     gpu_types: tuple[Annotated[Line, Field(min_length=1, max_length=100)], ...] = Field(
@@ -789,7 +865,7 @@ class RunPodProvider(_ProviderBase):
         return f"RunPod {self.cloud_type} cloud, GPU types in order: {gpus}"
 
 
-class VastProvider(_ProviderBase):
+class VastOptions(_ProviderBase):
     needs_key: ClassVar[bool] = True
     kind: Literal["vast"]
     verified: bool = True
@@ -818,7 +894,7 @@ class VastProvider(_ProviderBase):
         return "Vast.ai cheapest offer, " + ", ".join(terms)
 
 
-class MockProvider(_ProviderBase):
+class MockOptions(_ProviderBase):
     """Simulated machines in the database: test triggers without renting anything."""
 
     ready_when_running: ClassVar[bool] = True
@@ -849,7 +925,7 @@ class MockProvider(_ProviderBase):
         return self.storage_price_per_hour, f"{money(self.storage_price_per_hour)}/h stopped"
 
 
-class LocalProvider(_ProviderBase):
+class LocalOptions(_ProviderBase):
     """ "Rents" by starting a local process per machine; destroys by stopping its process group."""
 
     kind: Literal["local"]
@@ -950,7 +1026,7 @@ class ContainerTls(Strict):
     client_key: AbsPath
 
 
-class ContainerProvider(_ProviderBase):
+class ContainerOptions(_ProviderBase):
     """Containers of the queue's image on a Docker or Podman engine of the team's own (their
     GPU servers): nothing is rented, `price_per_hour` is for the accounts. `gpus` is how many
     GPUs the engine has (0: CPU-only containers, no GPU is asked of the engine)."""
@@ -997,7 +1073,7 @@ class ContainerProvider(_ProviderBase):
         return value
 
     @model_validator(mode="after")
-    def _tls_over_the_network(self) -> ContainerProvider:
+    def _tls_over_the_network(self) -> ContainerOptions:
         if self.unsafe_host_network and not is_host_network(self.network):
             raise ValueError(
                 f"{HOST_NETWORK_OPT_IN} is true but network is {self.network!r}, and the "
@@ -1034,7 +1110,7 @@ class ContainerProvider(_ProviderBase):
 
 
 ProviderConfig = Annotated[
-    RunPodProvider | VastProvider | MockProvider | LocalProvider | ContainerProvider,
+    RunPodOptions | VastOptions | MockOptions | LocalOptions | ContainerOptions,
     Field(discriminator="kind"),
 ]
 """The one registration of a provider kind's options (beside its factory in
@@ -1093,3 +1169,51 @@ class Config(Strict):
     evaluation: Evaluation = Evaluation()
     providers: dict[Name, ProviderConfig] = {}
     queues: dict[Name, Queue] = {}
+
+    _queue_settings: dict[str, QueueSettings] = PrivateAttr(default_factory=dict)
+    _config_wide: QueueSettings = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _settle_queues(self) -> Config:
+        self._settle()
+        return self
+
+    def _settle(self) -> None:
+        """Every queue's effective settings, once per config (and again on `model_copy`)."""
+        self._config_wide = QueueSettings(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(QueueSettings)}
+        )
+        self._queue_settings = {
+            name: QueueSettings.of(q.autoscale, self._config_wide)
+            for name, q in self.queues.items()
+        }
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy whose queue settings follow its own fields (an update skips validators)."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied._settle()
+        return copied
+
+    def queue_settings(self, name: str) -> QueueSettings:
+        """The effective settings of queue `name`: its own where it sets one, else the
+        config-wide ones (all of them for a queue not configured or not autoscaled)."""
+        return self._queue_settings.get(name, self._config_wide)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueSettings:
+    """A queue's effective value of every setting it may set for itself in `autoscale:` in
+    place of the config-wide one of the same name (`Config.queue_settings`). A setting added
+    to both `Autoscale` and `Config` belongs here too (`tests/config/test_queue_settings.py`
+    fails until it is)."""
+
+    poll_interval: float
+    boot_timeout: float
+
+    @classmethod
+    def of(cls, auto: Autoscale | None, config_wide: QueueSettings) -> QueueSettings:
+        """`auto`'s own values, the config-wide ones where it sets none (or is None)."""
+        if auto is None:
+            return config_wide
+        own = {f.name: getattr(auto, f.name) for f in dataclasses.fields(cls)}
+        return dataclasses.replace(config_wide, **{k: v for k, v in own.items() if v is not None})

@@ -4,91 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from zoneinfo import ZoneInfo
-
-from croniter import CroniterError, croniter
 
 from autoscaler.config.durations import format_duration
 from autoscaler.config.isolation import WATCH_BROKER_ENV
 from autoscaler.config.models import (
     HOURS_PER_MONTH,
-    LEARNED_MAX_FACTOR,
-    MIN_GAPS,
     Autoscale,
     Config,
-    IdleTrigger,
     InstanceSpec,
-    LatencyTrigger,
     MetricsSource,
-    MetricTrigger,
-    NoWorkersTrigger,
     ProviderConfig,
-    QueueDepthTrigger,
-    ScheduleDownTrigger,
-    ScheduleUpTrigger,
-    WarmPool,
     money,
 )
 from autoscaler.settings import redact_url
-
-
-def _next_firing(cron: str, tz: str, now: datetime) -> str:
-    local_now = now.astimezone(ZoneInfo(tz))
-    try:  # the schema refuses crons that do not fire within a year; never crash the dry run
-        nxt = croniter(cron, local_now, max_years_between_matches=2).get_next(datetime)
-    except (CroniterError, ValueError, OverflowError):
-        return "not within a year"
-    return f"{nxt:%Y-%m-%d %H:%M} {tz}"
-
-
-def _scale_up(t: object, now: datetime) -> str:
-    if isinstance(t, NoWorkersTrigger):
-        return "jobs pending and no live worker serves the queue → start 1 machine"
-    if isinstance(t, QueueDepthTrigger):
-        if t.target_per_worker is not None:
-            return f"queue depth → ceil(pending / {t.target_per_worker}) machines"
-        return f"more than {t.threshold} jobs pending → add 1 machine"
-    if isinstance(t, LatencyTrigger):
-        return f"oldest pending job older than {format_duration(t.max_latency)} → add 1 machine"
-    if isinstance(t, MetricTrigger):
-        rule = (
-            f"above {t.threshold:g} → add 1 machine"
-            if t.threshold is not None
-            else f"→ ceil(value / {t.target_per_worker:g}) machines"
-        )
-        return f"Prometheus {t.query!r} {rule}"
-    if isinstance(t, ScheduleUpTrigger):
-        return (
-            f"schedule {t.cron!r} ({t.timezone}) → keep at least {t.workers} machine(s) for "
-            f"{format_duration(t.duration)}; next {_next_firing(t.cron, t.timezone, now)}"
-        )
-    raise TypeError(t)
-
-
-def _scale_down(t: object, now: datetime, pool: WarmPool) -> str:
-    if isinstance(t, IdleTrigger):
-        fate = (
-            "stop its machine while the warm pool has room, else destroy it"
-            if pool.size
-            else "destroy its machine"
-        )
-        return (
-            f"a worker has run no task for {format_duration(t.timeout)} → drain it and "
-            f"{fate} (most idle first, busy workers spared, never below the floor)"
-            + (
-                f"; once the queue has shown {MIN_GAPS} quiet gaps, the timeout that would have "
-                f"cost least over them (up to {format_duration(t.timeout * LEARNED_MAX_FACTOR)}; "
-                "`learn: false` turns it off)"
-                if t.learn
-                else ""
-            )
-        )
-    if isinstance(t, ScheduleDownTrigger):
-        return (
-            f"schedule {t.cron!r} ({t.timezone}) → back to min_workers (idle drained now, busy "
-            f"once they finish); next {_next_firing(t.cron, t.timezone, now)}"
-        )
-    raise TypeError(t)
 
 
 def _metrics_where(m: MetricsSource) -> str:
@@ -319,12 +247,12 @@ def describe(
                 pools += cost
                 pools_known = True
         if auto.scale_up:
-            lines += ["  scale up when:"] + [f"    - {_scale_up(t, now)}" for t in auto.scale_up]
+            lines += ["  scale up when:"] + [f"    - {t.describe(now)}" for t in auto.scale_up]
         else:
             lines.append("  scale up: no trigger (only min_workers is kept)")
         if auto.scale_down:
             lines += ["  scale down when:"]
-            lines += [f"    - {_scale_down(t, now, auto.warm_pool)}" for t in auto.scale_down]
+            lines += [f"    - {t.describe(now, auto.warm_pool)}" for t in auto.scale_down]
         else:
             lines.append("  scale down: no trigger (machines are kept until changed by hand)")
     capped = config.limits.max_price_per_hour

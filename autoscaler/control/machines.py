@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from autoscaler.config.models import Backoff
 from autoscaler.lifecycle import InstanceState
@@ -41,6 +41,9 @@ from autoscaler.store.db import Session
 from autoscaler.store.instances import InstanceDetails
 
 S = InstanceState
+
+Next = Literal["stop", "terminate"]
+"""The step a finished drain sends: stop (a place in the warm pool) or terminate."""
 
 HEARTBEAT_INTERVAL = 10.0
 """Seconds between an agent's heartbeats, as its registration is answered."""
@@ -75,7 +78,7 @@ class SlowHost:
 class Readied:
     """`mark_ready` made the move: a warm hit (`resumed`) or a cold boot, and `slow_host` when
     that boot was slow — its host is to be avoided by the caller once its transaction has
-    committed (`control.resume.avoid_host`: avoided hosts are written on a connection of their
+    committed (`control.steps.resume.avoid_host`: avoided hosts are written on a connection of their
     own, which an open write would hold up on SQLite)."""
 
     resumed: bool = False
@@ -163,7 +166,7 @@ class Report:
     jobs: Sequence[FinishedJob] = ()
     tasks: Sequence[str] = ()
     """Ids of the jobs its worker holds now: what is handed back to the broker if the machine
-    is lost (`control.handback`)."""
+    is lost (`control.steps.handback`)."""
     acks_late: bool | None = None
 
 
@@ -271,7 +274,7 @@ class NotDraining(ValueError):
     """A drained report from a machine nobody asked to drain (the message says its state)."""
 
 
-def drained(session: Session, machine: InstanceDetails, now: datetime) -> str | None:
+def drained(session: Session, machine: InstanceDetails, now: datetime) -> Next | None:
     """Its agent reports its worker stopped after its last task: the drain ends as the loop's
     own drain step ends it (`finish_drain`). The step the caller sends once this transaction
     has committed ("stop" or "terminate"; None: someone else finished it). NotDraining for a
@@ -284,7 +287,7 @@ def drained(session: Session, machine: InstanceDetails, now: datetime) -> str | 
 
 def finish_drain(
     session: Session, launch_id: str, queue: str, why: str, now: datetime
-) -> str | None:
+) -> Next | None:
     """A worker found stopped (by the drain step, or by its agent through the API): draining ->
     drained -> stopping when `decide()` gave it a place in its queue's warm pool, else ->
     terminating, with its event, in `session`. Returns the step the caller sends next ("stop"

@@ -77,7 +77,7 @@ def set_target(
 
 def request_drain(rt: Runtime, launch_id: str, by: str = "operator") -> str:
     """Check that `launch_id` can be drained, and audit the request (the drain step does it:
-    a machine not ready yet is cancelled, `control.drain`). Only a machine that no longer
+    a machine not ready yet is cancelled, `control.steps.drain`). Only a machine that no longer
     exists is refused."""
     with rt.transaction() as session:
         row = instances.get(session, launch_id)

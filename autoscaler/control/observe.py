@@ -8,7 +8,7 @@ Two sources feed the same columns of an instance row (`worker_name`, `last_heart
 (b) heartbeats the worker agent sends through the API (written to the same columns there).
 Every worker seen, ours or hand-made, is also kept in `worker_sightings`, so that every process
 counts hand-made machines (the GPU under the desk) as capacity alike, with what it reported per
-queue (running, prefetched, held until an ETA: `metrics.workers.QueueLoad`, in the row's JSON):
+queue (running, prefetched, held until an ETA: `brokers.workers.QueueLoad`, in the row's JSON):
 `worker_loads` sums those into the running counts the triggers use (the broker cannot count a
 running job under Celery's default early acks).
 """
@@ -19,13 +19,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 
+from autoscaler.brokers.base import SourceError
+from autoscaler.brokers.registry import broker_domain
+from autoscaler.brokers.workers import QueueLoad, WorkerStatus, host_of
 from autoscaler.config.models import Queue
 from autoscaler.control import machines
-from autoscaler.control.resume import avoid_host
 from autoscaler.control.runtime import Loaded, Runtime, log
-from autoscaler.metrics.base import SourceError
-from autoscaler.metrics.registry import broker_domain
-from autoscaler.metrics.workers import QueueLoad, WorkerStatus, host_of
+from autoscaler.control.steps.resume import avoid_host
 from autoscaler.providers.labels import parse_label
 from autoscaler.store import worker_sightings
 from autoscaler.store.db import Session

@@ -19,20 +19,20 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from autoscaler.access.credentials import registered_provider_configs, resolve_api_key
-from autoscaler.config.errors import ConfigError
-from autoscaler.config.loader import known_providers
-from autoscaler.config.models import Config, MetricsSource, MetricTrigger, ProviderConfig, Queue
-from autoscaler.metrics.fallback import FallbackReader
-from autoscaler.metrics.prometheus import PrometheusReader
-from autoscaler.metrics.registry import (
+from autoscaler.brokers.base import source_url
+from autoscaler.brokers.fallback import FallbackReader
+from autoscaler.brokers.prometheus import PrometheusReader
+from autoscaler.brokers.registry import (
     ReadGroup,
     build_prometheus,
     build_source,
     group_queues,
-    source_url,
     transport_options,
 )
-from autoscaler.metrics.workers import CeleryWorkerProbe
+from autoscaler.brokers.workers import CeleryWorkerProbe
+from autoscaler.config.errors import ConfigError
+from autoscaler.config.loader import known_providers
+from autoscaler.config.models import Config, MetricsSource, MetricTrigger, ProviderConfig, Queue
 from autoscaler.providers.base import Provider
 from autoscaler.providers.registry import build_provider
 from autoscaler.settings import Settings
@@ -88,8 +88,7 @@ class Loaded:
         }
 
     def poll_interval(self, queue: str) -> float:
-        auto = self.config.queues[queue].autoscale
-        return (auto.poll_interval if auto else None) or self.config.poll_interval
+        return self.config.queue_settings(queue).poll_interval
 
 
 def effective_config(

@@ -17,17 +17,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from autoscaler.control import drain as drain_step
-from autoscaler.control import handback as handback_step
-from autoscaler.control import launch as launch_step
+from celery import Task
+
 from autoscaler.control import manual, reconciler
-from autoscaler.control import resume as resume_step
-from autoscaler.control import stop as stop_step
-from autoscaler.control import terminate as terminate_step
 from autoscaler.control.app import app
+from autoscaler.control.outbox import StepName
 from autoscaler.control.runtime import log, runtime, utc_now
+from autoscaler.control.steps import drain, handback, launch, resume, stop, terminate
+from autoscaler.control.steps.frame import Step, run_step
 from autoscaler.control.tick import fast_path as fast_path_tick
 from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.settings import Settings, redact_url
@@ -38,25 +39,52 @@ from autoscaler.store.retention import sweep
 STEP_EXPIRES = 600.0
 
 
-def enqueue(step: str, launch_id: str) -> None:
-    """Send the lifecycle task `step` for one machine (the loop's `Enqueue` port); `evaluate`
-    takes a queue's name instead, and evaluates that queue now (after a warm miss)."""
-    if step == "evaluate":
-        tick.apply_async(kwargs={"trigger": "warm_miss", "queue": launch_id}, expires=STEP_EXPIRES)
-        return
-    if step == "shard":  # one shard's poll tick: stale once the next poll has come
-        tick.apply_async(kwargs={"trigger": "poll", "shard": int(launch_id)}, expires=60)
-        return
-    STEPS[step].apply_async((launch_id,), expires=STEP_EXPIRES)
+class CeleryOutbox:
+    """The `Outbox` on the control broker: each message a task whose arguments are names and
+    ids only. `best_effort` (the CLI, the API: outside a worker): a broker that cannot be
+    reached is logged, never raised, since reconcile sends every unfinished step again a poll
+    later."""
+
+    def __init__(self, *, best_effort: bool = False) -> None:
+        self.best_effort = best_effort
+
+    def step(self, step: StepName, launch_id: str, *, after: float | None = None) -> None:
+        task = STEPS[step].task
+        later = {} if after is None else {"countdown": after}
+        self._send(
+            f"{step} of {launch_id}",
+            lambda: task.apply_async((launch_id,), expires=STEP_EXPIRES, **later),
+        )
+
+    def evaluate(self, queue: str) -> None:
+        kwargs = {"trigger": "warm_miss", "queue": queue}
+        self._send(
+            f"the evaluation of {queue}",
+            lambda: tick.apply_async(kwargs=kwargs, expires=STEP_EXPIRES),
+        )
+
+    def shard(self, number: int) -> None:
+        # one shard's poll tick: stale once the next poll has come
+        kwargs = {"trigger": "poll", "shard": number}
+        self._send(
+            f"the tick of shard {number}", lambda: tick.apply_async(kwargs=kwargs, expires=60)
+        )
+
+    def _send(self, what: str, send: Callable[[], object]) -> None:
+        if not self.best_effort:
+            send()
+            return
+        try:
+            send()
+        except Exception as exc:
+            log.warning("could not send %s (%s); reconcile will", what, exc)
 
 
-def send_step(step: str, launch_id: str) -> None:
-    """`enqueue` from outside a worker (the CLI, the API): best effort, since reconcile sends
-    every unfinished step again a poll later; a broker that cannot be reached is logged."""
-    try:
-        enqueue(step, launch_id)
-    except Exception as exc:
-        log.warning("could not send %s of %s (%s); reconcile will", step, launch_id, exc)
+OUTBOX = CeleryOutbox()
+"""What the tasks send (in a worker: an error fails the task, whose step is sent again)."""
+
+BEST_EFFORT = CeleryOutbox(best_effort=True)
+"""What the CLI and the API send."""
 
 
 @app.task(name="autoscaler.tick")
@@ -67,69 +95,50 @@ def tick(
     tick per shard, each with its `shard` number."""
     queues = [queue] if queue else None
     rt = runtime()
-    return evaluate(rt, enqueue, trigger=trigger, queues=queues, shard=shard).as_dict()
+    return evaluate(rt, OUTBOX, trigger=trigger, queues=queues, shard=shard).as_dict()
 
 
 @app.task(name="autoscaler.fast_path", ignore_result=True)  # every second: keep no result
 def fast_path() -> dict[str, Any]:
-    return fast_path_tick.fast_path(runtime(), enqueue).as_dict()
+    return fast_path_tick.fast_path(runtime(), OUTBOX).as_dict()
 
 
-@app.task(name="autoscaler.launch", acks_late=True)
-def launch(launch_id: str) -> str:
-    return launch_step.run_launch(runtime(), launch_id, enqueue=enqueue)
+@dataclass(frozen=True)
+class Registered:
+    """A lifecycle step: its declaration (`control/steps/`) and its Celery task."""
+
+    declaration: Step[Any]
+    task: Task
 
 
-@app.task(name="autoscaler.drain", acks_late=True)
-def drain(launch_id: str) -> str:
-    """Drain one machine (a machine not ready yet is cancelled; see `control.drain`)."""
-    why = "asked to drain it through autoscaler.drain"
-    return drain_step.run_drain(runtime(), launch_id, why, enqueue=enqueue)
+def _register(step: Step[Any]) -> tuple[StepName, Registered]:
+    """The step's task `autoscaler.<name>`, taking one launch id (acks late: a worker lost
+    mid-step leaves it to be run again), returning the outcome's text."""
+
+    def task(launch_id: str) -> str:
+        return str(run_step(step, runtime(), launch_id, OUTBOX))
+
+    task.__name__ = task.__qualname__ = step.name
+    task.__doc__ = type(step).__doc__
+    return step.name, Registered(
+        step, app.task(name=f"autoscaler.{step.name}", acks_late=True)(task)
+    )
 
 
-@app.task(name="autoscaler.terminate", acks_late=True)
-def terminate(launch_id: str) -> str:
-    return terminate_step.run_terminate(runtime(), launch_id)
-
-
-@app.task(name="autoscaler.stop", acks_late=True)
-def stop(launch_id: str) -> str:
-    return stop_step.run_stop(runtime(), launch_id, enqueue=enqueue)
-
-
-@app.task(name="autoscaler.resume", acks_late=True)
-def resume(launch_id: str) -> str:
-    return resume_step.run_resume(runtime(), launch_id, enqueue=enqueue)
-
-
-@app.task(name="autoscaler.handback", acks_late=True)
-def handback(launch_id: str) -> str:
-    """Hand a lost machine's jobs back to the broker (sent again with a countdown when not due
-    yet; reconcile sends it every round until it is done)."""
-
-    def later(seconds: float) -> None:
-        handback.apply_async((launch_id,), countdown=seconds, expires=STEP_EXPIRES)
-
-    return handback_step.run_handback(runtime(), launch_id, later)
-
-
-STEPS = {
-    "launch": launch,
-    "drain": drain,
-    "terminate": terminate,
-    "stop": stop,
-    "resume": resume,
-    "handback": handback,
-}
-"""The lifecycle tasks by step name, each taking one launch id."""
+STEPS: dict[StepName, Registered] = dict(
+    _register(step)
+    for step in (launch.STEP, drain.STEP, terminate.STEP, stop.STEP, resume.STEP, handback.STEP)
+)
+"""The lifecycle steps by name: each one's declaration and task (`tests/control/
+test_step_registry.py` holds them, `outbox.StepName` and `settings.LIFECYCLE_TASKS` alike)."""
 
 
 @app.task(name="autoscaler.reconcile")
 def reconcile() -> dict[str, Any]:
     """One reconcile round, then the watched brokers' forged unacked mutexes cleared."""
     rt = runtime()
-    done = reconciler.run_reconcile(rt, enqueue)
-    handback_step.sweep_forged_mutexes(rt)
+    done = reconciler.run_reconcile(rt, OUTBOX)
+    handback.sweep_forged_mutexes(rt)
     return done
 
 
@@ -145,7 +154,7 @@ def scale(queue: str, workers: int | None, for_: str | None = None) -> str:
     """Pin QUEUE at WORKERS machines (within max_workers) for FOR_ (default 1h); null clears."""
     rt = runtime()
     reason = manual.set_target(rt, queue, workers, for_, by="celery call")
-    evaluate(rt, enqueue, trigger="manual", queues=[queue])
+    evaluate(rt, OUTBOX, trigger="manual", queues=[queue])
     return reason
 
 

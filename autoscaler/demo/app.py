@@ -107,9 +107,9 @@ def publish(broker_url: str, jobs: list[tuple[str, float]]) -> list[Published]:
 
     from celery import Celery
 
-    import autoscaler.metrics.stamp
+    import autoscaler.brokers.stamp
 
-    autoscaler.metrics.stamp.install()
+    autoscaler.brokers.stamp.install()
     app = Celery("demo_producer", broker=broker_url, set_as_current=False)
     app.conf.update(
         task_serializer="json",

@@ -321,7 +321,7 @@ class Demo:
 
     def watch(self, interval: float = 0.5) -> None:
         """Refresh the view until every job ran and every machine is gone, or the deadline."""
-        from autoscaler.metrics.celery_sqla import CelerySqlaReader
+        from autoscaler.brokers.embedded.celery_sqla import CelerySqlaReader
 
         reader = CelerySqlaReader(self.queue_broker)
         deadline = time.monotonic() + self.shape.deadline_s
@@ -348,7 +348,7 @@ class Demo:
             reader.close()
 
     def status(self, reader: Any) -> tuple[Status, list[str], int, int]:
-        from autoscaler.metrics.base import SourceError
+        from autoscaler.brokers.base import SourceError
 
         records = demo_app.runs(self.runs_path)
         starts = Counter(str(e.get("job")) for e in records if e.get("phase") == "start")
@@ -483,7 +483,7 @@ class Demo:
         at once: SIGTERM to each machine's group, SIGKILL after a short grace)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from autoscaler.config.models import LocalProvider as LocalConfig
+        from autoscaler.config.models import LocalOptions
         from autoscaler.providers.labels import parse_label
         from autoscaler.providers.local import LocalProvider
 
@@ -495,7 +495,7 @@ class Demo:
             if parsed is None:
                 return None
             provider = LocalProvider(
-                PROVIDER, LocalConfig(kind="local"), parsed.installation_id, base, grace=3.0
+                PROVIDER, LocalOptions(kind="local"), parsed.installation_id, base, grace=3.0
             )
             machine = provider.get(label)
             try:

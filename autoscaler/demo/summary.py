@@ -18,7 +18,7 @@ from autoscaler.store.models import Instance
 
 
 @dataclass(frozen=True)
-class Machine:
+class RentedMachine:
     launch_id: str
     state: str
     created_at: datetime
@@ -30,7 +30,7 @@ class Machine:
         return max(0.0, ((self.ended_at or now) - self.created_at).total_seconds())
 
 
-def machines(database_url: str) -> list[Machine]:
+def machines(database_url: str) -> list[RentedMachine]:
     engine = make_engine(database_url)
     try:
         with transaction(session_factory(engine)) as session:
@@ -38,7 +38,7 @@ def machines(database_url: str) -> list[Machine]:
                 select(Instance).where(Instance.queue == QUEUE).order_by(Instance.id)
             ).all()
             return [
-                Machine(
+                RentedMachine(
                     r.launch_id,
                     r.state.value,
                     r.created_at,
@@ -111,7 +111,7 @@ class Summary:
         return out
 
 
-def peak(ms: list[Machine], now: datetime) -> int:
+def peak(ms: list[RentedMachine], now: datetime) -> int:
     points = sorted(
         [(m.created_at, 1) for m in ms] + [(m.ended_at or now, -1) for m in ms],
         key=lambda p: (p[0], p[1]),

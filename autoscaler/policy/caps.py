@@ -31,7 +31,7 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Grant:
+class LaunchGrant:
     queue: str
     granted: int
     waiting: int
@@ -76,7 +76,7 @@ def usage(snapshot: Snapshot, config: Config) -> tuple[int, float]:
 
 def allocate(
     requests: list[Request], limits: Limits, used_machines: int, used_dollars: float
-) -> dict[str, Grant]:
+) -> dict[str, LaunchGrant]:
     """Grant launches under the caps, by priority, round-robin within a priority."""
     want = {r.queue: r.machines for r in requests}
     granted = dict.fromkeys(want, 0)
@@ -112,7 +112,7 @@ def allocate(
                 dollars += r.price_per_hour
                 progress = True
 
-    out: dict[str, Grant] = {}
+    out: dict[str, LaunchGrant] = {}
     for r in requests:
         waiting = want[r.queue] - granted[r.queue]
         reason = None
@@ -127,7 +127,7 @@ def allocate(
                 f"spend cap: {blocked.get(r.queue, 'cap reached')}; "
                 f"{waiting} of {want[r.queue]} machine(s) wait (priority {r.priority}){ahead}"
             )
-        out[r.queue] = Grant(r.queue, granted[r.queue], waiting, reason)
+        out[r.queue] = LaunchGrant(r.queue, granted[r.queue], waiting, reason)
     return out
 
 

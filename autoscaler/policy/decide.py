@@ -41,6 +41,7 @@ from autoscaler.config.models import (
     MetricTrigger,
     NoWorkersTrigger,
     QueueDepthTrigger,
+    QueueSettings,
     ScheduleDownTrigger,
     ScheduleUpTrigger,
 )
@@ -48,7 +49,7 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.policy import triggers as t
 from autoscaler.policy import warm
 from autoscaler.policy.backoff import active_backoff
-from autoscaler.policy.caps import Grant, Request, allocate, usage
+from autoscaler.policy.caps import LaunchGrant, Request, allocate, usage
 from autoscaler.policy.history import burst_limit, learned_idle_timeout
 from autoscaler.policy.plan import (
     Drain,
@@ -99,6 +100,7 @@ class _Up:
 
     name: str
     auto: Autoscale
+    settings: QueueSettings
     qs: QueueSnapshot
     capacity: int
     floor: int
@@ -211,7 +213,7 @@ def _floor(auto: Autoscale, now: datetime) -> tuple[int, str]:
     return min(floor, auto.max_workers), why
 
 
-UP_VOTES: dict[type, Callable[[Any, t.QueueView], t.UpVote | None]] = {
+UP_VOTES: dict[type, Callable[[Any, t.TriggerInputs], t.UpVote | None]] = {
     NoWorkersTrigger: t.no_workers,
     QueueDepthTrigger: t.queue_depth,
     LatencyTrigger: t.latency,
@@ -226,7 +228,7 @@ FLOOR_ONLY: frozenset[type] = frozenset({ScheduleUpTrigger})
 """Scale-up triggers that set a floor (`_floor`) and cast no vote."""
 
 
-def _vote(trig: object, view: t.QueueView) -> t.UpVote | None:
+def _vote(trig: object, view: t.TriggerInputs) -> t.UpVote | None:
     vote = UP_VOTES.get(type(trig))
     if vote is None:
         if type(trig) not in FLOOR_ONLY:
@@ -260,13 +262,14 @@ class _Ask:
 def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now: datetime) -> _Up:
     """One queue's scale-up half: the floor, the triggers' votes, a hedge, then what may be
     rented (machines leaving taken back first, the burst rule, max_workers)."""
+    settings = config.queue_settings(name)
     capacity = _capacity(qs)
     floor = _effective_floor(auto, qs, now)
     fresh = qs.metrics is not None and not qs.metrics.stale
-    votes, vote_notes, keep_one = _evaluate(auto, qs, config, floor.manual, now)
+    votes, vote_notes, keep_one = _evaluate(auto, qs, settings, floor.manual, now)
     fired = [v for v in votes if v.fired]
     asked = _ask(auto, floor, fired, capacity)
-    hedge = None if floor.manual is not None or not fresh else _hedge_reason(auto, qs, config, now)
+    hedge = None if floor.manual is not None or not fresh else _hedge_reason(settings, qs, now)
     hedged = _hedged(asked, hedge, capacity, auto.max_workers)
     ask = hedged or asked
     waits = _over_ceiling(name, ask, capacity, auto.max_workers)
@@ -279,6 +282,7 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
     return _Up(
         name=name,
         auto=auto,
+        settings=settings,
         qs=qs,
         capacity=capacity,
         floor=floor.workers,
@@ -335,7 +339,7 @@ def _degraded(auto: Autoscale, qs: QueueSnapshot) -> tuple[str, ...]:
 def _evaluate(
     auto: Autoscale,
     qs: QueueSnapshot,
-    config: Config,
+    settings: QueueSettings,
     manual: ManualTarget | None,
     now: datetime,
 ) -> tuple[list[t.UpVote], list[str], bool]:
@@ -354,7 +358,7 @@ def _evaluate(
             ],
             False,
         )
-    view = t.make_view(qs.metrics, qs.machines, qs.manual_workers, now, _lead(auto, qs, config))
+    view = t.make_view(qs.metrics, qs.machines, qs.manual_workers, now, _lead(settings, qs))
     votes = [vote for vote in (_vote(trig, view) for trig in auto.scale_up) if vote is not None]
     notes = [vote.reason for vote in votes]
     if view.due_soon is None:
@@ -469,9 +473,9 @@ def _burst(qs: QueueSnapshot, machines: tuple[Machine, ...]) -> tuple[int, str] 
     )
 
 
-def late_boot_s(auto: Autoscale, qs: QueueSnapshot, config: Config) -> float:
+def late_boot_s(settings: QueueSettings, qs: QueueSnapshot) -> float:
     """After how long a booting machine of the queue counts as late (see HEDGE_LATE_FACTOR)."""
-    timeout = auto.boot_timeout or config.boot_timeout
+    timeout = settings.boot_timeout
     estimate = qs.boot_estimate
     if estimate is None:
         boots = [
@@ -480,7 +484,7 @@ def late_boot_s(auto: Autoscale, qs: QueueSnapshot, config: Config) -> float:
             if m.ready_at is not None and m.ready_at >= m.created_at
         ]
         estimate = max(boots) if boots else t.DEFAULT_BOOT_ESTIMATE
-    poll = auto.poll_interval or config.poll_interval
+    poll = settings.poll_interval
     # Never late before a minute, nor before two polls past the estimate: a worker seen only
     # through remote control is seen ready at a reconcile, so its quick boot looks a poll or
     # two longer than it is (an agent's machine is ready at its first heartbeat).
@@ -488,7 +492,7 @@ def late_boot_s(auto: Autoscale, qs: QueueSnapshot, config: Config) -> float:
     return min(late, timeout)
 
 
-def _hedge_reason(auto: Autoscale, qs: QueueSnapshot, config: Config, now: datetime) -> str | None:
+def _hedge_reason(settings: QueueSettings, qs: QueueSnapshot, now: datetime) -> str | None:
     """Why to rent one more machine while others boot, or None (see HEDGE_LATE_FACTOR)."""
     m = qs.metrics
     if m is None or m.stale or m.pending <= 0 or m.paused or qs.manual_workers > 0:
@@ -503,8 +507,8 @@ def _hedge_reason(auto: Autoscale, qs: QueueSnapshot, config: Config, now: datet
         # from its first rental it would look hours late and rent a second machine each time
         # (spiky day, a pool of 16 kept 4h: 106 of 323 resumes; benchmarks/warm_pool_sim.py)
         return None
-    late = late_boot_s(auto, qs, config)
-    if late >= (auto.boot_timeout or config.boot_timeout):
+    late = late_boot_s(settings, qs)
+    if late >= settings.boot_timeout:
         return None  # the boot timeout comes first
     oldest = min((now - x.created_at).total_seconds() for x in booting)
     if oldest <= late:
@@ -515,15 +519,15 @@ def _hedge_reason(auto: Autoscale, qs: QueueSnapshot, config: Config, now: datet
     )
 
 
-def _lead(auto: Autoscale, qs: QueueSnapshot, config: Config) -> float:
+def _lead(settings: QueueSettings, qs: QueueSnapshot) -> float:
     """How long before scheduled jobs fall due a machine is asked for: the queue's recent boot
     time, else `DEFAULT_BOOT_ESTIMATE`; never more than the boot timeout."""
-    timeout = auto.boot_timeout or config.boot_timeout
+    timeout = settings.boot_timeout
     estimate = qs.boot_estimate if qs.boot_estimate is not None else t.DEFAULT_BOOT_ESTIMATE
     return min(max(0.0, estimate), timeout)
 
 
-def _grants(ups: list[_Up], snapshot: Snapshot, config: Config) -> dict[str, Grant]:
+def _grants(ups: list[_Up], snapshot: Snapshot, config: Config) -> dict[str, LaunchGrant]:
     limits = config.limits
     if limits.max_machines is None and limits.max_price_per_hour is None:
         return {}
@@ -603,7 +607,7 @@ def _provider_hold(u: _Up) -> tuple[WaitKind, datetime, str] | None:
     return kind, until, "every provider waits: " + "; ".join(h.why for h in u.holds)
 
 
-def _finish(u: _Up, grant: Grant | None, config: Config, now: datetime) -> QueuePlan:
+def _finish(u: _Up, grant: LaunchGrant | None, config: Config, now: datetime) -> QueuePlan:
     waits = list(u.waits)
     notes = list(u.notes)
     count = u.wanted
@@ -758,7 +762,7 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
     # last report predates its first job), and draining it would only rent another.
     idle_budget = min(budget, _serving(u) - _needed_for_waiting(u))
     idle: dict[str, tuple[Machine, float, float, str]] = {}
-    poll = u.auto.poll_interval or config.poll_interval
+    poll = u.settings.poll_interval
     for trig in u.auto.scale_down:
         if isinstance(trig, IdleTrigger):
             timeout, why = idle_timeout(trig, u.qs, config, poll)
@@ -787,7 +791,7 @@ def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
         chosen.update(d.launch_id for d in drains)
 
     # schedule: back to the floor; idle machines now, busy ones once they finish.
-    poll = u.auto.poll_interval or config.poll_interval
+    poll = u.settings.poll_interval
     for trig in u.auto.scale_down:
         if not isinstance(trig, ScheduleDownTrigger):
             continue
@@ -850,7 +854,7 @@ def _nothing_waits(qs: QueueSnapshot) -> bool:
 
 def _learned_notes(u: _Up, config: Config) -> list[str]:
     """What the status shows of a learned idle timeout in force (why, from how many gaps)."""
-    poll = u.auto.poll_interval or config.poll_interval
+    poll = u.settings.poll_interval
     out = []
     for trig in u.auto.scale_down:
         if isinstance(trig, IdleTrigger):

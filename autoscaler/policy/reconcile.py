@@ -150,7 +150,7 @@ class Transition:
     at once, and the queue does not back off)."""
     handback: bool = False
     """The provider says the machine no longer runs while its worker may have held jobs: they
-    are handed back to the broker (`control.handback`), and its queue evaluated at once."""
+    are handed back to the broker (`control.steps.handback`), and its queue evaluated at once."""
     preempted: bool = False
     """The provider stopped it because it was outbid (an interruptible machine): no failure of
     the rental nor of its host by itself; counted per queue and host."""
@@ -404,9 +404,7 @@ def _step_retry(config: Config) -> float:
 
 
 def _boot_timeout(row: Row, config: Config) -> float:
-    queue_cfg = config.queues.get(row.queue)
-    auto = queue_cfg.autoscale if queue_cfg is not None else None
-    return (auto.boot_timeout if auto else None) or config.boot_timeout
+    return config.queue_settings(row.queue).boot_timeout
 
 
 def _pending(row: Row, f: _Facts, config: Config) -> Retry | None:

@@ -12,7 +12,7 @@ Scale-down triggers pick machines; `decide()` applies the floor and the other gu
 The load is due pending jobs plus the jobs handed to workers (`QueueMetrics.started_or_held`:
 the workers' running + prefetched report, or the broker's unacked count where that is larger
 or no worker reported). Jobs scheduled for later are not load; `no_workers` pre-warms one
-machine for them a boot time (`QueueView.lead`) before the first falls due. A queue its source
+machine for them a boot time (`TriggerInputs.lead`) before the first falls due. A queue its source
 paused (asynq) has no pending load: nobody would serve it.
 """
 
@@ -41,7 +41,7 @@ yet (capped by the queue's boot timeout): how early scheduled jobs are pre-warme
 
 
 @dataclass(frozen=True)
-class QueueView:
+class TriggerInputs:
     """Derived numbers of one queue at `now`, shared by every trigger.
 
     `lead` is how long before a scheduled job falls due a machine must be asked for so that it
@@ -97,8 +97,8 @@ def make_view(
     manual: int,
     now: datetime | None = None,
     lead: float = DEFAULT_BOOT_ESTIMATE,
-) -> QueueView:
-    return QueueView(
+) -> TriggerInputs:
+    return TriggerInputs(
         metrics=metrics,
         machines=machines,
         serving=sum(1 for m in machines if m.serving),
@@ -121,7 +121,7 @@ class UpVote:
     held: bool = False
 
 
-def _plus_one(trigger: str, view: QueueView, why: str) -> UpVote:
+def _plus_one(trigger: str, view: TriggerInputs, why: str) -> UpVote:
     if view.booting > 0:
         return UpVote(
             trigger,
@@ -140,7 +140,7 @@ def _quiet(trigger: str, why: str) -> UpVote:
     return UpVote(trigger, False, 0, f"{trigger}: {why}")
 
 
-def no_workers(_: NoWorkersTrigger, view: QueueView) -> UpVote:
+def no_workers(_: NoWorkersTrigger, view: TriggerInputs) -> UpVote:
     pending = view.pending
     if pending > 0 and view.capacity == 0:
         return UpVote(
@@ -166,7 +166,7 @@ def no_workers(_: NoWorkersTrigger, view: QueueView) -> UpVote:
     return _quiet("no_workers", f"{pending} pending{later}{paused}, capacity {view.capacity}")
 
 
-def queue_depth(trig: QueueDepthTrigger, view: QueueView) -> UpVote:
+def queue_depth(trig: QueueDepthTrigger, view: TriggerInputs) -> UpVote:
     pending = view.pending
     if trig.target_per_worker is not None:
         target = trig.target_per_worker
@@ -184,7 +184,7 @@ def queue_depth(trig: QueueDepthTrigger, view: QueueView) -> UpVote:
     return _quiet("queue_depth", f"{pending} pending ≤ threshold {trig.threshold}")
 
 
-def latency(trig: LatencyTrigger, view: QueueView) -> UpVote:
+def latency(trig: LatencyTrigger, view: TriggerInputs) -> UpVote:
     age = view.metrics.oldest_pending_age if view.pending > 0 else None
     limit = format_duration(trig.max_latency)
     if age is not None and age > trig.max_latency:
@@ -193,7 +193,7 @@ def latency(trig: LatencyTrigger, view: QueueView) -> UpVote:
     return _quiet("latency", f"{shown} ≤ {limit}")
 
 
-def metric(trig: MetricTrigger, view: QueueView) -> UpVote:
+def metric(trig: MetricTrigger, view: TriggerInputs) -> UpVote:
     values = dict(view.metrics.external)
     value = values.get(trig.query)
     if value is None or not math.isfinite(value):

@@ -49,10 +49,10 @@ from autoscaler.config.models import (
     ENGINE_TCP_FIX,
     ENGINE_TCP_WITHOUT_TLS,
     HOST_NETWORK_OPT_IN,
+    ContainerOptions,
     InstanceSpec,
     is_host_network,
 )
-from autoscaler.config.models import ContainerProvider as ContainerConfig
 from autoscaler.providers.base import (
     AuthError,
     Build,
@@ -161,7 +161,7 @@ class ContainerProvider(Provider):
     def __init__(
         self,
         name: str,
-        config: ContainerConfig,
+        config: ContainerOptions,
         installation_id: str,
         *,
         timeout: float = 30.0,
@@ -797,7 +797,7 @@ class ContainerProvider(Provider):
         )
 
 
-def build(name: str, config: ContainerConfig, ctx: Build) -> ContainerProvider:
+def build(name: str, config: ContainerOptions, ctx: Build) -> ContainerProvider:
     """The container provider's factory (`providers.registry.FACTORIES`): nothing is called
     before the first operation."""
     return ContainerProvider(name, config, ctx.installation_id, timeout=float(ctx.timeout[1]))

@@ -40,8 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from autoscaler.config.models import InstanceSpec
-from autoscaler.config.models import LocalProvider as LocalConfig
+from autoscaler.config.models import InstanceSpec, LocalOptions
 from autoscaler.providers.base import (
     WORKDIR_ENV,
     Build,
@@ -132,7 +131,7 @@ class LocalProvider(Provider):
     def __init__(
         self,
         name: str,
-        config: LocalConfig,
+        config: LocalOptions,
         installation_id: str,
         state_dir: Path,
         *,
@@ -434,7 +433,7 @@ class LocalProvider(Provider):
             os.killpg(pgid, sig)
 
 
-def build(name: str, config: LocalConfig, ctx: Build) -> LocalProvider:
+def build(name: str, config: LocalOptions, ctx: Build) -> LocalProvider:
     """The local provider's factory (`providers.registry.FACTORIES`): pid files in a folder."""
     if ctx.state_dir is None:
         raise ValueError(f"provider {name!r} (local) needs a state directory for its pid files")

@@ -18,8 +18,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
-from autoscaler.config.models import InstanceSpec
-from autoscaler.config.models import MockProvider as MockConfig
+from autoscaler.config.models import InstanceSpec, MockOptions
 from autoscaler.digits import ascii_whole
 from autoscaler.providers.base import (
     Build,
@@ -90,7 +89,7 @@ class MockProvider(Provider):
     def __init__(
         self,
         name: str,
-        config: MockConfig,
+        config: MockOptions,
         installation_id: str,
         machines: MockMachines,
         *,
@@ -249,7 +248,7 @@ class MockProvider(Provider):
         )
 
 
-def build(name: str, config: MockConfig, ctx: Build) -> MockProvider:
+def build(name: str, config: MockOptions, ctx: Build) -> MockProvider:
     """The mock provider's factory (`providers.registry.FACTORIES`): machines in the store."""
     from autoscaler.store.mock_machines import StoredMockMachines
 

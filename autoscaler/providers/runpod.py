@@ -28,8 +28,7 @@ from typing import Any, Unpack
 import requests
 
 from autoscaler.config.gpus import lookup
-from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec
-from autoscaler.config.models import RunPodProvider as RunPodConfig
+from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec, RunPodOptions
 from autoscaler.providers.api import ApiOptions, ApiProvider
 from autoscaler.providers.base import (
     WORKDIR_ENV,
@@ -90,7 +89,7 @@ class RunPodProvider(ApiProvider):
     def __init__(
         self,
         name: str,
-        config: RunPodConfig,
+        config: RunPodOptions,
         api_key: str,
         installation_id: str,
         **options: Unpack[ApiOptions],
@@ -461,7 +460,7 @@ def _check_id(pod_id: str) -> None:
         raise ValueError(f"{pod_id!r} is not a RunPod pod id")
 
 
-def build(name: str, config: RunPodConfig, ctx: Build) -> RunPodProvider:
+def build(name: str, config: RunPodOptions, ctx: Build) -> RunPodProvider:
     """RunPod's factory (`providers.registry.FACTORIES`)."""
     assert ctx.credential is not None  # the registry refuses a keyed kind without its key
     return RunPodProvider(

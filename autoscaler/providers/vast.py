@@ -43,8 +43,7 @@ from typing import Any, Unpack
 import requests
 
 from autoscaler.config.gpus import lookup
-from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec
-from autoscaler.config.models import VastProvider as VastConfig
+from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec, VastOptions
 from autoscaler.digits import ascii_whole, is_ascii_whole
 from autoscaler.policy import reconcile
 from autoscaler.providers.api import ApiOptions, ApiProvider
@@ -215,7 +214,7 @@ class VastProvider(ApiProvider):
     def __init__(
         self,
         name: str,
-        config: VastConfig,
+        config: VastOptions,
         api_key: str,
         installation_id: str,
         hosts: HostsToAvoid,
@@ -631,7 +630,7 @@ class VastProvider(ApiProvider):
         )
 
 
-def build(name: str, config: VastConfig, ctx: Build) -> VastProvider:
+def build(name: str, config: VastOptions, ctx: Build) -> VastProvider:
     """Vast.ai's factory (`providers.registry.FACTORIES`): hosts to avoid live in the store."""
     from autoscaler.store.avoided_hosts import StoredHostsToAvoid
 

@@ -292,8 +292,9 @@ class Simulation:
         self.provider = next(iter(self.providers.values()))
         """The first listed provider."""
         self.params = self.provider.params
-        self.poll = self.auto.poll_interval or config.poll_interval
-        self.boot_timeout = self.auto.boot_timeout or config.boot_timeout
+        settings = config.queue_settings(queue)
+        self.poll = settings.poll_interval
+        self.boot_timeout = settings.boot_timeout
         self.spec_key = warm.spec_key(self.auto)
         """What its rentals are rented as: decide() resumes only machines of this spec."""
 

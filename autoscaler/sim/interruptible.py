@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from autoscaler.config.models import Config, Interruptible
 from autoscaler.sim.engine import Acks, World
-from autoscaler.sim.report import Report, summarize
+from autoscaler.sim.report import PolicyReport, summarize
 from autoscaler.sim.trace import Job
 
 COST_GOAL = 0.70
@@ -54,8 +54,8 @@ class MixedRun:
 
     rate: float
     acks: Acks
-    report: Report
-    on_demand: Report
+    report: PolicyReport
+    on_demand: PolicyReport
 
     @property
     def label(self) -> str:
@@ -92,7 +92,7 @@ class MixedRun:
         )
 
 
-def run_ours(config: Config, queue: str, jobs: list[Job], seed: int, world: World) -> Report:
+def run_ours(config: Config, queue: str, jobs: list[Job], seed: int, world: World) -> PolicyReport:
     from autoscaler.sim.run import run_watched
 
     return summarize(*run_watched(config, queue, jobs, "ours", seed, world=world))
@@ -100,7 +100,7 @@ def run_ours(config: Config, queue: str, jobs: list[Job], seed: int, world: Worl
 
 def on_demand(
     config: Config, queue: str, jobs: list[Job], seed: int = 0, world: World | None = None
-) -> Report:
+) -> PolicyReport:
     """Our policy with every machine on demand (the queue's bid removed)."""
     from autoscaler.sim.run import without_interruptible
 
@@ -115,7 +115,7 @@ def mixed(
     acks: Acks = "late",
     seed: int = 0,
     world: World | None = None,
-    base: Report | None = None,
+    base: PolicyReport | None = None,
 ) -> MixedRun:
     """Our policy on `config` (a queue with `instance.interruptible`) at `rate` preemptions per
     machine-hour, beside all on demand (`base`, run when not given) on the same seed and world."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from autoscaler.config.models import Config
 from autoscaler.sim.engine import Result, World
 from autoscaler.sim.provider import Outage, ProviderParams
-from autoscaler.sim.report import Report, summarize
+from autoscaler.sim.report import PolicyReport, summarize
 from autoscaler.sim.trace import Job
 
 
@@ -36,7 +36,7 @@ class PlacementRow:
     label: str
     providers: tuple[str, ...]
     alone: bool
-    report: Report
+    report: PolicyReport
     uses: tuple[ProviderUse, ...]
 
     def as_dict(self) -> dict[str, object]:
@@ -207,7 +207,7 @@ class OutageRun:
     the machine-hours on the dearer provider over the whole run."""
 
     label: str
-    report: Report
+    report: PolicyReport
     window_hours: float
     dear_hours: float
 

@@ -40,7 +40,7 @@ seeded generator; the rate does not depend on the bid, which in a real market it
   reconcile enqueues an evaluation when it sees the machine lost: up to a reconcile poll after
   the preemption, 15 s on average at the default 30 s poll — optimistic by that much);
 - the jobs it ran come back after HANDBACK_S, 20 s: reconcile sees the stop (on average half
-  of its 30 s poll), waits `control.handback.GRACE` (5 s) and has RabbitMQ requeue them (the
+  of its 30 s poll), waits `control.steps.handback.GRACE` (5 s) and has RabbitMQ requeue them (the
   machine's user's connections closed: under a second). On Redis nothing the broker keeps says
   whose a delivery is, so they come back by kombu's `visibility_timeout` instead (an hour by
   default): simulate such a queue with `World.handback_s` set to it. Under
@@ -69,10 +69,10 @@ from autoscaler.config.models import (
     HOURS_PER_MONTH,
     Autoscale,
     Config,
-    MockProvider,
+    MockOptions,
     ProviderConfig,
-    RunPodProvider,
-    VastProvider,
+    RunPodOptions,
+    VastOptions,
 )
 
 COLD_BOOT_S = 180.0
@@ -113,7 +113,7 @@ class ProviderParams:
         its config says, else the assumptions above."""
         prov = config.providers.get(name)
         storage = _storage_price(prov, auto)
-        if isinstance(prov, MockProvider):
+        if isinstance(prov, MockOptions):
             mine = prov.model_fields_set
             return cls(
                 prov.boot_delay,
@@ -138,14 +138,14 @@ class ProviderParams:
             auto.instance.max_price_per_hour,
             can_stop=prov is None or prov.can_stop,
             storage_price_per_hour=storage,
-            miss_seen_at_timeout=isinstance(prov, VastProvider),
+            miss_seen_at_timeout=isinstance(prov, VastOptions),
         )
 
 
 def _storage_price(prov: ProviderConfig | None, auto: Autoscale) -> float:
     """$/h a stopped machine of `auto` bills: RunPod's volume price, else the instance's disk
     at STORAGE_PER_GB_MONTH."""
-    if isinstance(prov, RunPodProvider) and prov.volume_gb > 0:
+    if isinstance(prov, RunPodOptions) and prov.volume_gb > 0:
         known = prov.known_storage_price(auto.instance)
         if known is not None:
             return known[0]

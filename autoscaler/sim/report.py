@@ -62,7 +62,7 @@ class Saturation:
 
 
 @dataclass(frozen=True)
-class Report:
+class PolicyReport:
     policy: str
     jobs: int
     machine_hours: float
@@ -127,7 +127,7 @@ def undone_seconds(result: Result) -> float:
     return undone
 
 
-def summarize(result: Result, saturation: Saturation | None = None) -> Report:
+def summarize(result: Result, saturation: Saturation | None = None) -> PolicyReport:
     price = result.price_per_hour
     end_s = result.end_s
     hours = sum(b - a for m in result.machines for a, b in m.running_spans(end_s)) / 3600.0
@@ -152,7 +152,7 @@ def summarize(result: Result, saturation: Saturation | None = None) -> Report:
     end = max(result.end_s, max((j.arrival_s for j in result.jobs), default=0.0))
     waits = sorted(result.starts.get(i, end) - job.arrival_s for i, job in enumerate(result.jobs))
     share = saturation.share if saturation is not None else 0.0
-    return Report(
+    return PolicyReport(
         policy=result.policy,
         jobs=len(result.jobs),
         machine_hours=hours,
@@ -204,7 +204,7 @@ LEGEND = (
 )
 
 
-def fmt_row(r: Report) -> str:
+def fmt_row(r: PolicyReport) -> str:
     return (
         f"{r.policy:<16}{r.machine_hours:>8.1f}{r.dollars:>9.2f}{r.ratio:>7.2f}"
         f"{r.wait_p50:>8.0f}{r.wait_p95:>8.0f}{r.wait_p99:>8.0f}{r.wait_max:>8.0f}"
@@ -212,7 +212,7 @@ def fmt_row(r: Report) -> str:
     )
 
 
-def fmt_warm(r: Report) -> str | None:
+def fmt_warm(r: PolicyReport) -> str | None:
     """What a warm pool did in a run, one line (None when it resumed and stopped nothing)."""
     if not r.resumes and not r.stopped_hours:
         return None
@@ -222,7 +222,7 @@ def fmt_warm(r: Report) -> str | None:
     )
 
 
-def fmt_interruptible(r: Report) -> str | None:
+def fmt_interruptible(r: PolicyReport) -> str | None:
     """What interruptible machines did in a run, one line (None when it rented none)."""
     if not r.interruptible or (not r.interruptible_hours and not r.preemptions):
         return None
@@ -234,7 +234,7 @@ def fmt_interruptible(r: Report) -> str | None:
     )
 
 
-def fmt_bound(r: Report, price: float) -> str:
+def fmt_bound(r: PolicyReport, price: float) -> str:
     hours = r.lower_bound_dollars / price if price > 0 else 0.0
     return (
         f"{'lower bound':<16}{hours:>8.1f}{r.lower_bound_dollars:>9.2f}{1.0:>7.2f}"
@@ -257,7 +257,7 @@ def fmt_floor(p50: float, p95: float, p99: float, wait_max: float) -> str:
     )
 
 
-def saturation_warning(reports: list[Report], max_workers: int) -> str | None:
+def saturation_warning(reports: list[PolicyReport], max_workers: int) -> str | None:
     """One warning line when a policy spent much of its pending time at max_workers."""
     held = [r for r in reports if r.saturated]
     if not held:
@@ -277,7 +277,7 @@ PLACEMENT_COLUMNS = (
 """The columns of a provider list beside each provider alone (`sim.placement`)."""
 
 
-def fmt_placement_row(r: Report, width: int) -> str:
+def fmt_placement_row(r: PolicyReport, width: int) -> str:
     """Our policy on one provider list (`r.policy` names it), in PLACEMENT_COLUMNS."""
     return (
         f"{r.policy:<{width}}{r.jobs:>6}{r.wait_p50:>8.0f}{r.wait_p95:>8.0f}{r.wait_p99:>8.0f}"

@@ -13,7 +13,7 @@ from autoscaler.config.loader import parse_yaml_document, read_config_text
 from autoscaler.config.models import (
     Config,
     MetricTrigger,
-    MockProvider,
+    MockOptions,
     ProviderConfig,
     WarmPool,
 )
@@ -23,7 +23,7 @@ from autoscaler.policy.snapshot import Snapshot
 from autoscaler.sim.baselines import Keda, KedaLike, Runqy, RunqyOriginal
 from autoscaler.sim.engine import DAY_S, TAIL_S, Policy, Result, Simulation, World
 from autoscaler.sim.provider import ProviderParams
-from autoscaler.sim.report import Report, Saturation, saturation_warning, summarize
+from autoscaler.sim.report import PolicyReport, Saturation, saturation_warning, summarize
 from autoscaler.sim.trace import Job, load_trace
 
 
@@ -191,14 +191,13 @@ def load_sim_config(path: str | Path) -> Config:
             names = [prov] if isinstance(prov, str) else prov if isinstance(prov, list) else []
             for one in names:
                 if isinstance(one, str) and one not in declared:
-                    named[one] = MockProvider(kind="mock")
+                    named[one] = MockOptions(kind="mock")
     return load_config_text(text, str(path), registered_providers=named, runnable=True)
 
 
 def check_span(config: Config, queue: str, jobs: list[Job]) -> None:
     """SimulationTooLong when replaying `jobs` would take more than MAX_SIM_TICKS polls."""
-    auto = config.queues[queue].autoscale if queue in config.queues else None
-    poll = (auto.poll_interval if auto is not None else None) or config.poll_interval
+    poll = config.queue_settings(queue).poll_interval
     last = max((j.arrival_s for j in jobs), default=0.0)
     ticks = (max(DAY_S, last) + TAIL_S) / poll
     if ticks > MAX_SIM_TICKS:
@@ -290,7 +289,7 @@ def compare(
     seed: int = 0,
     world: World | None = None,
     extra: dict[str, Callable[[], Policy]] | None = None,
-) -> tuple[list[Report], float]:
+) -> tuple[list[PolicyReport], float]:
     """Reports for every policy, ours with and without a warm pool (`pool_variant`), and any
     `extra` ones on the same trace, seed and world, and the price used."""
     check_span(config, queue, jobs)
@@ -326,7 +325,7 @@ def unfed_metric_queries(config: Config, queue: str) -> list[str]:
     return [t.query for t in auto.scale_up if isinstance(t, MetricTrigger)]
 
 
-def warnings_for(config: Config, queue: str, reports: list[Report]) -> list[str]:
+def warnings_for(config: Config, queue: str, reports: list[PolicyReport]) -> list[str]:
     """What makes these figures say less than they seem to, one line each."""
     auto = config.queues[queue].autoscale
     assert auto is not None
@@ -348,7 +347,7 @@ def warnings_for(config: Config, queue: str, reports: list[Report]) -> list[str]
 
 def compare_files(
     trace: str | Path, config_path: str | Path, queue: str | None = None, seed: int = 0
-) -> tuple[str, list[Report], float]:
+) -> tuple[str, list[PolicyReport], float]:
     config = load_sim_config(config_path)
     name = pick_queue(config, queue)
     jobs = jobs_for(load_trace(trace), name, name)
@@ -382,7 +381,7 @@ def table(
     config: Config,
     queue: str,
     jobs: list[Job],
-    reports: list[Report],
+    reports: list[PolicyReport],
     price: float,
     world: World | None = None,
 ) -> list[str]:
@@ -407,7 +406,7 @@ def table(
     return lines
 
 
-def dominated_by(reports: list[Report]) -> list[str]:
+def dominated_by(reports: list[PolicyReport]) -> list[str]:
     """The fair baselines both cheaper and faster (p95 wait) than ours, with nothing killed or
     unserved: what the goal "ours on or beyond their cost/wait front" rules out."""
     ours = next((r for r in reports if r.policy == "ours"), None)
@@ -424,7 +423,7 @@ def dominated_by(reports: list[Report]) -> list[str]:
     ]
 
 
-def front_line(reports: list[Report]) -> str:
+def front_line(reports: list[PolicyReport]) -> str:
     beaten = dominated_by(reports)
     return (
         "  front: no fair baseline is both cheaper and faster (p95) than ours"
@@ -435,7 +434,7 @@ def front_line(reports: list[Report]) -> str:
 
 def run_account(
     config: Config, jobs: list[Job], seed: int = 0, world: World | None = None
-) -> tuple[list[Report], int]:
+) -> tuple[list[PolicyReport], int]:
     """decide() on every enabled autoscaled queue of `config` in one run (one account: limits
     and priorities act across the queues); a job without a queue goes to the first one.
     Returns a report per queue and the peak of machines billing at once across them."""
@@ -452,7 +451,7 @@ def run_account(
 
 def baseline_accounts(
     config: Config, jobs: list[Job], seed: int = 0, world: World | None = None
-) -> dict[str, tuple[list[Report], int]]:
+) -> dict[str, tuple[list[PolicyReport], int]]:
     """Every fair baseline on every queue of the account, each queue scaled on its own (KEDA
     scalers and runqy have no account-wide cap or priority: `limits` do not hold them back).
     Per baseline: a report per queue and the peak of machines billing at once across them."""

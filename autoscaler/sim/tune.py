@@ -44,7 +44,7 @@ from autoscaler.config.models import (
 from autoscaler.sim.cli import CONFIG_OPTION, TRACE_OPTION
 from autoscaler.sim.engine import World
 from autoscaler.sim.provider import ProviderParams
-from autoscaler.sim.report import Report, summarize
+from autoscaler.sim.report import PolicyReport, summarize
 from autoscaler.sim.run import check_span, jobs_for, load_sim_config, pick_queue, run_watched
 from autoscaler.sim.trace import Job, TraceError, load_trace
 
@@ -187,7 +187,7 @@ def _init(config: Config, queue: str, jobs: list[Job], world: World, seed: int) 
     _STATE = (config, queue, jobs, world, seed)
 
 
-def _run(setting: Setting) -> tuple[Setting, Report]:
+def _run(setting: Setting) -> tuple[Setting, PolicyReport]:
     assert _STATE is not None
     config, queue, jobs, world, seed = _STATE
     return setting, evaluate(config, queue, jobs, setting, world, seed)
@@ -195,7 +195,7 @@ def _run(setting: Setting) -> tuple[Setting, Report]:
 
 def evaluate(
     config: Config, queue: str, jobs: list[Job], setting: Setting, world: World, seed: int = 0
-) -> Report:
+) -> PolicyReport:
     """One setting replayed through decide()."""
     q = config.queues[queue]
     assert q.autoscale is not None
@@ -212,7 +212,7 @@ def sweep(
     world: World | None = None,
     seed: int = 0,
     workers: int | None = None,
-) -> list[tuple[Setting, Report]]:
+) -> list[tuple[Setting, PolicyReport]]:
     """Every setting's report, in the order of `settings`."""
     world = world or World()
     if not settings:
@@ -226,13 +226,13 @@ def sweep(
         return list(pool.map(_run, settings, chunksize=max(1, len(settings) // (4 * workers))))
 
 
-def ok(r: Report) -> bool:
+def ok(r: PolicyReport) -> bool:
     return r.killed == 0 and r.never_served == 0
 
 
-def pareto(results: list[tuple[Setting, Report]]) -> list[tuple[Setting, Report]]:
+def pareto(results: list[tuple[Setting, PolicyReport]]) -> list[tuple[Setting, PolicyReport]]:
     """Settings no other one beats on both cost and p95 wait, by cost ascending."""
-    front: list[tuple[Setting, Report]] = []
+    front: list[tuple[Setting, PolicyReport]] = []
     done = sorted((x for x in results if ok(x[1])), key=lambda x: (x[1].dollars, x[1].wait_p95))
     for s, r in done:
         if not front or r.wait_p95 < front[-1][1].wait_p95:
@@ -240,7 +240,9 @@ def pareto(results: list[tuple[Setting, Report]]) -> list[tuple[Setting, Report]
     return front
 
 
-def cheapest(results: list[tuple[Setting, Report]], p95: float) -> tuple[Setting, Report] | None:
+def cheapest(
+    results: list[tuple[Setting, PolicyReport]], p95: float
+) -> tuple[Setting, PolicyReport] | None:
     held = [x for x in results if ok(x[1]) and x[1].wait_p95 <= p95]
     return min(held, key=lambda x: (x[1].dollars, x[1].wait_p95)) if held else None
 
@@ -253,7 +255,7 @@ def tune_all(
     seed: int = 0,
     workers: int | None = None,
     settings: Sequence[Setting] | None = None,
-) -> tuple[list[tuple[Setting, Report]], int]:
+) -> tuple[list[tuple[Setting, PolicyReport]], int]:
     """The whole sweep: `settings` (default `grid()`) without a warm pool, then every setting on
     their cost/wait front with each warm pool (`pool_grid`), where the queue's provider can
     stop machines. Every result, and how many were swept with a pool."""
@@ -269,7 +271,7 @@ def tune_all(
 ROW = f"{'setting':<72}{'$':>8}{'ratio':>7}{'p50 s':>7}{'p95 s':>7}{'p99 s':>7}{'rentals':>8}"
 
 
-def fmt(label: str, r: Report) -> str:
+def fmt(label: str, r: PolicyReport) -> str:
     return (
         f"{label:<72}{r.dollars:>8.2f}{r.ratio:>7.2f}{r.wait_p50:>7.0f}{r.wait_p95:>7.0f}"
         f"{r.wait_p99:>7.0f}{r.launches:>8}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -238,21 +238,45 @@ def machines(session: Session, launch_id: str) -> list[MachineBoots]:
     return out
 
 
-def of_launch(session: Session, launch_id: str) -> list[BootPhase]:
-    """Every phase kept for one launch, by boot then time (one query)."""
-    return list(
-        session.scalars(
-            select(BootPhase)
-            .where(BootPhase.launch_id == launch_id)
-            .order_by(BootPhase.boot, BootPhase.at, BootPhase.phase)
+class PhaseRecord(NamedTuple):
+    """One kept phase of one boot of a machine, with what its row said of the machine."""
+
+    launch_id: str
+    boot: int
+    phase: str
+    at: datetime
+    received_at: datetime
+    queue: str
+    provider: str
+    gpu: str | None
+    host_id: str | None
+
+
+def of_launch(session: Session, launch_id: str) -> list[PhaseRecord]:
+    """Every phase kept for one launch, by boot then time, as frozen records (one query)."""
+    rows = session.execute(
+        select(
+            BootPhase.launch_id,
+            BootPhase.boot,
+            BootPhase.phase,
+            BootPhase.at,
+            BootPhase.received_at,
+            BootPhase.queue,
+            BootPhase.provider,
+            BootPhase.gpu,
+            BootPhase.host_id,
         )
+        .where(BootPhase.launch_id == launch_id)
+        .order_by(BootPhase.boot, BootPhase.at, BootPhase.phase)
     )
+    return [PhaseRecord(*row) for row in rows]
 
 
 __all__ = [
     "KEEP",
     "BootView",
     "MachineBoots",
+    "PhaseRecord",
     "PhaseView",
     "boot_start",
     "machines",

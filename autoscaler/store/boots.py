@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -225,17 +226,62 @@ def peer_boots(
     return [b.seconds for b in earlier]
 
 
+@dataclass(frozen=True)
+class BootTimeView:
+    """Cold boots of one (provider, GPU) — of one queue where `queue` is set — over the last
+    `BOOT_STATS_WINDOW`: median and p90 seconds from the launch decision to ready (the
+    control plane's own times) and how many boots. `gpu` is "" where it is unknown."""
+
+    provider: str
+    gpu: str
+    median_seconds: float
+    p90_seconds: float
+    samples: int
+    queue: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "provider": self.provider,
+            "gpu": self.gpu,
+            "median_seconds": round(self.median_seconds, 3),
+            "p90_seconds": round(self.p90_seconds, 3),
+            "samples": self.samples,
+        }
+        if self.queue is not None:
+            data["queue"] = self.queue
+        return data
+
+
+def boot_times(session: Session, now: datetime, *, queue: str | None = None) -> list[BootTimeView]:
+    """Boot times per (provider, GPU), or per (provider, GPU) for `queue`'s machines alone,
+    sorted by provider and GPU (`boot_stats`), as `status`, the dashboard and /metrics show
+    them. One query."""
+    by_key, by_queue = boot_tables(session, now)
+    if queue is None:
+        return [
+            BootTimeView(p, g, st.median, st.p90, st.samples)
+            for (p, g), st in sorted(by_key.items())
+        ]
+    return [
+        BootTimeView(p, g, st.median, st.p90, st.samples, queue=q)
+        for (q, p, g), st in sorted(by_queue.items())
+        if q == queue
+    ]
+
+
 __all__ = [
     "BOOT_HISTORY",
     "BOOT_STATS_SAMPLES",
     "BOOT_STATS_WINDOW",
     "BootOf",
+    "BootTimeView",
     "ColdBoot",
     "boot_estimates",
     "boot_of",
     "boot_stats",
     "boot_stats_by_queue",
     "boot_tables",
+    "boot_times",
     "cold_boots",
     "peer_boots",
     "placement_boot_times",

@@ -1,5 +1,5 @@
 """A lost machine's hand-back marks on its row: due once its provider says it no longer runs,
-done once by the one caller that finishes it (`control.handback`)."""
+done once by the one caller that finishes it (`control.steps.handback`)."""
 
 from __future__ import annotations
 

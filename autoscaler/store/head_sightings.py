@@ -11,16 +11,23 @@ RabbitMQ delivery counters) as an opaque text of at most 200 characters: `update
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.metrics.base import Mark, MarksUpdate
 from autoscaler.store.db import upsert
 from autoscaler.store.models import QueueHeadSighting
+
+# The readers' `Sightings` port keeps these; they live here, beneath brokers/, because the store
+# implements the port (brokers.base imports them from here).
+Mark = tuple[str, datetime]
+"""What a reader keeps between reads about one queue key: a short text and a time (one row)."""
+
+MarksUpdate = Callable[[dict[str, Mark]], dict[str, "Mark | None"]]
+"""Given the stored marks of some keys, the marks to store (None: forget the key)."""
 
 _MAX = 200  # column width of queue and message_id
 

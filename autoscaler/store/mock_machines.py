@@ -47,7 +47,7 @@ def insert(
     boots_at: datetime,
     will_fail: bool,
     now: datetime,
-) -> tuple[MockMachine, bool]:
+) -> tuple[MockRecord, bool]:
     """Create the machine for `label`, or return the one already there: (machine, created)."""
     existing = by_label(session, label)
     if existing is not None:
@@ -70,27 +70,27 @@ def insert(
         again = by_label(session, label)
         assert again is not None
         return again, False
-    return row, True
+    return _record(row), True
 
 
-def get(session: Session, provider: str, machine_id: int) -> MockMachine | None:
+def get(session: Session, provider: str, machine_id: int) -> MockRecord | None:
     row = session.get(MockMachine, machine_id)
-    return row if row is not None and row.provider == provider else None
+    return _record(row) if row is not None and row.provider == provider else None
 
 
-def by_label(session: Session, label: str) -> MockMachine | None:
-    return session.scalar(select(MockMachine).where(MockMachine.label == label))
+def by_label(session: Session, label: str) -> MockRecord | None:
+    row = session.scalar(select(MockMachine).where(MockMachine.label == label))
+    return _record(row) if row is not None else None
 
 
-def list_live(session: Session, provider: str) -> list[MockMachine]:
+def list_live(session: Session, provider: str) -> list[MockRecord]:
     """Every machine of `provider` not destroyed yet (whatever its label), by id."""
-    return list(
-        session.scalars(
-            select(MockMachine)
-            .where(MockMachine.provider == provider, MockMachine.status != DESTROYED)
-            .order_by(MockMachine.id)
-        )
+    rows = session.scalars(
+        select(MockMachine)
+        .where(MockMachine.provider == provider, MockMachine.status != DESTROYED)
+        .order_by(MockMachine.id)
     )
+    return [_record(r) for r in rows]
 
 
 def mark_destroyed(session: Session, provider: str, machine_id: int, now: datetime) -> bool:
@@ -200,8 +200,7 @@ class StoredMockMachines:
 
     def by_label(self, label: str) -> MockRecord | None:
         with self._factory() as session, session.begin():
-            row = by_label(session, label)
-            return _record(row) if row is not None else None
+            return by_label(session, label)
 
     def insert(
         self,
@@ -216,7 +215,7 @@ class StoredMockMachines:
         now: datetime,
     ) -> MockRecord:
         with self._factory() as session, session.begin():
-            row, _ = insert(
+            record, _ = insert(
                 session,
                 provider=provider,
                 label=label,
@@ -227,16 +226,15 @@ class StoredMockMachines:
                 will_fail=will_fail,
                 now=now,
             )
-            return _record(row)
+            return record
 
     def get(self, provider: str, machine_id: int) -> MockRecord | None:
         with self._factory() as session, session.begin():
-            row = get(session, provider, machine_id)
-            return _record(row) if row is not None else None
+            return get(session, provider, machine_id)
 
     def live(self, provider: str) -> list[MockRecord]:
         with self._factory() as session, session.begin():
-            return [_record(r) for r in list_live(session, provider)]
+            return list_live(session, provider)
 
     def destroy(self, provider: str, machine_id: int, now: datetime) -> bool:
         with self._factory() as session, session.begin():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -19,6 +19,18 @@ from autoscaler.store.db import upsert
 from autoscaler.store.models import QueueSample
 
 KEEP = timedelta(days=7)
+
+
+class Sample(NamedTuple):
+    """One point of a queue's chart: pending jobs at a reading and the machines that served."""
+
+    queue: str
+    at: datetime
+    pending: int
+    running: int | None
+    workers: int
+    booting: int
+    desired: int | None
 
 
 def record(
@@ -33,9 +45,19 @@ def record(
         session.execute(delete(QueueSample).where(QueueSample.at < now - KEEP))
 
 
-def since(session: Session, start: datetime) -> Sequence[QueueSample]:
-    return session.scalars(
-        select(QueueSample)
+def since(session: Session, start: datetime) -> list[Sample]:
+    """Every queue's samples since `start`, by queue then time (one query)."""
+    rows = session.execute(
+        select(
+            QueueSample.queue,
+            QueueSample.at,
+            QueueSample.pending,
+            QueueSample.running,
+            QueueSample.workers,
+            QueueSample.booting,
+            QueueSample.desired,
+        )
         .where(QueueSample.at >= start)
         .order_by(QueueSample.queue, QueueSample.at)
-    ).all()
+    )
+    return [Sample(*row) for row in rows]

@@ -7,6 +7,7 @@ One row per queue, written by every evaluation tick (`control.tick.actions.Store
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -15,6 +16,30 @@ from sqlalchemy.orm import Session
 
 from autoscaler.store.db import upsert
 from autoscaler.store.models import QueueStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A queue's latest evaluation as `status`, the admin API and /metrics read it."""
+
+    queue: str
+    evaluated_at: datetime
+    config_version: int
+    status: dict[str, Any]
+    """The status document the tick wrote (`StoreActions.flush`): desired, capacity, waits…"""
+
+
+def evaluations(session: Session) -> dict[str, Evaluation]:
+    """Each queue's latest evaluation, by queue (one query)."""
+    rows = session.execute(
+        select(
+            QueueStatus.queue,
+            QueueStatus.evaluated_at,
+            QueueStatus.config_version,
+            QueueStatus.status,
+        )
+    )
+    return {queue: Evaluation(queue, at, version, status) for queue, at, version, status in rows}
 
 
 def histories(session: Session, queues: Collection[str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -20,6 +20,18 @@ from autoscaler.store.models import WorkerSighting
 
 ENROLLED_DOMAIN = ""
 """The `domain` of a hand-made machine's sighting from its enrolled agent's heartbeat (the API)."""
+
+
+class Sighting(NamedTuple):
+    """One worker seen lately, as the loop counts it (`control.observe`)."""
+
+    domain: str
+    """Where it was heard: a broker domain, or ENROLLED_DOMAIN for a hand-made machine's agent."""
+    worker: str
+    queues: dict[str, Any]
+    """{"queues": [...]}, with "loads" (per queue) and "enrolled_by" where they were reported."""
+    running: int
+    seen_at: datetime
 
 
 def record(session: Session, sightings: Sequence[dict[str, Any]]) -> None:
@@ -55,10 +67,17 @@ def record_enrolled(
     record(session, [row])
 
 
-def recent(session: Session, since: datetime) -> Sequence[WorkerSighting]:
-    """The sightings since `since`, by worker then domain; older ones are deleted on the way
-    (two statements)."""
+def recent(session: Session, since: datetime) -> list[Sighting]:
+    """The sightings since `since`, by worker then domain, as frozen records; older ones are
+    deleted on the way (two statements)."""
     session.execute(delete(WorkerSighting).where(WorkerSighting.seen_at < since))
-    return session.scalars(
-        select(WorkerSighting).order_by(WorkerSighting.worker, WorkerSighting.domain)
-    ).all()
+    rows = session.execute(
+        select(
+            WorkerSighting.domain,
+            WorkerSighting.worker,
+            WorkerSighting.queues,
+            WorkerSighting.running,
+            WorkerSighting.seen_at,
+        ).order_by(WorkerSighting.worker, WorkerSighting.domain)
+    )
+    return [Sighting(*row) for row in rows]

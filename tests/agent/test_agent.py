@@ -275,7 +275,8 @@ def test_the_agent_asks_before_starting_its_worker_and_a_cancelled_machine_start
     the machine ready (then the worker may take jobs); on one cancelled while its agent
     deployed (its token dead) or drained before its worker ran, nothing is started."""
     from autoscaler.agent.run import Agent, AgentConfig
-    from autoscaler.control.drain import run_drain
+    from autoscaler.control.steps.drain import Drain
+    from autoscaler.control.steps.frame import Kind, run_step
     from tests.api.apikit import add_machine
 
     with serve(world) as api:
@@ -293,7 +294,8 @@ def test_the_agent_asks_before_starting_its_worker_and_a_cancelled_machine_start
         assert booting.may_start() is True and world.row("m4").state == S.READY
         # cancelled while its agent deployed: its token is dead, no worker starts
         cancelled = agent_of("m5", add_machine(world.rt, "m5", S.BOOTING))
-        assert "being destroyed" in run_drain(world.rt, "m5", "ops asked to drain it")
+        said = run_step(Drain("ops asked to drain it"), world.rt, "m5")
+        assert said.kind is Kind.CANCELLED and "being destroyed" in str(said), said
         assert cancelled.may_start() is False and cancelled.proc is None
         assert world.row("m5").state == S.TERMINATING
         # drained before its worker ran: reported drained, no worker starts

@@ -10,7 +10,7 @@ from celery import Celery
 
 from autoscaler.agent import hook
 from autoscaler.agent.run import JOBS_PER_BEAT, job_reports, read_jobs
-from autoscaler.metrics.base import PUBLISHED_AT_HEADER
+from autoscaler.brokers.base import PUBLISHED_AT_HEADER
 
 
 @pytest.fixture

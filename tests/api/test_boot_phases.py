@@ -19,7 +19,8 @@ from autoscaler.api.routers.worker import BootPhases
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.boots import BOOT_PHASES
 from autoscaler.store import avoided_hosts, boot_phases, config_versions
-from autoscaler.store.models import BootPhase, Instance, ScaleEvent
+from autoscaler.store.boot_phases import PhaseRecord
+from autoscaler.store.models import Instance, ScaleEvent
 from tests.api.apikit import CONFIG, World, add_machine, make_world
 
 
@@ -37,11 +38,9 @@ def _place(world: World, launch_id: str, **values: object) -> None:
         session.execute(update(Instance).where(Instance.launch_id == launch_id).values(**values))
 
 
-def _phases(world: World, launch_id: str) -> dict[tuple[int, str], BootPhase]:
+def _phases(world: World, launch_id: str) -> dict[tuple[int, str], PhaseRecord]:
     with world.rt.transaction() as session:
         rows = boot_phases.of_launch(session, launch_id)
-        for r in rows:
-            session.expunge(r)
     return {(r.boot, r.phase): r for r in rows}
 
 

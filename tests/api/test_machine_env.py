@@ -14,14 +14,15 @@ import pytest
 import redis
 
 from autoscaler.access import keys
-from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime
-from autoscaler.control.terminate import run_terminate
+from autoscaler.control.steps import launch, terminate
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.providers.labels import make_label
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, instances, intents, migrate, moves
 from tests.api.apikit import REDIS
+from tests.control.outbox import RecordingOutbox
 
 ALLOWED = {
     "AUTOSCALER_QUEUE",
@@ -80,7 +81,7 @@ def test_machine_env_holds_only_its_own_token_and_the_acl_user_dies_with_it(
             user = make_label(rt.installation_id(session), "envtest1")
             config_versions.record(session, config, "test", now, None)
             intents.add_intents(session, [("envtest1", queue, "desk", "test")], now)
-        assert run_launch(rt, "envtest1").startswith("booting"), rt
+        assert run_step(launch.STEP, rt, "envtest1").kind is Kind.DONE, rt
         deadline = time.monotonic() + 10
         while not (out.exists() and out.read_text()):
             assert time.monotonic() < deadline
@@ -119,7 +120,7 @@ def test_machine_env_holds_only_its_own_token_and_the_acl_user_dies_with_it(
         # destroy: token dead, user gone
         with rt.transaction() as session:
             moves.move(session, "envtest1", S.BOOTING, S.TERMINATING, datetime.now(UTC), "t")
-        assert run_terminate(rt, "envtest1") == "terminated"
+        assert run_step(terminate.STEP, rt, "envtest1").kind is Kind.DONE
         with rt.transaction() as session:
             row = instances.get(session, "envtest1")
             assert row is not None and row.worker_token_hash is None and row.broker_user is None
@@ -165,7 +166,7 @@ def test_a_failed_launch_leaves_no_broker_user_and_no_token(
             user = make_label(rt.installation_id(session), "failtest1")
             config_versions.record(session, config, "test", datetime.now(UTC), None)
             intents.add_intents(session, [("failtest1", queue, "desk", "test")], datetime.now(UTC))
-        assert run_launch(rt, "failtest1").startswith("failed"), "the launch should fail"
+        assert run_step(launch.STEP, rt, "failtest1").kind is Kind.FAILED, "the launch should fail"
         with rt.transaction() as session:
             row = instances.get(session, "failtest1")
             assert row is not None and row.state == S.FAILED
@@ -181,7 +182,7 @@ def test_a_failed_launch_leaves_no_broker_user_and_no_token(
 def test_reconcile_sweeps_broker_users_of_machines_no_longer_live(
     sqlite_url, tmp_path: Path, monkeypatch
 ):
-    from autoscaler.access import broker_users
+    from autoscaler.brokers import users as broker_users
     from autoscaler.config.models import CelerySource
     from autoscaler.control.reconciler import run_reconcile
     from tests.api.apikit import CONFIG
@@ -210,7 +211,7 @@ def test_reconcile_sweeps_broker_users_of_machines_no_longer_live(
         users = [gone, live, theirs]
         for u in users:
             broker_users.create_user(plan, u, "pw")
-        run_reconcile(rt, lambda step, launch: None)
+        run_reconcile(rt, RecordingOutbox())
         now_users = set(admin.execute_command("ACL", "USERS"))
         assert gone not in now_users
         assert live in now_users and theirs in now_users

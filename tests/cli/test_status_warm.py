@@ -15,7 +15,7 @@ from sqlalchemy import event
 
 from autoscaler.cli import common, main
 from autoscaler.lifecycle import InstanceState as S
-from autoscaler.store import views
+from autoscaler.store import machine_views, queue_views, spend
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.events import WARM_EVENT
 from autoscaler.store.models import ConfigVersion, Instance, ScaleEvent
@@ -275,8 +275,8 @@ def test_a_stopped_machine_bills_its_storage_price_only(sessions):
             )
         )
     with transaction(sessions) as s:
-        spent = views.spend(s, NOW)
-        (machine,) = views.instances(s, NOW)
+        spent = spend.spend(s, NOW)
+        (machine,) = machine_views.instances(s, NOW)
     assert spent.rate_per_hour == pytest.approx(0.01)
     assert spent.today == pytest.approx(2 * 2.0 + 10 * 0.01)
     assert machine.cost_so_far == pytest.approx(6 * 2.0 + 10 * 0.01)
@@ -287,7 +287,7 @@ def test_a_stopped_machine_bills_its_storage_price_only(sessions):
         assert row is not None
         row.state, row.resuming_at = S.RESUMING, NOW - H
     with transaction(sessions) as s:
-        spent = views.spend(s, NOW)
+        spent = spend.spend(s, NOW)
     assert spent.rate_per_hour == pytest.approx(2.0)
     assert spent.today == pytest.approx(2 * 2.0 + 9 * 0.01 + 1 * 2.0)
 
@@ -332,12 +332,12 @@ def test_the_views_take_a_fixed_number_of_queries(engine, sessions):
     statements: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
 
-    def count() -> tuple[int, list[views.QueueView]]:
+    def count() -> tuple[int, list[queue_views.QueueView]]:
         statements.clear()
         with transaction(sessions) as s:
-            machines = views.instances(s, NOW)
-            found = views.queues(s, NOW, machines=machines)
-            views.spend(s, NOW)
+            machines = machine_views.instances(s, NOW)
+            found = queue_views.queues(s, NOW, machines=machines)
+            spend.spend(s, NOW)
         return len(statements), found
 
     fill(2)

@@ -13,7 +13,7 @@ import yaml
 
 from autoscaler.config import ConfigError, load_config, load_config_text
 from autoscaler.config.loader import known_providers
-from autoscaler.config.models import VastProvider
+from autoscaler.config.models import VastOptions
 from autoscaler.config.summary import describe
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -93,7 +93,7 @@ def test_the_dry_run_says_where_each_provider_comes_from():
     doc = yaml.safe_load((EXAMPLES / "full.yaml").read_text())
     doc["queues"]["extra"] = copy.deepcopy(doc["queues"]["render"])
     doc["queues"]["extra"]["autoscale"]["provider"] = "stored"
-    registered = {"gpu-vast": VastProvider(kind="vast"), "stored": VastProvider(kind="vast")}
+    registered = {"gpu-vast": VastOptions(kind="vast"), "stored": VastOptions(kind="vast")}
     config = load_config_text(yaml.safe_dump(doc), "full.yaml", registered)
     text = describe(config, known_providers(config, registered), NOW, registered=registered)
     assert (

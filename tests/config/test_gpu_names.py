@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from autoscaler.config import ConfigError, Refusal, load_config_text
 from autoscaler.config.gpus import GPUS, Gpu, _key, canonical, lookup, suggest
-from autoscaler.config.models import VastProvider
+from autoscaler.config.models import VastOptions
 
 # ---------------------------------------------------------------- the table
 
@@ -181,7 +181,7 @@ def test_mock_local_and_container_take_any_name(provider: str) -> None:
 
 def test_a_registered_provider_is_judged_by_its_kind() -> None:
     text = config("gpu-stored", '"RTX 4009"').replace(PROVIDERS, "providers: {}\n")
-    registered = {"gpu-stored": VastProvider(kind="vast")}
+    registered = {"gpu-stored": VastOptions(kind="vast")}
     with pytest.raises(ConfigError) as exc:
         load_config_text(text, "gpus.yaml", registered)
     (refusal,) = exc.value.refusals

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from autoscaler.brokers.registry import group_queues
 from autoscaler.config.errors import ConfigError, refusals_from_validation
 from autoscaler.config.loader import parse_config_text
 from autoscaler.config.models import (
@@ -22,7 +23,6 @@ from autoscaler.config.models import (
     RedisListSource,
     RedisStreamSource,
 )
-from autoscaler.metrics.registry import group_queues
 
 # What the flat model's model_dump(mode="json") wrote, literally, one block per source.
 OLD_CELERY = {

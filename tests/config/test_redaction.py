@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.metrics.base import Secrets
+from autoscaler.brokers.base import Secrets
 from autoscaler.settings import redact_url
 
 CASES = [

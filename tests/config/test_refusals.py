@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from autoscaler.config import ConfigError, load_config_text
 from autoscaler.config.durations import format_duration, parse_duration
-from autoscaler.config.models import VastProvider
+from autoscaler.config.models import VastOptions
 
 SEED = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "seed.yaml").read_text())
-VAST = {"gpu-vast": VastProvider(kind="vast")}
+VAST = {"gpu-vast": VastOptions(kind="vast")}
 
 
 def mutate(change) -> str:

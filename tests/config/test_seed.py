@@ -16,11 +16,11 @@ from autoscaler.config.models import (
     QueueDepthTrigger,
     ScheduleDownTrigger,
     ScheduleUpTrigger,
-    VastProvider,
+    VastOptions,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-VAST = {"gpu-vast": VastProvider(kind="vast")}
+VAST = {"gpu-vast": VastOptions(kind="vast")}
 
 
 def test_seed_block_loads_unchanged_with_its_provider_registered():

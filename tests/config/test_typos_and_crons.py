@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from autoscaler.config import ConfigError, load_config_text
-from autoscaler.config.models import VastProvider
+from autoscaler.config.models import VastOptions
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SEED = yaml.safe_load((EXAMPLES / "seed.yaml").read_text())
-VAST = {"gpu-vast": VastProvider(kind="vast")}
+VAST = {"gpu-vast": VastOptions(kind="vast")}
 
 
 def refused(text: str) -> ConfigError:

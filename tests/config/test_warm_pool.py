@@ -14,7 +14,7 @@ from sqlalchemy import text
 from autoscaler.cli import main
 from autoscaler.config import ConfigError, load_config_text
 from autoscaler.config.loader import known_providers
-from autoscaler.config.models import MockProvider, ProviderConfig, RunPodProvider
+from autoscaler.config.models import MockOptions, ProviderConfig, RunPodOptions
 from autoscaler.config.summary import describe
 from autoscaler.store.db import make_engine
 from autoscaler.vault import generate_key
@@ -72,7 +72,7 @@ def test_a_pool_on_a_kind_that_cannot_stop_is_refused(monkeypatch):
     # Every kind can stop today: the check must hold for the next one that cannot.
     document = _doc({"kind": "mock"}, {"size": 1})
     load_config_text(document, "c.yaml", {}, runnable=True)  # accepted while mock can stop
-    monkeypatch.setattr(MockProvider, "can_stop", False)
+    monkeypatch.setattr(MockOptions, "can_stop", False)
     [refusal] = _refused(document).refusals
     assert refusal.path == "queues.q.autoscale.warm_pool.size"
     assert "needs machines that can be stopped with their disk kept" in refusal.cause
@@ -81,7 +81,7 @@ def test_a_pool_on_a_kind_that_cannot_stop_is_refused(monkeypatch):
     assert "(runpod, vast, local, container)" in refusal.fix  # mock no longer listed
     assert "known ones that can" not in refusal.fix  # none is known here
     # a registered provider that can stop is offered by name
-    other = {"gpu-runpod": RunPodProvider(kind="runpod", volume_gb=20)}
+    other = {"gpu-runpod": RunPodOptions(kind="runpod", volume_gb=20)}
     [named] = _refused(document, other).refusals
     assert named.fix.endswith("; known ones that can: gpu-runpod")
     # no pool, no refusal
@@ -105,7 +105,7 @@ def test_a_pool_on_runpod_without_a_volume_is_refused():
 
 
 def test_a_registered_runpod_without_a_volume_is_refused_with_the_fix_that_applies():
-    registered: dict[str, ProviderConfig] = {"p": RunPodProvider(kind="runpod")}
+    registered: dict[str, ProviderConfig] = {"p": RunPodOptions(kind="runpod")}
     [refusal] = _refused(_doc(None, {"size": 1}), registered).refusals
     assert refusal.path == "queues.q.autoscale.warm_pool.size"
     assert "providers.p.volume_gb" not in refusal.fix  # not in the file: nothing to set there

@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 import requests
 
-from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime
+from autoscaler.control.steps import launch
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.settings import Settings
 from autoscaler.store import intents
 from tests.agent.agentkit import free_port
@@ -120,7 +121,7 @@ def test_drain_cancels_a_machine_that_is_not_ready_through_every_door(store, tmp
             row = loop.wait(partial(_ended, loop, pending), 30, f"{door}: pending cancelled")
             assert row["state"] == "failed" and CANCELLED in row["state_reason"], row
             assert door == "celery" or "nothing will be" in said, said
-            assert run_launch(rt, pending).startswith("not pending")
+            assert run_step(launch.STEP, rt, pending).kind is Kind.SKIPPED
 
             # creating: the create is held in flight; the machine goes once it returns
             creating = _intent(rt, queue, f"c_{door}")
@@ -140,7 +141,7 @@ def test_drain_cancels_a_machine_that_is_not_ready_through_every_door(store, tmp
 
             # booting, no worker up yet: destroyed at once
             booting = _intent(rt, queue, f"b_{door}")
-            assert run_launch(rt, booting).startswith("booting")
+            assert run_step(launch.STEP, rt, booting).kind is Kind.DONE
             made += 1
             said = drain(booting)
             assert door == "celery" or "being destroyed" in said, said

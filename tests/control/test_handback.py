@@ -1,5 +1,5 @@
-"""A lost machine's jobs on Redis (`control.handback`), on real parts: Redis, real Celery worker
-processes, the store on SQLite and PostgreSQL.
+"""A lost machine's jobs on Redis (`control.steps.handback`), on real parts: Redis, real Celery
+worker processes, the store on SQLite and PostgreSQL.
 
 kombu's `unacked` hash on Redis records no consumer (the publisher's delivery tag, the message,
 the consumer's clock), and every machine of a trust domain can write it: the broker cannot tell
@@ -31,11 +31,12 @@ from celery import Celery
 from sqlalchemy import select
 
 from autoscaler.config import load_config_text
-from autoscaler.control.handback import run_handback
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.steps import handback
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.settings import Settings
-from autoscaler.store import config_versions, migrate, views
+from autoscaler.store import config_versions, event_views, migrate
 from autoscaler.store.models import Instance, ScaleEvent
 from tests.conftest import REDIS_URL
 
@@ -174,10 +175,11 @@ def test_a_killed_machines_job_is_left_to_kombus_own_redelivery_and_runs_once_mo
     late.kill(first)
     assert late.unacked() == 1 and late.waiting() == 0
     _lost_machine(rt, "m1", ["job-1"], acks_late=True)
-    what = run_handback(rt, "m1")
-    assert "visibility_timeout" in what and "said it held 1 job(s)" in what, what
+    what = run_step(handback.STEP, rt, "m1")
+    assert what.kind is Kind.DONE, what
+    assert "visibility_timeout" in str(what) and "said it held 1 job(s)" in str(what), what
     assert late.unacked() == 1 and late.waiting() == 0  # nothing restored on its word
-    assert run_handback(rt, "m1") == "nothing to hand back"  # done once
+    assert run_step(handback.STEP, rt, "m1").kind is Kind.SKIPPED  # done once
     (event,) = _events(rt, "left")
     assert event.details == {"said_held": 1, "left_to_the_visibility_timeout": True}
     assert _events(rt, "lost") == [] and _events(rt, "requeued") == []
@@ -205,12 +207,12 @@ def test_with_early_acks_the_machine_is_counted_lost_once_whatever_it_named(tmp_
         assert early.unacked() == 0  # acknowledged when it started
         named = ["job-e", *(f"never-{i}" for i in range(299))]  # 299 ids that never existed
         _lost_machine(rt, "m1", named, acks_late=False)
-        run_handback(rt, "m1")
+        run_step(handback.STEP, rt, "m1")
         (lost,) = _events(rt, "lost")
         assert lost.details["said_count"] == 300 and len(lost.details["said"]) == 20
         assert "task_acks_late" in lost.reason
         with rt.transaction() as session:
-            counts = views.lost_work(session, utc_now() - timedelta(hours=1))
+            counts = event_views.lost_work(session, utc_now() - timedelta(hours=1))
         assert counts[QUEUE] == (0, 1, 0)  # one machine lost, not 300 jobs
     finally:
         early.close()

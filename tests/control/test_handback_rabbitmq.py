@@ -1,4 +1,4 @@
-"""A lost machine's jobs go back to RabbitMQ at once (`control.handback`), on real parts:
+"""A lost machine's jobs go back to RabbitMQ at once (`control.steps.handback`), on real parts:
 RabbitMQ with its management API, per-machine broker users (`rabbit_users.create_user`), real
 Celery worker processes (tests/control/handback_app.py: `task_acks_late`, prefetch 1), the store
 on SQLite and PostgreSQL.
@@ -33,12 +33,13 @@ import requests
 from celery import Celery
 from sqlalchemy import select
 
-from autoscaler.access import rabbit_users
-from autoscaler.access.broker_users import create_user, plan_for
+from autoscaler.brokers.rabbitmq import users as rabbit_users
+from autoscaler.brokers.users import create_user, plan_for
 from autoscaler.config import load_config_text
 from autoscaler.config.models import CelerySource
-from autoscaler.control.handback import run_handback
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.steps import handback
+from autoscaler.control.steps.frame import Kind, Outcome, run_step
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, migrate
@@ -239,8 +240,8 @@ def test_a_frozen_machines_job_runs_again_elsewhere_at_once_and_once(rabbit, run
     a, first, b = _frozen_mid_job(rabbit, "job-1")
     _lost_machine(runtime, rabbit.queue, "m1", a, ["job-1"])
     started = time.monotonic()
-    what = run_handback(runtime, "m1")
-    assert what.startswith("closed ") and what.endswith(
+    what = run_step(handback.STEP, runtime, "m1")
+    assert what.kind is Kind.DONE and str(what).endswith(
         f"connection(s) of {a}: RabbitMQ requeued their unacknowledged jobs"
     ), what
     rabbit.wait_for(("start", b, "job-1"), timeout=10)
@@ -255,7 +256,7 @@ def test_a_frozen_machines_job_runs_again_elsewhere_at_once_and_once(rabbit, run
     while (held := rabbit.held()) != (0, 0):
         assert time.monotonic() < deadline, f"(unacknowledged, ready) {held}"
         time.sleep(0.5)
-    assert run_handback(runtime, "m1") == "nothing to hand back"  # done once
+    assert run_step(handback.STEP, runtime, "m1").kind is Kind.SKIPPED  # done once
     (event,) = _events(runtime, "requeued")
     assert event.details["connections_closed"] >= 1 and event.details["said_held"] == 1
     assert _events(runtime, "lost") == []
@@ -265,21 +266,19 @@ def test_a_frozen_machines_job_runs_again_elsewhere_at_once_and_once(rabbit, run
 def test_two_hand_backs_racing_close_once_and_the_job_runs_once(rabbit, runtime):
     a, first, b = _frozen_mid_job(rabbit, "race-1")
     _lost_machine(runtime, rabbit.queue, "m1", a, ["race-1"])
-    results: list[str] = []
+    results: list[Outcome] = []
     gate = threading.Barrier(2)
 
     def hand_back() -> None:
         gate.wait(10)
-        results.append(run_handback(runtime, "m1"))
+        results.append(run_step(handback.STEP, runtime, "m1"))
 
     racers = [threading.Thread(target=hand_back) for _ in range(2)]
     for t in racers:
         t.start()
     for t in racers:
         t.join(60)
-    assert len(results) == 2 and all(
-        r.startswith("closed ") or r == "nothing to hand back" for r in results
-    ), results
+    assert len(results) == 2 and all(r.kind in (Kind.DONE, Kind.SKIPPED) for r in results), results
     assert len(_events(runtime, "requeued")) == 1
     rabbit.wait_for(("end", b, "race-1"))
     time.sleep(0.5)
@@ -287,5 +286,5 @@ def test_two_hand_backs_racing_close_once_and_the_job_runs_once(rabbit, runtime)
     time.sleep(0.5)
     assert rabbit.marks_of() == [("start", a, "race-1"), ("start", b, "race-1"),
                                  ("end", b, "race-1")]  # fmt: skip
-    assert run_handback(runtime, "m1") == "nothing to hand back"
+    assert run_step(handback.STEP, runtime, "m1").kind is Kind.SKIPPED
     assert len(_events(runtime, "requeued")) == 1

@@ -3,7 +3,7 @@ and the id of its `launch` event; the launch rents exactly that version's machin
 newer version changed it meanwhile, and terminate destroys it with the provider it was rented
 from even when the newest version no longer has that provider.
 
-Before, `run_launch` read the newest version, so a machine could be rented under a config no
+Before, the launch step read the newest version, so a machine could be rented under a config no
 decision ever judged, and `Instance.decision_id` was never written. The loop's own tick, launch
 and terminate steps in this process, on SQLite and PostgreSQL, with the mock provider.
 """
@@ -13,15 +13,16 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from autoscaler.config import load_config_text
-from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
-from autoscaler.control.terminate import run_terminate
+from autoscaler.control.steps import launch, terminate
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, instances, migrate, moves
 from autoscaler.store.models import MockMachine, ScaleEvent
+from tests.control.outbox import RecordingOutbox
 
 CONFIG = """
 providers:
@@ -56,7 +57,7 @@ def test_a_launch_rents_what_its_decision_judged_and_terminate_finds_its_provide
         now = utc_now()
         reading = {"q": QueueMetrics("q", 5, 60.0, 0, now)}
         (launch_id,) = evaluate(
-            rt, lambda s, lid: None, trigger="t", readings=reading, now=now
+            rt, RecordingOutbox(), trigger="t", readings=reading, now=now
         ).launched
         with rt.transaction() as session:
             row = instances.get(session, launch_id)
@@ -68,7 +69,7 @@ def test_a_launch_rents_what_its_decision_judged_and_terminate_finds_its_provide
         # a newer version renames the provider and asks for another GPU before the launch runs
         newer = _version(rt, "elsewhere", "H100")
         assert newer > judged
-        assert run_launch(rt, launch_id).startswith("booting")
+        assert run_step(launch.STEP, rt, launch_id).kind is Kind.DONE
         with rt.transaction() as session:
             row = instances.get(session, launch_id)
             assert row is not None and row.state == S.BOOTING
@@ -77,7 +78,7 @@ def test_a_launch_rents_what_its_decision_judged_and_terminate_finds_its_provide
             assert (machine.provider, machine.gpu) == ("sandbox", "RTX 4090")
             moves.move(session, launch_id, S.BOOTING, S.TERMINATING, utc_now(), "test: go")
         # the newest version has no provider "sandbox": the row's version still destroys it
-        assert run_terminate(rt, launch_id) == "terminated"
+        assert run_step(terminate.STEP, rt, launch_id).kind is Kind.DONE
         with rt.transaction() as session:
             row = instances.get(session, launch_id)
             assert row is not None and row.state == S.TERMINATED

@@ -22,8 +22,9 @@ from sqlalchemy import select
 from autoscaler.api import metrics
 from autoscaler.config import load_config_text
 from autoscaler.control import machines, reconciler
-from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.steps import launch
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
@@ -35,9 +36,10 @@ from autoscaler.store import (
     events,
     heartbeats,
     migrate,
-    views,
+    queue_views,
 )
 from autoscaler.store.models import Instance, ScaleEvent
+from tests.control.outbox import RecordingOutbox
 from tests.fakes.vast_server import FakeVast
 
 VAST_KEY = "vast_INTERRUPTIBLE_5b1e9c2d7a_not_a_real_key"
@@ -75,15 +77,15 @@ queues:
 
     def tick(self, pending: int) -> list[str]:
         now = utc_now()
-        sent: list[tuple[str, str]] = []
+        sent = RecordingOutbox()
         evaluate(
             self.rt,
-            lambda step, lid: sent.append((step, lid)),
+            sent,
             trigger="t",
             readings={"render": QueueMetrics("render", pending, 30.0, 0, now)},
             now=now,
         )
-        return [lid for step, lid in sent if step == "launch"]
+        return [str(lid) for lid in sent.of("launch")]
 
     def row(self, launch_id: str) -> Instance:
         with self.rt.transaction() as session:
@@ -115,7 +117,7 @@ def test_an_outbid_machine_is_no_capacity_its_jobs_go_back_and_a_replacement_is_
     launches = world.tick(pending=2)
     assert len(launches) == 2
     for lid in launches:
-        assert "booting" in run_launch(world.rt, lid)
+        assert run_step(launch.STEP, world.rt, lid).kind is Kind.DONE
     rows = {lid: world.row(lid) for lid in launches}
     bid = [r for r in rows.values() if r.interruptible]
     on_demand = [r for r in rows.values() if not r.interruptible]
@@ -128,8 +130,9 @@ def test_an_outbid_machine_is_no_capacity_its_jobs_go_back_and_a_replacement_is_
         world.serving(r.launch_id, ["job-1"] if r is machine else ["job-2"])
 
     world.vast.outbid(int(machine.provider_instance_id))
-    sent: list[tuple[str, str]] = []
-    reconciler.run_reconcile(world.rt, lambda step, lid: sent.append((step, lid)))
+    outbox = RecordingOutbox()
+    reconciler.run_reconcile(world.rt, outbox)
+    sent = outbox.sent
 
     after = world.row(machine.launch_id)
     assert after.state == S.TERMINATING and "outbid" in (after.state_reason or "")
@@ -140,7 +143,7 @@ def test_an_outbid_machine_is_no_capacity_its_jobs_go_back_and_a_replacement_is_
     with world.rt.transaction() as session:
         (event,) = session.scalars(select(ScaleEvent).where(ScaleEvent.kind == "preemption"))
         assert event.details == {"provider": "vast", "host": machine.host_id}
-        (queue,) = views.queues(session, utc_now())
+        (queue,) = queue_views.queues(session, utc_now())
         assert queue.preemptions_today == 1
         assert queue.preempting_hosts == {machine.host_id: 1}
         scrape = metrics.render(session)
@@ -157,7 +160,7 @@ def test_a_host_that_preempts_twice_within_a_day_is_avoided(world: World) -> Non
     (lid, *_) = world.tick(pending=2)
     launched = [lid, *_]
     for one in launched:
-        run_launch(world.rt, one)
+        run_step(launch.STEP, world.rt, one)
     machine = next(world.row(x) for x in launched if world.row(x).interruptible)
     host = machine.host_id
     assert host is not None
@@ -185,6 +188,6 @@ def test_a_host_that_preempts_twice_within_a_day_is_avoided(world: World) -> Non
         )
     world.serving(machine.launch_id, [])
     world.vast.outbid(int(machine.provider_instance_id))
-    reconciler.run_reconcile(world.rt, lambda step, lid: None)
+    reconciler.run_reconcile(world.rt, RecordingOutbox())
     with world.rt.transaction() as session:
         assert host in avoided_hosts.active_host_ids(session, "vast", utc_now())

@@ -26,9 +26,9 @@ import pytest
 
 from autoscaler.config import load_config_text
 from autoscaler.control import rate_limits, reconciler
-from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
-from autoscaler.control.stop import run_stop
+from autoscaler.control.steps import launch, stop
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.settings import Settings
 from autoscaler.store import backoffs, config_versions, migrate
@@ -75,7 +75,7 @@ class HeldRound:
         assert w.fake.list_taken.wait(30), "the round never listed the provider"
 
     def _run(self) -> None:
-        self.result = reconciler.run_reconcile(self.w.rt, self.w.enqueue)
+        self.result = reconciler.run_reconcile(self.w.rt, self.w.outbox)
 
     def finish(self) -> dict[str, Any]:
         self.hold.set()
@@ -90,7 +90,7 @@ def _stop_until_stopped(w: World, launch_id: str) -> None:
     deadline = time.monotonic() + 20
     while w.row(launch_id).state != S.STOPPED:
         assert time.monotonic() < deadline, w.row(launch_id).state_reason
-        run_stop(w.rt, launch_id, enqueue=w.enqueue)
+        run_step(stop.STEP, w.rt, launch_id, w.outbox)
         time.sleep(0.05)
 
 
@@ -106,9 +106,9 @@ def test_a_machine_stopped_while_the_list_was_taken_is_not_destroyed(world: Worl
     assert result["providers_unreadable"] == [] and result["unsettled"] == 1
     row = w.row(launch_id)
     assert row.state == S.STOPPED, row.state_reason
-    assert ("terminate", launch_id) not in w.sent
+    assert ("terminate", launch_id) not in w.outbox.sent
     # the next round, whose list comes after the stop, agrees
-    reconciler.run_reconcile(w.rt, w.enqueue)
+    reconciler.run_reconcile(w.rt, w.outbox)
     assert w.row(launch_id).state == S.STOPPED
 
 
@@ -118,14 +118,14 @@ def test_a_machine_created_while_the_list_was_taken_is_not_lost(world: World):
     result = w.tick(3, utc_now())
     (launch_id,) = result.launched
     held = HeldRound(w)  # the list has no machine yet
-    assert run_launch(w.rt, launch_id).startswith("booting")  # created meanwhile
+    assert run_step(launch.STEP, w.rt, launch_id).kind is Kind.DONE  # created meanwhile
     result = held.finish()
     assert result["providers_unreadable"] == [] and result["unsettled"] == 1
     row = w.row(launch_id)
     assert row.state == S.BOOTING, row.state_reason
     with w.rt.transaction() as session:
         assert backoffs.by_queue(session) == {}
-    reconciler.run_reconcile(w.rt, w.enqueue)  # listed now: still booting, nothing failed
+    reconciler.run_reconcile(w.rt, w.outbox)  # listed now: still booting, nothing failed
     assert w.row(launch_id).state == S.BOOTING
     with w.rt.transaction() as session:
         assert backoffs.by_queue(session) == {}
@@ -135,9 +135,9 @@ def test_a_machine_created_while_the_list_was_taken_is_not_lost(world: World):
 def test_rounds_never_overlap(world: World):
     w = world
     held = HeldRound(w)
-    assert reconciler.run_reconcile(w.rt, w.enqueue) == {"skipped": "a reconcile round is running"}
+    assert reconciler.run_reconcile(w.rt, w.outbox) == {"skipped": "a reconcile round is running"}
     assert "transitions" in held.finish()
-    assert "transitions" in reconciler.run_reconcile(w.rt, w.enqueue)  # free again
+    assert "transitions" in reconciler.run_reconcile(w.rt, w.outbox)  # free again
 
 
 TWO_PROVIDERS = """
@@ -168,18 +168,17 @@ def test_a_silent_provider_is_unread_and_holds_no_other(tmp_path, db_url):
         "VAST_KEY": VAST_KEY,
     }
     rt = Runtime(Settings.from_env(env), env=env)
-    sent: list[tuple[str, str]] = []
     try:
         config = load_config_text(TWO_PROVIDERS.format(runpod=runpod.url, vast=vast.url))
         with rt.transaction() as session:
             config_versions.record(session, config.model_dump(mode="json"), "t", utc_now())
-        w = World(rt, vast, "vast", sent)
+        w = World(rt, vast, "vast")
         runpod.silent_for = 170.0  # takes the connection, never answers within the test
         rounds: list[dict[str, Any]] = []
 
         def two_rounds() -> None:
             for _ in range(2):
-                rounds.append(reconciler.run_reconcile(rt, w.enqueue))
+                rounds.append(reconciler.run_reconcile(rt, w.outbox))
                 # the round's list of the silent provider is cut at the round's deadline: its
                 # thread ends within seconds, not the 170 s of silence (a round that starts
                 # while it is still ending would rightly not ask again; wait it out)
@@ -203,8 +202,8 @@ def test_a_silent_provider_is_unread_and_holds_no_other(tmp_path, db_url):
         # the other provider's queue rents and boots as ever meanwhile
         result = w.tick(3, utc_now())
         (launch_id,) = result.launched
-        assert run_launch(rt, launch_id).startswith("booting")
-        reconciler.run_reconcile(rt, w.enqueue)
+        assert run_step(launch.STEP, rt, launch_id).kind is Kind.DONE
+        reconciler.run_reconcile(rt, w.outbox)
         assert w.row(launch_id).state == S.BOOTING
     finally:
         runpod.silent_for = 0.0

@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from autoscaler.config.models import InstanceSpec
-from autoscaler.config.models import MockProvider as MockConfig
+from autoscaler.config.models import InstanceSpec, MockOptions
 from autoscaler.policy.reconcile import INTENT_STALE, ORPHAN_GRACE
 from autoscaler.providers.base import LaunchSpec
 from autoscaler.providers.mock import MockProvider
@@ -318,7 +317,7 @@ def test_chaos_a_dead_machine_is_terminated_and_replaced_while_load_remains(pg_u
 
     provider = MockProvider(
         "sandbox",
-        MockConfig.model_validate({"kind": "mock"}),
+        MockOptions.model_validate({"kind": "mock"}),
         loop.installation_id,
         StoredMockMachines(loop.sessions),
     )
@@ -426,7 +425,7 @@ def test_chaos_orphans_are_destroyed_after_their_grace_and_not_before(pg_url, ma
     loop.setup(mock_config({q: mock_queue(watched, max_workers=2, scale_down=[])}))
     provider = MockProvider(
         "sandbox",
-        MockConfig.model_validate({"kind": "mock"}),
+        MockOptions.model_validate({"kind": "mock"}),
         loop.installation_id,
         StoredMockMachines(loop.sessions),
     )

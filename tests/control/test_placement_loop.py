@@ -23,14 +23,16 @@ from autoscaler.cli.render import render_status
 from autoscaler.config import load_config_text
 from autoscaler.config.models import Backoff
 from autoscaler.control import machines
-from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.steps import launch
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
-from autoscaler.store import backoffs, config_versions, migrate, views
+from autoscaler.store import backoffs, config_versions, migrate, queue_views
 from autoscaler.store.models import Instance, QueueStatus
+from tests.control.outbox import RecordingOutbox
 from tests.fakes.runpod_server import FakeRunPod
 from tests.fakes.vast_server import FakeVast
 
@@ -78,15 +80,15 @@ class World:
     def tick(self, pending: int = 5) -> list[str]:
         """One evaluation with `pending` jobs waiting; returns the launch ids it asked for."""
         now = utc_now()
-        sent: list[tuple[str, str]] = []
+        sent = RecordingOutbox()
         evaluate(
             self.rt,
-            lambda step, lid: sent.append((step, lid)),
+            sent,
             trigger="t",
             readings={"render": QueueMetrics("render", pending, 30.0, 0, now)},
             now=now,
         )
-        return [lid for step, lid in sent if step == "launch"]
+        return [str(lid) for lid in sent.of("launch")]
 
     def row(self, launch_id: str) -> Instance:
         with self.rt.transaction() as session:
@@ -117,7 +119,7 @@ def test_runpod_out_of_capacity_the_same_launch_rents_on_vast(world: World) -> N
     world.apply(placement="in_order")  # RunPod first by preference
     world.runpod.refuse_create = True  # the catalog shows stock; creates are refused
     (launch_id,) = world.tick(pending=5)
-    assert "booting" in run_launch(world.rt, launch_id)
+    assert run_step(launch.STEP, world.rt, launch_id).kind is Kind.DONE
     row = world.row(launch_id)
     assert row.state == S.BOOTING and row.provider == "vast"
     assert row.placement == {"providers": ["pods", "vast"], "tried": ["pods", "vast"]}
@@ -141,12 +143,12 @@ def test_vast_cheaper_is_rented_under_cheapest_and_the_list_order_wins_under_in_
 ) -> None:
     world.apply(placement="cheapest")  # Vast's verified 4090 at $0.31/h vs RunPod's $0.34/h
     (first,) = world.tick()
-    assert "booting" in run_launch(world.rt, first)
+    assert run_step(launch.STEP, world.rt, first).kind is Kind.DONE
     assert world.row(first).provider == "vast" and world.row(first).price_per_hour == 0.31
     assert world.creates() == (0, 1)
     world.apply(placement="in_order")
     (second,) = world.tick(pending=15)
-    assert "booting" in run_launch(world.rt, second)
+    assert run_step(launch.STEP, world.rt, second).kind is Kind.DONE
     assert world.row(second).provider == "pods" and world.row(second).price_per_hour == 0.34
     assert world.creates() == (1, 1)
 
@@ -156,12 +158,12 @@ def test_vast_key_refused_runpod_serves_and_status_says_why(tmp_path, db_url) ->
     try:
         w.apply(providers="[vast, pods]", placement="in_order")
         (launch_id,) = w.tick()
-        assert "booting" in run_launch(w.rt, launch_id)
+        assert run_step(launch.STEP, w.rt, launch_id).kind is Kind.DONE
         assert w.row(launch_id).provider == "pods"
         assert w.vast.instances == {}
         now = utc_now()
         with w.rt.transaction() as session:
-            (queue,) = views.queues(session, now)
+            (queue,) = queue_views.queues(session, now)
             states = {p.provider: p.state for p in queue.providers}
             text = render_status(session, w.rt.settings, now)
         assert states == {"vast": "key refused", "pods": "serving"}
@@ -198,13 +200,13 @@ def test_a_create_ambiguous_on_vast_is_found_by_label_and_never_repeated_on_runp
     world.apply(providers="[vast, pods]", placement="in_order")
     world.vast.fail_after_create = 1  # the instance is made, the answer is a 500
     (launch_id,) = world.tick()
-    assert "booting" in run_launch(world.rt, launch_id)
+    assert run_step(launch.STEP, world.rt, launch_id).kind is Kind.DONE
     row = world.row(launch_id)
     assert row.provider == "vast" and row.provider_instance_id is not None
     assert len(world.vast.instances) == 1 and world.creates() == (0, 1)
     assert world.runpod.pods == {}
     # and a second run of the same launch (a redelivered task) creates nothing anywhere
-    assert "not pending" in run_launch(world.rt, launch_id)
+    assert run_step(launch.STEP, world.rt, launch_id).kind is Kind.SKIPPED
     assert world.creates() == (0, 1)
 
 
@@ -220,7 +222,7 @@ def test_a_provider_that_does_not_answer_in_time_is_skipped_not_waited_for(world
     world.vast.hold_search = threading.Event()  # Vast's search does not answer
     try:
         (launch_id,) = world.tick()
-        assert "booting" in run_launch(world.rt, launch_id)
+        assert run_step(launch.STEP, world.rt, launch_id).kind is Kind.DONE
         # the launch is done while Vast's search is still held: it was not waited for
         assert not world.vast.hold_search.is_set() and world.vast.searches == []
     finally:

@@ -19,17 +19,18 @@ from sqlalchemy import select
 
 from autoscaler.config import load_config_text
 from autoscaler.control import reconciler
-from autoscaler.control.launch import run_launch
 from autoscaler.control.rate_limits import DEFAULT_RESET
 from autoscaler.control.runtime import Runtime, utc_now
-from autoscaler.control.terminate import run_terminate
+from autoscaler.control.steps import launch, terminate
+from autoscaler.control.steps.frame import Kind, Outcome, run_step
 from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
 from autoscaler.store import backoffs, config_versions, intents, migrate, rate_limits
 from autoscaler.store.models import Instance, ScaleEvent
-from autoscaler.store.views import queues as queue_views
+from autoscaler.store.queue_views import queues as queue_views
+from tests.control.outbox import RecordingOutbox
 from tests.fakes.runpod_server import FakeRunPod
 from tests.fakes.vast_server import FakeVast
 
@@ -73,7 +74,7 @@ def test_a_rate_limit_is_recorded_once_and_no_step_calls_the_provider_before_its
         "RL_VAST": VAST_KEY,
     }
     rt = Runtime(Settings.from_env(env), env=env)
-    sent: list[tuple[str, str]] = []
+    outbox = RecordingOutbox()
     try:
         config = load_config_text(_config(runpod, vast))
         t0 = utc_now()
@@ -103,8 +104,8 @@ def test_a_rate_limit_is_recorded_once_and_no_step_calls_the_provider_before_its
         runpod.rate_limit_next = vast.rate_limit_next = 10**6  # every call answered 429
 
         # 1. the first launch meets the limit: failed, nothing rented, the reset recorded
-        assert "rate limited" in run_launch(rt, "p1")
-        assert "rate limited" in run_launch(rt, "v1")
+        assert _failed(run_step(launch.STEP, rt, "p1"), "rate limited")
+        assert _failed(run_step(launch.STEP, rt, "v1"), "rate limited")
         with rt.transaction() as session:
             limits = {r.provider: r for r in rate_limits.active(session, utc_now())}
             assert backoffs.by_queue(session) == {}  # no failure of a rental was counted
@@ -114,24 +115,23 @@ def test_a_rate_limit_is_recorded_once_and_no_step_calls_the_provider_before_its
         calls = (len(runpod.requests), len(vast.requests))
 
         # 2. from now on no step calls a limited provider: a launch, a destroy, a reconcile
-        assert "takes no calls before" in run_launch(rt, "p2")
-        assert "rate-limited until" in run_terminate(rt, "old")
-        result = reconciler.run_reconcile(rt, lambda step, lid: sent.append((step, lid)))
+        assert _failed(run_step(launch.STEP, rt, "p2"), "takes no calls before")
+        waited = run_step(terminate.STEP, rt, "old")
+        assert waited.kind is Kind.WAITING and "rate-limited until" in str(waited), waited
+        result = reconciler.run_reconcile(rt, outbox)
         assert result["providers_unreadable"] == ["pods", "vast"]
         assert (len(runpod.requests), len(vast.requests)) == calls
         with rt.transaction() as session:
             states = {r.launch_id: r.state for r in session.scalars(select(Instance))}
         assert states == {"p1": S.FAILED, "p2": S.FAILED, "v1": S.FAILED, "old": S.TERMINATING}
-        assert ("terminate", "old") in sent  # retried, and it will wait again without a call
+        assert ("terminate", "old") in outbox.sent  # retried, and it will wait again without a call
 
         # 3. the tick: jobs wait, each queue is told why and until when, no launch is made
         now = utc_now()
         readings = {q: QueueMetrics(q, 5, 10.0, 0, now) for q in ("on-pods", "on-vast")}
-        launched: list[tuple[str, str]] = []
-        evaluate(
-            rt, lambda s, lid: launched.append((s, lid)), trigger="t", readings=readings, now=now
-        )
-        assert launched == []
+        launched = RecordingOutbox()
+        evaluate(rt, launched, trigger="t", readings=readings, now=now)
+        assert launched.sent == []
         with rt.transaction() as session:
             views = {v.queue: v for v in queue_views(session, now)}
             waits = session.scalars(
@@ -168,3 +168,8 @@ def test_a_rate_limit_is_recorded_once_and_no_step_calls_the_provider_before_its
 def _slack(t0: Any) -> float:
     """Seconds this test has run: the reset is counted from when the 429 came."""
     return (utc_now() - t0).total_seconds()
+
+
+def _failed(outcome: Outcome, why: str) -> bool:
+    """The launch failed (nothing rented), saying `why`."""
+    return outcome.kind is Kind.FAILED and why in str(outcome)

@@ -3,7 +3,7 @@
 Found by playing a rented machine against a live control plane: it streamed replies (309 in
 30 s) into the loop's reply list, kombu restarted its collection timeout on every one, both pool
 processes sat in `reconcile` for 37-43 s and no queue was evaluated for about 30 s. Now every
-collection has an overall deadline and a message cap (`metrics.remote_control`), and the
+collection has an overall deadline and a message cap (`brokers.remote_control`), and the
 lifecycle steps run on a queue (and here a worker) of their own, beside the loop's.
 
 Real processes: `celery -A autoscaler worker -Q <loop queue>`, another `-Q <lifecycle queue>`,
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.access.broker_users import BrokerPlan, create_user, delete_user
+from autoscaler.brokers.users import BrokerPlan, create_user, delete_user
 from tests.control.loopkit import REDIS, WATCH_BROKER, WATCH_DB, Loop, Watched, mock_config
 from tests.control.loopkit import mock_queue as queue_of
 from tests.security.flood import ReplyFlood

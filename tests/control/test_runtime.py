@@ -9,6 +9,7 @@ from autoscaler.config.models import MetricTrigger
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, migrate
+from tests.control.outbox import RecordingOutbox
 
 GOOD = """
 providers:
@@ -140,7 +141,7 @@ def test_an_evaluation_runs_with_the_collector_off(tmp_path, monkeypatch):
             config_versions.record(
                 session, load_config_text(GOOD).model_dump(mode="json"), "alice", utc_now()
             )
-        evaluate(rt, lambda step, launch_id: None, trigger="manual")
+        evaluate(rt, RecordingOutbox(), trigger="manual")
     finally:
         rt.close()
     assert seen == [False] and gc.isenabled()

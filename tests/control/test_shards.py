@@ -33,6 +33,7 @@ from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, instances, intents, leases, migrate
 from autoscaler.store.db import make_engine
+from tests.control.outbox import RecordingOutbox
 
 
 def _names(shards: int, per_shard: int) -> dict[int, list[str]]:
@@ -94,23 +95,23 @@ def test_a_poll_tick_sends_a_tick_per_shard_and_each_evaluates_its_own_queues(tm
     queues = [q for qs in names.values() for q in qs]
     rt = _runtime(tmp_path, pg_url, queues, 3)
     try:
-        sent: list[tuple[str, str]] = []
-        result = evaluate(rt, lambda step, arg: sent.append((step, arg)), trigger="poll")
-        assert sent == [("shard", "0"), ("shard", "1"), ("shard", "2")]
+        sent = RecordingOutbox()
+        result = evaluate(rt, sent, trigger="poll")
+        assert sent.sent == [("shard", 0), ("shard", 1), ("shard", 2)]
         assert result.evaluated == [] and result.launched == []
 
         readings = _readings(dict.fromkeys(queues, 2))
         for shard, mine in names.items():
-            got = evaluate(rt, lambda s, a: None, shard=shard, readings=readings)
+            got = evaluate(rt, RecordingOutbox(), shard=shard, readings=readings)
             assert sorted(got.evaluated) == sorted(mine)
             assert len(got.launched) == 2 * len(mine)
         assert _pending_by_queue(rt) == dict.fromkeys(queues, 2)
         # the slots are claimed: a redelivered shard tick in the same poll evaluates nothing
-        again = evaluate(rt, lambda s, a: None, shard=0, readings=readings)
+        again = evaluate(rt, RecordingOutbox(), shard=0, readings=readings)
         assert again.evaluated == [] and again.skipped == "nothing due"
         # a manual evaluation of every queue goes through the shards one after another and,
         # every machine being on its way, launches nothing more (no stacking)
-        manual = evaluate(rt, lambda s, a: None, trigger="manual", readings=readings)
+        manual = evaluate(rt, RecordingOutbox(), trigger="manual", readings=readings)
         assert sorted(manual.evaluated) == sorted(queues) and manual.launched == []
     finally:
         rt.close()
@@ -143,7 +144,7 @@ def test_a_shard_counts_again_what_another_committed_while_it_decided(tmp_path, 
             version = config_versions.current_version(session)
             worker = threading.Thread(
                 target=lambda: result.append(
-                    evaluate(rt, lambda s, a: None, shard=0, readings=_readings({mine: 5}))
+                    evaluate(rt, RecordingOutbox(), shard=0, readings=_readings({mine: 5}))
                 )
             )
             worker.start()
@@ -182,7 +183,7 @@ def test_a_shard_that_rents_nothing_does_not_wait_for_the_account_lock(tmp_path,
             leases.lock_account(session)  # held to the end of this block
             worker = threading.Thread(
                 target=lambda: result.append(
-                    evaluate(rt, lambda s, a: None, shard=0, readings=_readings({mine: 0}))
+                    evaluate(rt, RecordingOutbox(), shard=0, readings=_readings({mine: 0}))
                 )
             )
             worker.start()
@@ -228,12 +229,10 @@ def test_sqlite_runs_one_shard(tmp_path, sqlite_url):
     queues = [q for qs in names.values() for q in qs]
     rt = _runtime(tmp_path, sqlite_url, queues, 2)
     try:
-        sent: list[tuple[str, str]] = []
-        got = evaluate(
-            rt, lambda s, a: sent.append((s, a)), readings=_readings(dict.fromkeys(queues, 1))
-        )
+        sent = RecordingOutbox()
+        got = evaluate(rt, sent, readings=_readings(dict.fromkeys(queues, 1)))
         # no shard ticks: the one evaluation did every queue
-        assert [step for step, _ in sent] == ["launch"] * 4
+        assert [step for step, _ in sent.sent] == ["launch"] * 4
         assert sorted(got.evaluated) == sorted(queues) and len(got.launched) == 4
         with rt.transaction() as s:
             assert leases.evaluation_shards(s, 2) == 1

@@ -20,12 +20,14 @@ from fastapi.testclient import TestClient
 
 from autoscaler.api.app import create_app
 from autoscaler.control import reconciler
-from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.steps import launch
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.store import instances, intents
 from autoscaler.store.db import store_now
 from autoscaler.store.models import Instance
+from tests.control.outbox import RecordingOutbox
 from tests.fakes.runpod_server import FakeRunPod
 from tests.security.kit import runpod_runtime
 
@@ -37,7 +39,7 @@ class Machine:
         self.rt, self.client, self.launch_id = rt, client, launch_id
         with rt.transaction() as session:
             intents.add_intents(session, [(launch_id, "q", "pods", "t")], utc_now())
-        assert run_launch(rt, launch_id).startswith("booting")
+        assert run_step(launch.STEP, rt, launch_id).kind is Kind.DONE
         create = fake.calls("POST", "/v2/pods")[-1]
         self.token = create.body["env"]["AUTOSCALER_WORKER_TOKEN"]
         assert self.heartbeat() == {"drain": False, "state": "ready"}
@@ -106,7 +108,7 @@ def test_a_heartbeat_during_the_round_keeps_a_machine_judged_silent(world):
 
     sa.event.listen(sa.engine.Engine, "before_cursor_execute", heartbeat_first)
     try:
-        result = reconciler.run_reconcile(rt, lambda step, launch_id: None)
+        result = reconciler.run_reconcile(rt, RecordingOutbox())
     finally:
         sa.event.remove(sa.engine.Engine, "before_cursor_execute", heartbeat_first)
     assert fired, "the round moved nothing: the race was not staged"

@@ -16,9 +16,9 @@ from sqlalchemy import select
 
 from autoscaler.config import load_config_text
 from autoscaler.control import rate_limits, reconciler
-from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
-from autoscaler.control.terminate import run_terminate
+from autoscaler.control.steps import launch, terminate
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.providers import http
 from autoscaler.providers.base import UnansweredError
@@ -114,22 +114,23 @@ def test_a_silent_provider_holds_its_steps_not_the_loop(tmp_path, db_url) -> Non
         launched = w.tick(8, now).launched
         assert len(launched) == 2
         for launch_id in launched:
-            assert run_launch(rt, launch_id).startswith("booting")
+            assert run_step(launch.STEP, rt, launch_id).kind is Kind.DONE
             with rt.transaction() as session:
                 assert moves.move(session, launch_id, S.BOOTING, S.TERMINATING, now, "test")
         first, second = launched
 
         runpod.silent_for = 60.0  # takes the connection, never answers within the test
         asked = len(runpod.requests)
-        said = run_terminate(rt, first)  # waits its deadline (3 s at a 3 s poll), not 2 min
-        assert said.startswith("waiting: silent is not answering until"), said
+        said = run_step(terminate.STEP, rt, first)  # waits its deadline (3 s at a 3 s poll)
+        assert said.kind is Kind.WAITING and "silent is not answering until" in str(said), said
         assert len(runpod.requests) == asked + 1  # one call, cut short; no retry
         hold = rate_limits.current(rt, "silent")
         assert hold is not None and hold.cause == "unanswered"
         assert len(_events(rt, "provider", "unanswered")) == 1
 
         # the next step of that provider returns at once, without a call
-        assert run_terminate(rt, second).startswith("waiting: silent is not answering")
+        said = run_step(terminate.STEP, rt, second)
+        assert said.kind is Kind.WAITING and "silent is not answering" in str(said), said
         assert len(runpod.requests) == asked + 1
         assert w.row(first).state == w.row(second).state == S.TERMINATING  # nothing lost
 
@@ -139,12 +140,12 @@ def test_a_silent_provider_holds_its_steps_not_the_loop(tmp_path, db_url) -> Non
 
         # it answers again: reconcile's list lifts the hold, and the destroys go through
         runpod.silent_for = 0.0
-        rounds = reconciler.run_reconcile(rt, w.enqueue)
+        rounds = reconciler.run_reconcile(rt, w.outbox)
         assert rounds["providers_unreadable"] == []
         assert rate_limits.current(rt, "silent") is None
         assert len(_events(rt, "provider", "answering")) == 1
-        assert run_terminate(rt, first) == "terminated"
-        assert run_terminate(rt, second) == "terminated"
+        assert run_step(terminate.STEP, rt, first).kind is Kind.DONE
+        assert run_step(terminate.STEP, rt, second).kind is Kind.DONE
         assert runpod.pods == {}
     finally:
         runpod.silent_for = 0.0

@@ -19,15 +19,17 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 
 from autoscaler.config import load_config_text
-from autoscaler.control import drain as drain_step
-from autoscaler.control import launch, reconciler, terminate
+from autoscaler.control import reconciler
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.steps import drain, launch, terminate
+from autoscaler.control.steps.frame import run_step
 from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import LIVE_STATES
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, migrate
 from autoscaler.store.models import Instance, MockMachine
 from tests.conftest import PG_ADMIN_DSN, REDIS_URL
+from tests.control.outbox import RecordingOutbox
 
 CONFIG = """
 poll_interval: 1s
@@ -59,29 +61,21 @@ def _killer(dbname: str, stop: threading.Event) -> None:
 def _round(rt: Runtime, now_shift: float = 0.0) -> int:
     """One pass of everything the loop does; returns how many steps failed on the store."""
     failures = 0
-    sent: list[tuple[str, str]] = []
-
-    def enqueue(step: str, launch_id: str) -> None:
-        sent.append((step, launch_id))
-
-    steps = {
-        "launch": launch.run_launch,
-        "drain": drain_step.run_drain,
-        "terminate": terminate.run_terminate,
-    }
+    outbox = RecordingOutbox()
+    steps = {"launch": launch.STEP, "drain": drain.STEP, "terminate": terminate.STEP}
     later = utc_now() + timedelta(seconds=now_shift)
     for call in (
-        lambda: evaluate(rt, enqueue, trigger="chaos", now=later),
-        lambda: reconciler.run_reconcile(rt, enqueue, later),
+        lambda: evaluate(rt, outbox, trigger="chaos", now=later),
+        lambda: reconciler.run_reconcile(rt, outbox, later),
     ):
         try:
             call()
         except DBAPIError:
             failures += 1
-        for step, launch_id in list(sent):
-            sent.remove((step, launch_id))
+        for step, launch_id in list(outbox.sent):
+            outbox.sent.remove((step, launch_id))
             try:
-                steps[step](rt, launch_id)
+                run_step(steps[step], rt, str(launch_id))
             except DBAPIError:
                 failures += 1
     return failures

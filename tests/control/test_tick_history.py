@@ -17,6 +17,7 @@ from autoscaler.settings import Settings
 from autoscaler.store import config_versions, job_records, migrate, queue_status
 from autoscaler.store.models import QueueStatus
 from tests.conftest import REDIS_URL
+from tests.control.outbox import RecordingOutbox
 
 CONFIG = f"""
 providers:
@@ -44,9 +45,7 @@ def test_quiet_gaps_and_job_runtimes_reach_the_snapshot(tmp_path, db_url):
     def tick(pending: int, at_s: float, *, stale: bool = False) -> None:
         at = t0 + timedelta(seconds=at_s)
         reading = QueueMetrics("jobs", pending, 1.0 if pending else None, 0, at, stale=stale)
-        evaluate(
-            rt, lambda step, launch_id: None, trigger="test", readings={"jobs": reading}, now=at
-        )
+        evaluate(rt, RecordingOutbox(), trigger="test", readings={"jobs": reading}, now=at)
 
     def stored() -> dict[str, object] | None:
         with rt.transaction() as session:

@@ -15,6 +15,7 @@ from autoscaler.settings import Settings
 from autoscaler.store import config_versions, migrate
 from autoscaler.store.models import QueueSample
 from tests.conftest import REDIS_URL
+from tests.control.outbox import RecordingOutbox
 
 CONFIG = """
 providers:
@@ -43,7 +44,7 @@ def test_an_evaluation_records_a_chart_point(tmp_path, db_url):
         config = load_config_text(CONFIG.format(redis=REDIS_URL, queue=queue))
         with rt.transaction() as session:
             config_versions.record(session, config.model_dump(mode="json"), "t", utc_now())
-        result = evaluate(rt, lambda step, launch_id: None, trigger="test")
+        result = evaluate(rt, RecordingOutbox(), trigger="test")
         assert len(result.launched) == 1
         with rt.transaction() as session:
             points = session.scalars(select(QueueSample)).all()

@@ -28,12 +28,10 @@ from sqlalchemy import select
 
 from autoscaler.config import load_config_text
 from autoscaler.control import machines, reconciler
-from autoscaler.control.drain import run_drain
-from autoscaler.control.launch import run_launch
-from autoscaler.control.resume import run_resume
 from autoscaler.control.runtime import Runtime, utc_now
-from autoscaler.control.stop import run_stop
-from autoscaler.control.terminate import run_terminate
+from autoscaler.control.steps import drain, launch, resume, stop, terminate
+from autoscaler.control.steps.drain import Drain
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.control.tick.evaluate import TickResult, evaluate
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.snapshot import QueueMetrics
@@ -41,6 +39,7 @@ from autoscaler.settings import Settings
 from autoscaler.store import backoffs, config_versions, events, instances, migrate
 from autoscaler.store.instances import InstanceDetails
 from autoscaler.store.models import Instance, ScaleEvent
+from tests.control.outbox import RecordingOutbox
 from tests.fakes.runpod_server import FakeRunPod
 from tests.fakes.vast_server import FakeVast
 
@@ -80,14 +79,11 @@ class World:
     rt: Runtime
     fake: Any
     kind: str
-    sent: list[tuple[str, str]] = field(default_factory=list)
-
-    def enqueue(self, step: str, arg: str) -> None:
-        self.sent.append((step, arg))
+    outbox: RecordingOutbox = field(default_factory=RecordingOutbox)
 
     def tick(self, pending: int, now: datetime) -> TickResult:
         reading = {Q: QueueMetrics(Q, pending, 10.0 if pending else None, 0, now)}
-        return evaluate(self.rt, self.enqueue, trigger="t", readings=reading, now=now)
+        return evaluate(self.rt, self.outbox, trigger="t", readings=reading, now=now)
 
     def row(self, launch_id: str) -> InstanceDetails:
         with self.rt.transaction() as session:
@@ -124,7 +120,7 @@ class World:
         """A burst rents one machine; it boots and its worker comes up."""
         result = self.tick(3, now)
         (launch_id,) = result.launched
-        assert run_launch(self.rt, launch_id).startswith("booting")
+        assert run_step(launch.STEP, self.rt, launch_id).kind is Kind.DONE
         self.ready(launch_id)
         return launch_id
 
@@ -133,8 +129,8 @@ class World:
         later = now + timedelta(minutes=10)
         result = self.tick(0, later)
         assert result.drains == [launch_id]
-        assert run_drain(self.rt, launch_id, enqueue=self.enqueue).startswith("drained")
-        assert ("stop", launch_id) in self.sent
+        assert run_step(drain.STEP, self.rt, launch_id, self.outbox).kind is Kind.DONE
+        assert ("stop", launch_id) in self.outbox.sent
         assert self.row(launch_id).state == S.STOPPING
 
 
@@ -164,8 +160,8 @@ def _stopped(w: World, launch_id: str) -> None:
     deadline = time.monotonic() + 20
     while w.row(launch_id).state != S.STOPPED:
         assert time.monotonic() < deadline, w.row(launch_id).state_reason
-        run_stop(w.rt, launch_id, enqueue=w.enqueue)
-        reconciler.run_reconcile(w.rt, w.enqueue)
+        run_step(stop.STEP, w.rt, launch_id, w.outbox)
+        reconciler.run_reconcile(w.rt, w.outbox)
 
 
 @pytest.mark.timeout(120)
@@ -185,7 +181,7 @@ def test_idle_machines_are_stopped_and_resumed_not_rented_again(world: World):
     result = w.tick(3, utc_now())
     assert result.launched == [] and result.resumed == [launch_id]
     assert w.row(launch_id).state == S.RESUMING
-    assert run_resume(w.rt, launch_id, enqueue=w.enqueue).startswith("resuming")
+    assert run_step(resume.STEP, w.rt, launch_id, w.outbox).kind is Kind.DONE
     w.ready(launch_id)
     again = w.row(launch_id)
     assert again.state == S.READY and again.resumes == 1
@@ -203,9 +199,9 @@ def test_a_stop_whose_answer_is_lost_but_happened_is_confirmed(world: World):
     w.fake.stop_times_out_but_happens = True
     w.fake.lost_answer = "500"
     w.stop_idle(launch_id, now)
-    outcome = run_stop(w.rt, launch_id, enqueue=w.enqueue)
+    outcome = run_step(stop.STEP, w.rt, launch_id, w.outbox)
     assert w.row(launch_id).state in (S.STOPPING, S.STOPPED), outcome
-    reconciler.run_reconcile(w.rt, w.enqueue)
+    reconciler.run_reconcile(w.rt, w.outbox)
     assert w.row(launch_id).state == S.STOPPED
     assert w.warm_actions().count("stopped") == 1  # confirmed once, whoever confirmed it
 
@@ -220,12 +216,12 @@ def test_a_start_refused_is_a_warm_miss_and_a_fresh_machine_is_rented_at_once(wo
     w.fake.resume_without_gpu = True
     result = w.tick(3, utc_now())
     assert result.resumed == [launch_id]
-    w.sent.clear()
-    outcome = run_resume(w.rt, launch_id, enqueue=w.enqueue)
-    assert outcome.startswith("warm miss"), outcome
+    w.outbox.clear()
+    outcome = run_step(resume.STEP, w.rt, launch_id, w.outbox)
+    assert outcome.kind is Kind.ABANDONED, outcome  # a warm miss
     assert w.row(launch_id).state == S.TERMINATING
-    assert ("terminate", launch_id) in w.sent and ("evaluate", Q) in w.sent
-    assert run_terminate(w.rt, launch_id) == "terminated"
+    assert ("terminate", launch_id) in w.outbox.sent and ("evaluate", Q) in w.outbox.sent
+    assert run_step(terminate.STEP, w.rt, launch_id).kind is Kind.DONE
     with w.rt.transaction() as session:
         assert backoffs.by_queue(session) == {}  # a miss is not a failed rental
     fresh = w.tick(3, utc_now())  # what the "evaluate" step does
@@ -242,15 +238,15 @@ def test_a_start_stuck_scheduling_is_a_warm_miss_at_the_resume_timeout(world: Wo
     _stopped(w, launch_id)
     w.fake.start_stuck_scheduling = True
     assert w.tick(3, utc_now()).resumed == [launch_id]
-    assert run_resume(w.rt, launch_id, enqueue=w.enqueue).startswith("resuming")
-    reconciler.run_reconcile(w.rt, w.enqueue)
+    assert run_step(resume.STEP, w.rt, launch_id, w.outbox).kind is Kind.DONE
+    reconciler.run_reconcile(w.rt, w.outbox)
     assert w.row(launch_id).state == S.RESUMING  # within its resume_timeout (2 s)
     time.sleep(2.2)
-    w.sent.clear()
-    reconciler.run_reconcile(w.rt, w.enqueue)
+    w.outbox.clear()
+    reconciler.run_reconcile(w.rt, w.outbox)
     row = w.row(launch_id)
     assert row.state == S.TERMINATING and "warm miss" in (row.state_reason or "")
-    assert ("evaluate", Q) in w.sent
+    assert ("evaluate", Q) in w.outbox.sent
 
 
 @pytest.mark.timeout(120)
@@ -262,16 +258,16 @@ def test_a_stop_or_resume_lost_mid_step_is_finished_by_reconcile(world: World):
     launch_id = w.boot(now)
     w.stop_idle(launch_id, now)  # the stop task is lost: never run
     time.sleep(1.1)  # one step-retry period (the poll interval, 1 s)
-    w.sent.clear()
-    reconciler.run_reconcile(w.rt, w.enqueue)
-    assert ("stop", launch_id) in w.sent
+    w.outbox.clear()
+    reconciler.run_reconcile(w.rt, w.outbox)
+    assert ("stop", launch_id) in w.outbox.sent
     _stopped(w, launch_id)
     assert w.tick(3, utc_now()).resumed == [launch_id]  # the resume task is lost: never run
     time.sleep(1.1)
-    w.sent.clear()
-    reconciler.run_reconcile(w.rt, w.enqueue)
-    assert ("resume", launch_id) in w.sent
-    assert run_resume(w.rt, launch_id, enqueue=w.enqueue).startswith("resuming")
+    w.outbox.clear()
+    reconciler.run_reconcile(w.rt, w.outbox)
+    assert ("resume", launch_id) in w.outbox.sent
+    assert run_step(resume.STEP, w.rt, launch_id, w.outbox).kind is Kind.DONE
     w.ready(launch_id)
     assert w.row(launch_id).state == S.READY
     assert w.warm_actions().count("hit") == 1
@@ -296,10 +292,10 @@ def test_racing_steps_stop_resume_and_destroy_each_machine_once(world: World):
     deadline = time.monotonic() + 20
     while w.row(launch_id).state != S.STOPPED:
         assert time.monotonic() < deadline
-        race(lambda: run_stop(w.rt, launch_id, enqueue=w.enqueue))
+        race(lambda: run_step(stop.STEP, w.rt, launch_id, w.outbox))
     created = w.created()
     assert w.tick(3, utc_now()).resumed == [launch_id]
-    race(lambda: run_resume(w.rt, launch_id, enqueue=w.enqueue))
+    race(lambda: run_step(resume.STEP, w.rt, launch_id, w.outbox))
     w.ready(launch_id)
     w.ready(launch_id)
     actions = w.warm_actions()
@@ -308,8 +304,9 @@ def test_racing_steps_stop_resume_and_destroy_each_machine_once(world: World):
     # the operator empties the pool later: the machine is destroyed once
     w.stop_idle(launch_id, now + timedelta(minutes=30))
     _stopped(w, launch_id)
-    assert run_drain(w.rt, launch_id, "emptied by the operator").startswith("cancelled")
-    race(lambda: run_terminate(w.rt, launch_id))
+    emptied = Drain("emptied by the operator")
+    assert run_step(emptied, w.rt, launch_id).kind is Kind.CANCELLED
+    race(lambda: run_step(terminate.STEP, w.rt, launch_id))
     with w.rt.transaction() as session:
         destroyed = session.scalars(
             select(ScaleEvent).where(

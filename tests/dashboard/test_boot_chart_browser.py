@@ -1,6 +1,6 @@
 """The dashboard's boot chart in headless Chromium (the fixtures of test_dashboard_browser.py):
 one bar per (provider, GPU), the median over its p90, labelled with both and the number of
-boots — the numbers `autoscaler status` prints (store/views.py) — drawn with no script error
+boots — the numbers `autoscaler status` prints (store/boots.py) — drawn with no script error
 or CSP violation."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from sqlalchemy import text as sql
 
-from autoscaler.store import config_versions, views
+from autoscaler.store import config_versions, machine_views, queue_views
 from tests.api.apikit import CONFIG, World, add_warm_pool, stop_machine, warm_events
 from tests.dashboard.dashkit import HISTORY, PENDING_NOW, dashboard_world
 
@@ -83,8 +83,8 @@ def test_dashboard_overview_shows_what_status_reads(world):
     got = r.json()
     with world.rt.transaction() as session:
         now = datetime.fromisoformat(got["now"])
-        want = [v.as_json() for v in views.queues(session, now)]
-        machines = [m.as_json() for m in views.instances(session, now)]
+        want = [v.as_json() for v in queue_views.queues(session, now)]
+        machines = [m.as_json() for m in machine_views.instances(session, now)]
     q1 = next(q for q in got["queues"] if q["queue"] == "q1")
     assert {k: v for k, v in q1.items() if k not in ("configured", "autoscale")} == want[0]
     assert q1["pending"] == PENDING_NOW and q1["workers"]["live"] == 2

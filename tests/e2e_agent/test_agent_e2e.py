@@ -24,7 +24,7 @@ import pytest
 import redis
 from celery import Celery
 
-from autoscaler.metrics import stamp
+from autoscaler.brokers import stamp
 from autoscaler.sim.trace import load_trace
 from tests.agent.agentkit import TASK_APP, AgentProc, free_port, git_repo
 from tests.control.loopkit import REDIS, WATCH_BROKER, Loop, local_machines, unique

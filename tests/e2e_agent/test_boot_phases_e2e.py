@@ -25,8 +25,9 @@ import pytest
 import uvicorn
 
 from autoscaler.api.app import create_app
-from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime
+from autoscaler.control.steps import launch
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.boots import BOOT_PHASES
 from autoscaler.providers.local import DEFAULT_COMMAND
@@ -128,8 +129,8 @@ def test_e2e_local_machine_reports_its_phases_in_order_with_the_rows_provider_gp
                 config_version=version.version,
             )
         with api_on(rt, port):
-            outcome = run_launch(rt, "phases1")
-            assert outcome.startswith("booting"), outcome
+            outcome = run_step(launch.STEP, rt, "phases1")
+            assert outcome.kind is Kind.DONE, outcome
             with rt.transaction() as session:
                 row = instances.get(session, "phases1")
                 assert row is not None

@@ -4,8 +4,8 @@ The local provider's machines run the real agent and a real Celery worker on a r
 queue, under real `celery worker`, `beat` and `autoscaler serve` processes on PostgreSQL. A
 long job starts on the first machine; the machine is killed (its whole process group, no
 goodbye: what a machine pulled by its host is to the broker). Its provider lists it dead,
-reconcile destroys it, and the hand-back (`control.handback`) leaves its job to kombu: on Redis
-nothing the broker keeps says which machine held it, so a machine's word restores nothing.
+reconcile destroys it, and the hand-back (`control.steps.handback`) leaves its job to kombu: on
+Redis nothing the broker keeps says which machine held it, so a machine's word restores nothing.
 The queue is evaluated at once; a fresh machine's worker brings the job back when its delivery
 passes the visibility timeout (40 s here, for a 25 s job) and runs it.
 

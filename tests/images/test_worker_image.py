@@ -30,8 +30,8 @@ import redis
 from celery import Celery
 from cryptography.fernet import Fernet
 
-from autoscaler.control.launch import ENV_WORKER_TOKEN, machine_env
-from autoscaler.metrics import stamp
+from autoscaler.brokers import stamp
+from autoscaler.control.steps.credentials import ENV_WORKER_TOKEN, machine_env
 from autoscaler.providers.container import LABEL_KEY
 from autoscaler.providers.labels import marker_env
 from tests.agent.agentkit import TASK_APP, free_port, git_repo

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from autoscaler.config import load_config_text
-from autoscaler.config.models import Config, MockProvider
+from autoscaler.config.models import Config, MockOptions
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.snapshot import (
     BackoffState,
@@ -17,7 +17,7 @@ from autoscaler.policy.snapshot import (
 )
 
 NOW = datetime(2025, 6, 2, 12, 0, tzinfo=UTC)
-PROVIDERS = {"gpu": MockProvider(kind="mock"), "gpu2": MockProvider(kind="mock")}
+PROVIDERS = {"gpu": MockOptions(kind="mock"), "gpu2": MockOptions(kind="mock")}
 
 
 def config(

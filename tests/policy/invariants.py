@@ -124,7 +124,7 @@ def check_plan(snapshot: Snapshot, config: Config, plan: Plan) -> None:
         grown = cap + r + n
         if booting:
             # the one exception: a hedge when every booting machine is late and none serves
-            late = late_boot_s(auto, qs, config)
+            late = late_boot_s(config.queue_settings(qp.queue), qs)
             hedged = (
                 fresh_now
                 and manual is None

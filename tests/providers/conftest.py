@@ -16,10 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.config.models import ContainerProvider as ContainerConfig
-from autoscaler.config.models import InstanceSpec
-from autoscaler.config.models import RunPodProvider as RunPodConfig
-from autoscaler.config.models import VastProvider as VastConfig
+from autoscaler.config.models import ContainerOptions, InstanceSpec, RunPodOptions, VastOptions
 from autoscaler.providers.container import ContainerProvider
 from autoscaler.providers.http import RetryPolicy
 from autoscaler.providers.runpod import RunPodProvider
@@ -81,7 +78,7 @@ def make_container(
         "price_per_hour": 0.30,
     }
     options.update(cfg)
-    config = ContainerConfig.model_validate(options)
+    config = ContainerOptions.model_validate(options)
     return ContainerProvider(
         "gpu-box", config, installation, timeout=30.0, grace=grace, lookup_delay=0.05
     )
@@ -121,7 +118,7 @@ def fake_vast() -> Iterator[FakeVast]:
 def make_runpod(
     fake: FakeRunPod, key: str = SECRET, installation: str = INSTALLATION, **cfg: object
 ) -> RunPodProvider:
-    config = RunPodConfig.model_validate({"kind": "runpod", "base_url": fake.url, **cfg})
+    config = RunPodOptions.model_validate({"kind": "runpod", "base_url": fake.url, **cfg})
     return RunPodProvider(
         "gpu-runpod",
         config,
@@ -152,7 +149,7 @@ def make_vast(
     clock: object = None,
     **cfg: object,
 ) -> VastProvider:
-    config = VastConfig.model_validate({"kind": "vast", "base_url": fake.url, **cfg})
+    config = VastOptions.model_validate({"kind": "vast", "base_url": fake.url, **cfg})
     return VastProvider(
         "gpu-vast",
         config,

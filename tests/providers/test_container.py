@@ -18,7 +18,7 @@ import pytest
 
 from autoscaler.access.credentials import validate_provider
 from autoscaler.config import ConfigError
-from autoscaler.config.models import ContainerProvider as ContainerConfig
+from autoscaler.config.models import ContainerOptions
 from autoscaler.providers import (
     AuthError,
     CapacityError,
@@ -365,7 +365,7 @@ def test_an_unreachable_engine_is_a_transient_error(tmp_path: Path, installation
         "client_key": str(certs["client_key"]),
     }
     for url, options in ((f"unix://{tmp_path}/none.sock", {}), ("tcp://127.0.0.1:9", {"tls": tls})):
-        config = ContainerConfig.model_validate(
+        config = ContainerOptions.model_validate(
             {"kind": "container", "url": url, "gpus": 0, **options}
         )
         p = ContainerProvider("gpu-box", config, inst, timeout=2.0)
@@ -409,7 +409,7 @@ def test_an_engine_api_over_the_network_needs_tls() -> None:
         with pytest.raises(ConfigError):
             validate_provider("gpu-box", "container", bad)
     # DOCKER_HOST, when the options name no url, is held to the same rule.
-    config = ContainerConfig.model_validate({"kind": "container", "gpus": 0})
+    config = ContainerOptions.model_validate({"kind": "container", "gpus": 0})
     with pytest.raises(ProviderRequestError, match="without verified TLS"):
         ContainerProvider("gpu-box", config, "inst", environ={"DOCKER_HOST": "tcp://10.1.2.3:2375"})
     with pytest.raises(ProviderRequestError, match="even on loopback"):
@@ -419,7 +419,7 @@ def test_an_engine_api_over_the_network_needs_tls() -> None:
         "gpu-box", config, "inst", environ={"DOCKER_HOST": socket_url}
     ).url == (socket_url)
     assert ContainerProvider("gpu-box", config, "inst", environ={}).url.startswith("unix://")
-    with_tls = ContainerConfig.model_validate(
+    with_tls = ContainerOptions.model_validate(
         {"kind": "container", "gpus": 0, "url": "tcp://10.1.2.3:2376", "tls": tls}
     )
     with pytest.raises(ProviderRequestError, match=r"tls\.ca_cert '/etc/e/ca\.pem' cannot be read"):

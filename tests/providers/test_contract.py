@@ -20,9 +20,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.config.models import PROVIDER_KINDS, InstanceSpec
-from autoscaler.config.models import LocalProvider as LocalConfig
-from autoscaler.config.models import MockProvider as MockConfig
+from autoscaler.config.models import PROVIDER_KINDS, InstanceSpec, LocalOptions, MockOptions
 from autoscaler.providers import (
     LaunchSpec,
     MachineStatus,
@@ -112,7 +110,9 @@ def _mock(request: pytest.FixtureRequest, db: str) -> Case:
     Base.metadata.create_all(engine)
     request.addfinalizer(engine.dispose)
     sessions: sessionmaker[Session] = session_factory(engine)
-    config = MockConfig(kind="mock", boot_delay=0, stop_delay=0, start_delay=0, price_per_hour=0.25)
+    config = MockOptions(
+        kind="mock", boot_delay=0, stop_delay=0, start_delay=0, price_per_hour=0.25
+    )
     p = MockProvider("demo", config, INSTALLATION, StoredMockMachines(sessions))
     other = MockProvider("demo", config, OTHER_INSTALLATION, StoredMockMachines(sessions))
 
@@ -124,7 +124,7 @@ def _mock(request: pytest.FixtureRequest, db: str) -> Case:
 
 def _local(request: pytest.FixtureRequest) -> Case:
     state: Path = request.getfixturevalue("tmp_path") / "state"
-    config = LocalConfig(kind="local", command="exec sleep 300", price_per_hour=0.30)
+    config = LocalOptions(kind="local", command="exec sleep 300", price_per_hour=0.30)
     p = LocalProvider("here", config, INSTALLATION, state, grace=1.0)
     other = LocalProvider("here", config, OTHER_INSTALLATION, state, grace=1.0)
     request.addfinalizer(_destroy_all(p, other))

@@ -86,9 +86,9 @@ def test_a_provider_without_a_key_is_refused_before_any_request(sessions):
     try:
         with transaction(sessions) as s:
             inst = installation_id(s)
-        from autoscaler.config.models import RunPodProvider
+        from autoscaler.config.models import RunPodOptions
 
-        cfg = RunPodProvider(kind="runpod", base_url=fake.url)
+        cfg = RunPodOptions(kind="runpod", base_url=fake.url)
         with pytest.raises(AuthError):
             build_provider("gpu", cfg, credential=None, installation_id=inst, sessions=sessions)
         assert fake.requests == []

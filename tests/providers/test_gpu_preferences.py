@@ -12,8 +12,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.config.gpus import canonical
-from autoscaler.config.models import LocalProvider as LocalConfig
-from autoscaler.config.models import MockProvider as MockConfig
+from autoscaler.config.models import LocalOptions, MockOptions
 from autoscaler.providers.local import LocalProvider
 from autoscaler.providers.mock import MockProvider
 from autoscaler.providers.runpod import runpod_ids
@@ -169,14 +168,14 @@ def test_mock_and_local_offer_the_first_gpu_of_any_names(
 ) -> None:
     mock = MockProvider(
         "demo",
-        MockConfig.model_validate({"kind": "mock"}),
+        MockOptions.model_validate({"kind": "mock"}),
         INSTALLATION,
         StoredMockMachines(sqlite_sessions),
     )
     (offer,) = mock.find_offers(spec(gpu=["Imaginary 9", "RTX 4090"]))
     assert (offer.gpu, offer.offer_id) == ("Imaginary 9", "mock:Imaginary 9")
     local = LocalProvider(
-        "here", LocalConfig.model_validate({"kind": "local"}), INSTALLATION, tmp_path
+        "here", LocalOptions.model_validate({"kind": "local"}), INSTALLATION, tmp_path
     )
     (offer,) = local.find_offers(spec(gpu=["my laptop's GPU", "RTX 4090"]))
     assert offer.gpu == "my laptop's GPU"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.config.models import LocalProvider as LocalConfig
+from autoscaler.config.models import LocalOptions
 from autoscaler.providers import LaunchSpec, MachineStatus, NotOwnedError, ResumeRefusedError
 from autoscaler.providers.local import DEFAULT_COMMAND, LocalProvider
 from tests.providers.conftest import INSTALLATION, OTHER_INSTALLATION, spec
@@ -24,7 +24,7 @@ PY = sys.executable
 def local(
     state: Path, command: str | None = None, installation: str = INSTALLATION, grace: float = 2.0
 ) -> LocalProvider:
-    config = LocalConfig.model_validate({"kind": "local", "command": command})
+    config = LocalOptions.model_validate({"kind": "local", "command": command})
     return LocalProvider("here", config, installation, state, grace=grace)
 
 

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.config.models import MockProvider as MockConfig
+from autoscaler.config.models import MockOptions
 from autoscaler.providers import (
     CapacityError,
     LaunchSpec,
@@ -36,7 +36,7 @@ def mock(
     seed: int = 1,
     **cfg: object,
 ) -> MockProvider:
-    config = MockConfig.model_validate({"kind": "mock", **cfg})
+    config = MockOptions.model_validate({"kind": "mock", **cfg})
     return MockProvider(
         "demo",
         config,

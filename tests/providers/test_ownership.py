@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.config.models import ContainerProvider as ContainerConfig
-from autoscaler.config.models import LocalProvider as LocalConfig
-from autoscaler.config.models import MockProvider as MockConfig
-from autoscaler.config.models import RunPodProvider as RunPodConfig
-from autoscaler.config.models import VastProvider as VastConfig
+from autoscaler.config.models import (
+    ContainerOptions,
+    LocalOptions,
+    MockOptions,
+    RunPodOptions,
+    VastOptions,
+)
 from autoscaler.providers import AuthError, LaunchSpec, NotOwnedError
 from autoscaler.providers.labels import is_owned, make_label, parse_label
 from autoscaler.providers.mock import MockProvider
@@ -171,7 +173,7 @@ def test_mock_list_owned_never_returns_a_foreign_label(
             )
     p = MockProvider(
         provider,
-        MockConfig(kind="mock"),
+        MockOptions(kind="mock"),
         INSTALLATION,
         StoredMockMachines(sessions),
         rng=random.Random(0),
@@ -206,15 +208,15 @@ def test_runpod_list_owned_never_returns_a_foreign_pod(
 
 def test_registry_builds_each_kind(sqlite_sessions: sessionmaker[Session], tmp_path: Path) -> None:
     kw = {"installation_id": INSTALLATION, "sessions": sqlite_sessions}
-    rp = build_provider("r", RunPodConfig(kind="runpod"), credential="k-secret-1", **kw)
-    vast = build_provider("v", VastConfig(kind="vast"), credential="k-secret-2", **kw)
-    mock = build_provider("m", MockConfig(kind="mock"), credential=None, **kw)
-    loc = build_provider("l", LocalConfig(kind="local"), credential=None, state_dir=tmp_path, **kw)
-    box = build_provider("c", ContainerConfig(kind="container", gpus=0), credential=None, **kw)
+    rp = build_provider("r", RunPodOptions(kind="runpod"), credential="k-secret-1", **kw)
+    vast = build_provider("v", VastOptions(kind="vast"), credential="k-secret-2", **kw)
+    mock = build_provider("m", MockOptions(kind="mock"), credential=None, **kw)
+    loc = build_provider("l", LocalOptions(kind="local"), credential=None, state_dir=tmp_path, **kw)
+    box = build_provider("c", ContainerOptions(kind="container", gpus=0), credential=None, **kw)
     kinds = [p.kind for p in (rp, vast, mock, loc, box)]
     assert kinds == ["runpod", "vast", "mock", "local", "container"]
     assert "k-secret" not in repr(rp) + repr(vast) + str(vars(rp)) + str(vars(vast))
     with pytest.raises(AuthError, match="no API key"):
-        build_provider("r", RunPodConfig(kind="runpod"), credential=None, **kw)
+        build_provider("r", RunPodOptions(kind="runpod"), credential=None, **kw)
     with pytest.raises(ValueError, match="state directory"):
-        build_provider("l", LocalConfig(kind="local"), credential=None, **kw)
+        build_provider("l", LocalOptions(kind="local"), credential=None, **kw)

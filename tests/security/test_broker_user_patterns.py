@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from autoscaler.access.broker_users import BrokerPlan, create_user, delete_user
+from autoscaler.brokers.users import BrokerPlan, create_user, delete_user
 from tests.conftest import REDIS_URL
 
 
@@ -80,7 +80,7 @@ def test_validate_lists_each_trust_domain_and_what_its_machines_hold():
     """Two queues on one database and prefix share kombu's unacked hash and bindings: `validate`
     says so, and a queue with its own prefix is its own domain; queues of one prefix on two
     databases are one domain (a database is no boundary), and it says that. No URL is printed."""
-    from autoscaler.access.broker_users import machine_access
+    from autoscaler.brokers.users import machine_access
     from autoscaler.config import load_config_text
 
     def queue(name: str, prefix: str = "", db: int = 4) -> str:
@@ -118,7 +118,7 @@ def test_no_user_is_made_for_a_queue_whose_exchange_routes_to_other_queues():
     """The `celery` queue's machine copied other queues' messages by adding a binding to
     `_kombu.binding.celery`, the default exchange many queues share. Such a queue gets no
     per-machine user (with the reason and the fix), unless its metrics block accepts it."""
-    from autoscaler.access.broker_users import NoBrokerUser, plan_for
+    from autoscaler.brokers.users import NoBrokerUser, plan_for
     from autoscaler.config.models import CelerySource
 
     prefix = f"t{uuid.uuid4().hex[:6]}:"

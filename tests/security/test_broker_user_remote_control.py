@@ -24,7 +24,7 @@ import pytest
 import redis
 from celery import Celery
 
-from autoscaler.access.broker_users import BrokerPlan, create_user, delete_user
+from autoscaler.brokers.users import BrokerPlan, create_user, delete_user
 from tests.conftest import REDIS_URL
 
 DB = 6

@@ -21,11 +21,13 @@ from sqlalchemy import select
 
 from autoscaler.api.app import create_app
 from autoscaler.control import reconciler
-from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import utc_now
+from autoscaler.control.steps import launch
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.store import instances, intents
 from autoscaler.store.db import store_now
 from autoscaler.store.models import ScaleEvent
+from tests.control.outbox import RecordingOutbox
 from tests.fakes.runpod_server import FakeRunPod
 from tests.security.kit import runpod_runtime
 
@@ -39,7 +41,7 @@ def test_a_reconciler_five_minutes_ahead_destroys_no_machine_seen_seconds_ago(tm
     try:
         with rt.transaction() as session:
             intents.add_intents(session, [("skew1", "q", "pods", "t")], utc_now())
-        assert run_launch(rt, "skew1").startswith("booting")
+        assert run_step(launch.STEP, rt, "skew1").kind is Kind.DONE
         (create,) = fake.calls("POST", "/v2/pods")
         token = create.body["env"]["AUTOSCALER_WORKER_TOKEN"]
         r = client.post(
@@ -55,7 +57,7 @@ def test_a_reconciler_five_minutes_ahead_destroys_no_machine_seen_seconds_ago(tm
                 skew = (utc_now() - store_now(session)).total_seconds()
             assert 290 < skew < 310  # this process's clock is five minutes ahead of the store's
             for _ in range(2):  # two rounds, more than half a poll apart
-                reconciler.run_reconcile(rt, lambda step, lid: None)
+                reconciler.run_reconcile(rt, RecordingOutbox())
                 time.sleep(1.1)
         with rt.transaction() as session:
             row = instances.get(session, "skew1")

@@ -33,8 +33,7 @@ import pytest
 
 from autoscaler.access.credentials import validate_provider
 from autoscaler.config import ConfigError
-from autoscaler.config.models import ContainerProvider as ContainerConfig
-from autoscaler.config.models import InstanceSpec
+from autoscaler.config.models import ContainerOptions, InstanceSpec
 from autoscaler.providers import LaunchSpec, ProviderRequestError
 from autoscaler.providers.container import ContainerProvider
 from tests.containers import engine as kit
@@ -110,7 +109,7 @@ def installation() -> Iterator[str]:
 
 def provider(engine: Engine, installation: str, **options: object) -> ContainerProvider:
     """The provider with its defaults: only the engine, no GPU and a sleeping command."""
-    config = ContainerConfig.model_validate(
+    config = ContainerOptions.model_validate(
         {
             "kind": "container",
             "url": engine.url,
@@ -199,9 +198,9 @@ def test_validate_refuses_the_host_network_and_engines_on_tcp_without_tls() -> N
     allowed = validate_provider(
         "gpu-box", "container", {"gpus": 0, "network": "host", "unsafe_host_network": True}
     )
-    assert isinstance(allowed, ContainerConfig) and allowed.network == "host"
+    assert isinstance(allowed, ContainerOptions) and allowed.network == "host"
     default = validate_provider("gpu-box", "container", {"gpus": 0})
-    assert isinstance(default, ContainerConfig) and default.network == "bridge"
+    assert isinstance(default, ContainerOptions) and default.network == "bridge"
     for url in (
         "tcp://127.0.0.1:2375",
         "tcp://localhost:2375",
@@ -216,11 +215,11 @@ def test_validate_refuses_the_host_network_and_engines_on_tcp_without_tls() -> N
     validate_provider("gpu-box", "container", {"gpus": 0, "url": "unix:///run/podman/podman.sock"})
     # The provider holds the same rules, whatever made its config.
     for host in ("tcp://127.0.0.1:2375", "tcp://localhost:2375", "tcp://10.1.2.3:2375"):
-        plain = ContainerConfig.model_validate({"kind": "container", "gpus": 0})
+        plain = ContainerOptions.model_validate({"kind": "container", "gpus": 0})
         with pytest.raises(ProviderRequestError, match="without verified TLS"):
             ContainerProvider("gpu-box", plain, "inst", environ={"DOCKER_HOST": host})
-    built = ContainerConfig.model_construct(
-        **{**ContainerConfig.model_validate({"kind": "container", "gpus": 0}).__dict__}
+    built = ContainerOptions.model_construct(
+        **{**ContainerOptions.model_validate({"kind": "container", "gpus": 0}).__dict__}
     )
     for field, value in (("url", "tcp://127.0.0.1:2375"), ("network", "host")):
         bad = built.model_copy(update={field: value})

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from autoscaler.brokers.workers import WorkerStatus
 from autoscaler.config import load_config_text
 from autoscaler.control.observe import record_sightings
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.control.tick.evaluate import evaluate
 from autoscaler.lifecycle import InstanceState as S
-from autoscaler.metrics.workers import WorkerStatus
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, instances, migrate
 from autoscaler.store.models import Instance
+from tests.control.outbox import RecordingOutbox
 
 DOMAIN = "redis://127.0.0.1:6379/0"  # queue b's, where its replies are heard
 CONFIG = """
@@ -58,7 +59,7 @@ def _launches(rt: Runtime, hand_made: str | None, ghosts: int) -> int:
         seen = {f"ghost-{i}@host-{i}": WorkerStatus(("b",), 0) for i in range(ghosts)}
         record_sightings(session, seen, install, now, DOMAIN)
     reading = {"b": QueueMetrics("b", 200, 60.0, 0, now)}
-    result = evaluate(rt, lambda s, lid: None, trigger="t", readings=reading, now=now)
+    result = evaluate(rt, RecordingOutbox(), trigger="t", readings=reading, now=now)
     return len(result.launched)
 
 

@@ -1,7 +1,7 @@
 """A forged kombu `unacked_mutex` stops no restore for long (issue: "A forged `unacked_mutex`
 stops every hand-back of the domain, and kombu's own restore").
 
-On real Redis 7: a machine's own broker user (its ACL as `access.broker_users` makes it) sets
+On real Redis 7: a machine's own broker user (its ACL as `brokers.users` makes it) sets
 the domain's mutex with no expiry. A real kombu consumer's `restore_visible` then restores
 nothing, for as long as the key lives; the reconcile round's sweep deletes it (and only a
 mutex kombu cannot have set), after which kombu's restore works again.
@@ -19,12 +19,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kombu import Connection
 
-from autoscaler.access import broker_users
+from autoscaler.brokers import users as broker_users
+from autoscaler.brokers.redis.celery_redis import CeleryRedisLayout
+from autoscaler.brokers.redis.unacked_mutex import KOMBU_MUTEX_EXPIRE, clear_forged, forged_why
 from autoscaler.config import Config, load_config_text
-from autoscaler.control.handback import sweep_forged_mutexes
 from autoscaler.control.runtime import Runtime, utc_now
-from autoscaler.metrics.celery_redis import CeleryRedisLayout
-from autoscaler.metrics.unacked_mutex import KOMBU_MUTEX_EXPIRE, clear_forged, forged_why
+from autoscaler.control.steps.handback import sweep_forged_mutexes
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, migrate
 from tests.conftest import REDIS_URL

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.control.handback import run_handback
 from autoscaler.control.runtime import utc_now
+from autoscaler.control.steps import handback
+from autoscaler.control.steps.frame import run_step
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.store.models import Instance
 from tests.control.test_handback import QUEUE, Broker, _events, _lost_machine, _runtime
@@ -45,7 +46,7 @@ def test_naming_a_job_another_worker_runs_never_brings_it_back(tmp_path, db_url,
     late.publish("job-x", 4.0)
     late.wait_for(("start", "honest", "job-x"))
     _lost_machine(rt, "liar", ["job-x"], acks_late=True)  # it names the honest worker's job
-    run_handback(rt, "liar")
+    run_step(handback.STEP, rt, "liar")
     assert late.waiting() == 0 and late.unacked() == 1  # still the honest worker's only
     late.worker("other")  # would take a restored copy at once
     late.wait_for(("end", "honest", "job-x"))
@@ -62,14 +63,14 @@ def test_racing_hand_back_steps_never_run_a_job_a_third_time(tmp_path, db_url, l
     late.kill(first)
     late.worker("b", visibility=2)  # kombu's own restore brings it back, once
     _lost_machine(rt, "m1", ["job-1"], acks_late=True)
-    racers = [threading.Thread(target=run_handback, args=(rt, "m1")) for _ in range(4)]
+    racers = [threading.Thread(target=run_step, args=(handback.STEP, rt, "m1")) for _ in range(4)]
     for t in racers:
         t.start()
     late.wait_for(("end", "b", "job-1"))
     for t in racers:
         t.join(60)
     for _ in range(3):  # reconcile sends the step every round until it is done
-        run_handback(rt, "m1")
+        run_step(handback.STEP, rt, "m1")
     time.sleep(3.0)  # two sweeps of b's restore: nothing left to run again
     starts = [m for m in late.marks_of() if m[0] == "start"]
     assert starts == [("start", "a", "job-1"), ("start", "b", "job-1")]
@@ -96,7 +97,7 @@ def test_a_live_machines_claim_keeps_no_lost_machines_job_from_coming_back(tmp_p
             )
         )
     _lost_machine(rt, "victim", ["job-v"], acks_late=True)
-    run_handback(rt, "victim")
+    run_step(handback.STEP, rt, "victim")
     (event,) = _events(rt, "left")
     assert event.details == {"said_held": 1, "left_to_the_visibility_timeout": True}
     late.worker("b", visibility=2)  # the broker's own redelivery is not kept back either

@@ -17,8 +17,9 @@ import redis
 from sqlalchemy import select
 
 from autoscaler.config import load_config_text
-from autoscaler.control.launch import run_launch
 from autoscaler.control.runtime import Runtime, utc_now
+from autoscaler.control.steps import launch
+from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.settings import Settings
 from autoscaler.store import backoffs, config_versions, instances, intents, migrate
 from autoscaler.store.models import Instance, MockMachine
@@ -83,8 +84,8 @@ queues:
         with rt.transaction() as session:
             config_versions.record(session, config.model_dump(mode="json"), "t", utc_now())
             intents.add_intents(session, [("down1", "q", "sandbox", "t")], utc_now())
-        result = run_launch(rt, "down1")  # nothing listens on the broker's port
-        assert result.startswith("failed") and "no broker user" in result, result
+        result = run_step(launch.STEP, rt, "down1")  # nothing listens on the broker's port
+        assert result.kind is Kind.FAILED and "no broker user" in str(result), result
         with rt.transaction() as session:
             assert session.scalars(select(MockMachine)).all() == []  # nothing rented
             row = instances.get(session, "down1")
@@ -95,7 +96,7 @@ queues:
         with rt.transaction() as session:
             backoffs.clear(session, "q", "sandbox")
             intents.add_intents(session, [("up1", "q", "sandbox", "t")], utc_now())
-        assert run_launch(rt, "up1").startswith("booting")
+        assert run_step(launch.STEP, rt, "up1").kind is Kind.DONE
         with rt.transaction() as session:
             user = session.scalar(select(Instance.broker_user).where(Instance.launch_id == "up1"))
             assert len(session.scalars(select(MockMachine)).all()) == 1

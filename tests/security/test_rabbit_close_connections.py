@@ -17,8 +17,8 @@ import pytest
 import requests
 from kombu import Connection, Consumer, Queue
 
-from autoscaler.access import rabbit_users
-from autoscaler.access.broker_users import create_user, plan_for
+from autoscaler.brokers.rabbitmq import users as rabbit_users
+from autoscaler.brokers.users import create_user, plan_for
 from autoscaler.config.models import CelerySource
 from tests.conftest import AMQP_URL
 

@@ -22,8 +22,8 @@ import requests
 from celery import Celery
 from kombu import Connection, Exchange, Queue
 
-from autoscaler.access import rabbit_users
-from autoscaler.access.broker_users import create_user, delete_machine_user, plan_for, sweep
+from autoscaler.brokers.rabbitmq import users as rabbit_users
+from autoscaler.brokers.users import create_user, delete_machine_user, plan_for, sweep
 from autoscaler.config import load_config_text
 from autoscaler.config.models import CelerySource
 from tests.conftest import AMQP_URL
@@ -183,9 +183,9 @@ def test_a_launch_makes_its_user_and_the_destroy_deletes_it(tmp_path, sqlite_url
     from fastapi.testclient import TestClient
 
     from autoscaler.api.app import create_app
-    from autoscaler.control.launch import run_launch
     from autoscaler.control.runtime import Runtime
-    from autoscaler.control.terminate import run_terminate
+    from autoscaler.control.steps import launch, terminate
+    from autoscaler.control.steps.frame import Kind, run_step
     from autoscaler.lifecycle import InstanceState as S
     from autoscaler.settings import Settings
     from autoscaler.store import config_versions, instances, intents, migrate, moves
@@ -214,7 +214,7 @@ queues:
         with rt.transaction() as session:
             config_versions.record(session, config.model_dump(mode="json"), "t", now)
             intents.add_intents(session, [("r1", queue, "sandbox", "t")], now)
-        assert run_launch(rt, "r1").startswith("booting")
+        assert run_step(launch.STEP, rt, "r1").kind is Kind.DONE
         with rt.transaction() as session:
             row = instances.get(session, "r1")
             assert row is not None and row.broker_user
@@ -232,7 +232,7 @@ queues:
         assert "guest" not in str(machine.env)  # never the broker's own credentials
         with rt.transaction() as session:
             moves.move(session, "r1", S.BOOTING, S.TERMINATING, datetime.now(UTC), "test")
-        assert run_terminate(rt, "r1") == "terminated"
+        assert run_step(terminate.STEP, rt, "r1").kind is Kind.DONE
         assert user not in rabbit_users.list_users(plan)
     finally:
         client.close()
@@ -244,7 +244,7 @@ def test_no_user_for_a_queue_whose_exchange_routes_elsewhere_and_shared_exchange
     user unless accepted (a machine could bind its queue there). And since `configure` on the
     shared exchanges covers deleting them, their types are checked (here in a vhost of its own,
     where a machine had redeclared `celeryev` as a fanout to see every task event)."""
-    from autoscaler.access.broker_users import NoBrokerUser
+    from autoscaler.brokers.users import NoBrokerUser
 
     queue, other = f"rq-{uuid.uuid4().hex[:8]}", f"ro-{uuid.uuid4().hex[:8]}"
     with Connection(AMQP_URL) as conn:

@@ -31,17 +31,18 @@ import pytest
 import redis
 from celery import Celery
 
-from autoscaler.access.broker_users import BrokerPlan, create_user, delete_user
+from autoscaler.brokers.registry import broker_domain
+from autoscaler.brokers.users import BrokerPlan, create_user, delete_user
+from autoscaler.brokers.workers import CeleryWorkerProbe, WorkerStatus
 from autoscaler.config import load_config_text
 from autoscaler.control.observe import record_sightings
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.control.tick.evaluate import evaluate
-from autoscaler.metrics.registry import broker_domain
-from autoscaler.metrics.workers import CeleryWorkerProbe, WorkerStatus
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, instances, migrate
 from tests.conftest import REDIS_URL
+from tests.control.outbox import RecordingOutbox
 from tests.security.flood import ReplyFlood
 
 DB = 9  # the machine's database, no other test broadcasts there; 0 is the other domain
@@ -249,7 +250,7 @@ def test_a_reply_counts_only_for_the_queues_of_the_domain_it_came_through(tmp_pa
             ghosts = {f"ghost-{i}@host-{i}": WorkerStatus(("jobs",), 0) for i in range(5)}
             record_sightings(session, ghosts, install, now, domain_a)
         readings = {q: QueueMetrics(q, 200, 60.0, 0, now) for q in ("a", "b")}
-        evaluate(rt, lambda s, lid: None, trigger="t", readings=readings, now=now)
+        evaluate(rt, RecordingOutbox(), trigger="t", readings=readings, now=now)
         with rt.transaction() as session:
             launched = [r.queue for r in instances.live_rows(session)]
         assert launched.count("b") == 3  # nobody serves b

@@ -32,7 +32,7 @@ from autoscaler.sim.interruptible import (
     with_interruptible,
 )
 from autoscaler.sim.provider import HANDBACK_S
-from autoscaler.sim.report import Report, fmt_interruptible, summarize
+from autoscaler.sim.report import PolicyReport, fmt_interruptible, summarize
 from autoscaler.sim.run import load_sim_config
 from autoscaler.sim.trace import Job, load_trace, write_csv
 from autoscaler.sim.tracegen import TRACES_DIR
@@ -79,7 +79,7 @@ def small(
     after: tuple[float, ...],
     acks: str = "late",
     max_share: float = 1.0,
-) -> tuple[Simulation, Report]:
+) -> tuple[Simulation, PolicyReport]:
     """`jobs` on the small queue, every machine interruptible (max_share 1.0) at "50%", the
     preemptions at `after` seconds from each rental in turn."""
     config = with_interruptible(load_sim_config(write_config(tmp_path)), "q", "50%", max_share)
@@ -185,7 +185,7 @@ class Checked:
     preempted_seen: list[str] = field(default_factory=list)
 
 
-def checked_run(config: Config, jobs: list[Job], world: World) -> tuple[Report, Checked]:
+def checked_run(config: Config, jobs: list[Job], world: World) -> tuple[PolicyReport, Checked]:
     """decide() on `config`, every evaluation checked: interruptible launches keep the queue's
     serving and booting machines plus the plan's launches within max_share (decide()'s rule);
     the serving and booting machines after the plan's drains and launches (the fleet); no
@@ -322,10 +322,10 @@ def test_a_preempted_machine_is_never_counted_as_capacity(days, name):
 
 
 def test_stops_paying_finds_the_first_rate_out_of_the_band():
-    base = Report("od", 1, 1.0, 10.0, 1.0, 1.0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0)
+    base = PolicyReport("od", 1, 1.0, 10.0, 1.0, 1.0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0)
 
     def at(rate: float, dollars: float, p95: float) -> MixedRun:
-        r = Report("m", 1, 1.0, dollars, 1.0, 1.0, 0, p95, 0, 0, 0, 0, 0, 0, 0, 0)
+        r = PolicyReport("m", 1, 1.0, dollars, 1.0, 1.0, 0, p95, 0, 0, 0, 0, 0, 0, 0, 0)
         return MixedRun(rate, "late", r, base)
 
     t = stops_paying(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from autoscaler.brokers.workers import hand_made, merge_live_workers
 from autoscaler.lifecycle import InstanceState
-from autoscaler.metrics.workers import hand_made, merge_live_workers
 from autoscaler.store.db import transaction
 from autoscaler.store.instances import live_agent_workers
 from autoscaler.store.models import Instance

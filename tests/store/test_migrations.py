@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import inspect, select
 
 from autoscaler.lifecycle import InstanceState as S
-from autoscaler.store import migrate, transitions, views
+from autoscaler.store import migrate, spend, transitions
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.models import Base, Instance
 
@@ -101,8 +101,8 @@ def test_instance_transitions_are_backfilled_from_the_columns(db_url):
             histories = transitions.history(s, list(rows))
             for launch_id, r in rows.items():
                 # as the columns billed: nothing better can be known of the past
-                assert views.billed(r, now, histories=histories) == pytest.approx(
-                    views.billed(r, now, histories={})
+                assert spend.billed(r, now, histories=histories) == pytest.approx(
+                    spend.billed(r, now, histories={})
                 ), launch_id
         for history in histories.values():
             assert history[0].src is None
@@ -115,7 +115,7 @@ def test_instance_transitions_are_backfilled_from_the_columns(db_url):
         assert [t.dst for t in histories["gone"]][-2:] == [S.TERMINATING, S.TERMINATED]
         assert [(t.dst, t.at) for t in histories["failed"]][-1] == (S.FAILED, at(5))
         assert [t.dst for t in histories["intent"]] == [S.PENDING]
-        assert views.billed(rows["warm"], now, histories=histories)[1] == pytest.approx(
+        assert spend.billed(rows["warm"], now, histories=histories)[1] == pytest.approx(
             7 * 2.0 + 3 * 0.01
         )
         migrate.downgrade(db_url, "0019")

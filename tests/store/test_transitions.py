@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from autoscaler.lifecycle import InstanceState
-from autoscaler.store import transitions, views
+from autoscaler.store import machine_views, spend, transitions
 from autoscaler.store.db import transaction
 from autoscaler.store.intents import Intent, add_intents, claim_intent
 from autoscaler.store.models import Instance, InstanceTransition
@@ -42,7 +42,7 @@ def _history(sessions, launch_id: str = LID) -> list[tuple[S | None, S, datetime
 
 def _serve_then_stop(sessions, stopped: float) -> None:
     """ready -> draining -> drained -> stopping -> stopped, as the drain and stop steps move it
-    (`control.drain`, `control.stop`), the stop answered 2 minutes after it was sent."""
+    (`control.steps.drain`, `control.steps.stop`), the stop answered 2 minutes after it was sent."""
     with transaction(sessions) as s:
         set_keep_warm(s, [LID], True)  # decide() gave it a place in the pool
         assert move(s, LID, S.READY, S.DRAINING, at(stopped - 10), "idle", drain_requested=False)
@@ -96,11 +96,11 @@ def test_a_machine_stopped_and_resumed_twice_is_billed_exactly(sessions):
 
     exact = 4 * PRICE + 6 * STORAGE  # 0-1 h, 4-5 h, 8-10 h at $2; 1-4 h, 5-8 h at $0.01
     with transaction(sessions) as s:
-        (machine,) = views.instances(s, now)
-        spent = views.spend(s, now)
+        (machine,) = machine_views.instances(s, now)
+        spent = spend.spend(s, now)
         row = s.scalar(select(Instance).where(Instance.launch_id == LID))
         assert row is not None
-        _, from_columns = views.billed(row, now, histories={})
+        _, from_columns = spend.billed(row, now, histories={})
     assert machine.billed_seconds == pytest.approx(10 * 3600)
     assert machine.cost_so_far == pytest.approx(exact)  # $8.06
     assert spent.today == pytest.approx(exact)
@@ -117,8 +117,8 @@ def test_a_machine_stopped_and_resumed_twice_is_billed_exactly(sessions):
     with transaction(sessions) as s:
         assert move(s, LID, S.TERMINATING, S.TERMINATED, at(572), "destroyed")
     with transaction(sessions) as s:
-        (machine,) = views.instances(s, at(900), include_closed=True)
-        spent = views.spend(s, at(900))
+        (machine,) = machine_views.instances(s, at(900), include_closed=True)
+        spent = spend.spend(s, at(900))
     ended = 3 * PRICE + 2 * 60 * PRICE / 3600 + 6.5 * STORAGE  # 08-09 h, 09:30-09:32 at $2
     assert machine.cost_so_far == pytest.approx(ended)
     assert spent.today == pytest.approx(ended)
@@ -182,6 +182,6 @@ def test_a_row_written_directly_reads_its_columns_before_its_first_recorded_move
     _resume(sessions, resumed=240, ready=250)
     _serve_then_stop(sessions, stopped=300)
     with transaction(sessions) as s:
-        (machine,) = views.instances(s, at(360))
+        (machine,) = machine_views.instances(s, at(360))
     assert _history(sessions)[0][0] == S.READY  # its first recorded move left `ready`
     assert machine.cost_so_far == pytest.approx(2 * PRICE + 4 * STORAGE)

@@ -70,7 +70,8 @@ def test_rotation_in_the_store_and_no_plaintext_at_rest(sessions, engine):
     with transaction(sessions) as s:
         row = store.get_provider(s, "rp")
         assert row is not None and row.credentials_encrypted is not None
-        row.credentials_encrypted = both.rotate(row.credentials_encrypted)
+        assert store.set_credentials(s, "rp", both.rotate(row.credentials_encrypted))
+        assert not store.set_credentials(s, "nobody", None)
     with transaction(sessions) as s:
         row = store.get_provider(s, "rp")
         assert row is not None and row.credentials_encrypted is not None

@@ -14,28 +14,29 @@ from pydantic import Field
 
 from autoscaler.access.credentials import describe_credentials, registered_provider_configs
 from autoscaler.api.deps import DB, Admin, LaunchId, Message, Rt
-from autoscaler.api.inputs import Strict, UtcTime
+from autoscaler.api.inputs import RequestBody, UtcTime
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.loader import load_config_text
 from autoscaler.control import apply
-from autoscaler.control.drain import run_drain
 from autoscaler.control.manual import ManualError, request_drain, set_target
 from autoscaler.control.runtime import utc_now
+from autoscaler.control.steps.drain import Drain
+from autoscaler.control.steps.frame import run_step
 from autoscaler.lifecycle import InstanceState
-from autoscaler.store import config_versions, views
+from autoscaler.store import config_versions, event_views, machine_views, queue_status
 from autoscaler.store import providers as provider_rows
 from autoscaler.store.instances import InstanceDetails, live_rows
 
 router = APIRouter(prefix="/v1/admin")
 
 
-class ConfigUpdate(Strict):
+class ConfigUpdate(RequestBody):
     yaml: str = Field(min_length=1, max_length=1_000_000)
     comment: str | None = Field(default=None, max_length=2000)
     changed_by: str = Field(default="api", min_length=1, max_length=200)
 
 
-class ScaleRequest(Strict):
+class ScaleRequest(RequestBody):
     workers: int | None = Field(ge=0, le=10_000)
     for_: str | None = Field(default=None, alias="for", max_length=40)
 
@@ -43,7 +44,7 @@ class ScaleRequest(Strict):
 @router.get("/queues")
 def queues(who: Admin, session: DB, rt: Rt) -> list[dict[str, Any]]:
     loaded = rt.load(session)
-    status = views.statuses(session)
+    status = queue_status.evaluations(session)
     rows = live_rows(session)
     names = sorted(set(loaded.config.queues if loaded else ()) | set(status))
     out = []
@@ -72,7 +73,7 @@ def instances(
     state: InstanceState | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[dict[str, Any]]:
-    rows = views.instance_rows(session, queue=queue, state=state, limit=limit)
+    rows = machine_views.instance_rows(session, queue=queue, state=state, limit=limit)
     return [_instance(r) for r in rows]
 
 
@@ -86,7 +87,7 @@ def events(
     since: UtcTime | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict[str, Any]]:
-    found = views.newest_events(
+    found = event_views.newest_events(
         session, queue=queue, kind=kind, launch_id=launch_id, since=since, limit=limit
     )
     return [e.as_json() for e in found]
@@ -144,10 +145,10 @@ def drain(who: Admin, rt: Rt, launch_id: LaunchId) -> Message:
         request_drain(rt, launch_id, by=f"api:{who}")
     except ManualError as exc:
         raise HTTPException(409, str(exc)) from None
-    from autoscaler.control.tasks import send_step  # the Celery app: only when needed
+    from autoscaler.control.tasks import BEST_EFFORT  # the Celery app: only when needed
 
     why = f"api:{who} asked to drain it"
-    return Message(message=run_drain(rt, launch_id, why, enqueue=send_step))
+    return Message(message=str(run_step(Drain(why), rt, launch_id, BEST_EFFORT)))
 
 
 @router.get("/providers")

@@ -23,7 +23,7 @@ from pydantic import Field
 from autoscaler.access.credentials import registered_provider_configs
 from autoscaler.api import overview as numbers
 from autoscaler.api.deps import DB, Admin, Rt
-from autoscaler.api.inputs import Strict
+from autoscaler.api.inputs import RequestBody
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.loader import known_providers, load_config_text, parse_yaml_document
 from autoscaler.config.models import Config
@@ -32,7 +32,14 @@ from autoscaler.control import apply
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.dashboard import STATIC
 from autoscaler.dashboard.documents import changes, dump, normal
-from autoscaler.store import config_versions, queue_samples, views
+from autoscaler.store import (
+    boots,
+    config_versions,
+    event_views,
+    machine_views,
+    queue_samples,
+    spend,
+)
 from autoscaler.store.config_versions import ConfigRecord
 from autoscaler.store.db import Session
 
@@ -48,7 +55,7 @@ PAGE_HEADERS = {
 router = APIRouter()
 
 
-class QueueEdit(Strict):
+class QueueEdit(RequestBody):
     """A queue's `autoscale:` block as YAML (what the page's editor holds)."""
 
     yaml: str = Field(min_length=1, max_length=200_000)
@@ -57,7 +64,7 @@ class QueueEdit(Strict):
     base_version: int | None = Field(default=None, ge=1)
 
 
-class Preview(Strict):
+class Preview(RequestBody):
     """Either a whole config (`yaml`) or one queue's `autoscale:` block (`queue` + `autoscale`)."""
 
     yaml: str | None = Field(default=None, min_length=1, max_length=1_000_000)
@@ -65,7 +72,7 @@ class Preview(Strict):
     autoscale: str | None = Field(default=None, min_length=1, max_length=200_000)
 
 
-class Rollback(Strict):
+class Rollback(RequestBody):
     version: int = Field(ge=1, le=2**31 - 1)
     comment: str | None = Field(default=None, max_length=2000)
     changed_by: str = Field(default="dashboard", min_length=1, max_length=200)
@@ -135,7 +142,7 @@ def page() -> FileResponse:
 
 @router.get("/v1/admin/overview")
 def overview(who: Admin, session: DB, rt: Rt) -> dict[str, Any]:
-    """What the page shows, from the rows `autoscaler status` reads (store/views.py): every
+    """What the page shows, from the rows `autoscaler status` reads (the store's views): every
     queue's numbers and settings, the spend, the machines that may bill, the newest
     events (newest first), the running config's version, and the median and p90 boot per
     (provider, GPU) of the last 7 days' cold boots (`boots`)."""
@@ -146,10 +153,10 @@ def overview(who: Admin, session: DB, rt: Rt) -> dict[str, Any]:
     return {
         "now": at.isoformat(),
         "admin": who,
-        "spend": views.spend(session, at).as_json(),
-        "instances": [m.as_json() for m in views.instances(session, at)],
-        "events": [e.as_json() for e in views.events(session, limit=50)][::-1],
-        "boots": [b.as_json() for b in views.boot_times(session, at)],
+        "spend": spend.spend(session, at).as_json(),
+        "instances": [m.as_json() for m in machine_views.instances(session, at)],
+        "events": [e.as_json() for e in event_views.events(session, limit=50)][::-1],
+        "boots": [b.as_json() for b in boots.boot_times(session, at)],
         "config": None
         if row is None
         else {

@@ -12,8 +12,8 @@ from pydantic import Field
 from autoscaler.access import keys
 from autoscaler.api import machines
 from autoscaler.api.deps import DB, Enrolled, Rt
-from autoscaler.api.inputs import Strict
-from autoscaler.api.machines import Deployment, HeartbeatAnswer, JobReport, Name, WorkerState
+from autoscaler.api.inputs import RequestBody
+from autoscaler.api.machines import DeploymentAnswer, HeartbeatAnswer, JobReport, Name, WorkerState
 from autoscaler.control.machines import job_rows
 from autoscaler.policy.reports import Want
 from autoscaler.store import events, job_records, report_budgets, worker_sightings
@@ -22,7 +22,7 @@ from autoscaler.store.db import store_now
 router = APIRouter(prefix="/v1/hand-made")
 
 
-class HandMadeBeat(Strict):
+class HandMadeBeat(RequestBody):
     name: Name
     queues: list[Name] = Field(min_length=1, max_length=50)
     state: WorkerState = "idle"
@@ -65,13 +65,13 @@ def hand_made_heartbeat(body: HandMadeBeat, who: Enrolled, session: DB) -> Heart
     return HeartbeatAnswer(drain=False, state="hand-made")
 
 
-@router.get("/deployment", response_model=Deployment)
+@router.get("/deployment", response_model=DeploymentAnswer)
 def hand_made_deployment(
     who: Enrolled,
     session: DB,
     rt: Rt,
     queue: Annotated[str, Query(min_length=1, max_length=200)],
-) -> Deployment:
+) -> DeploymentAnswer:
     """The deployment of a queue the key was made for. Never the control plane's own
     broker URL (it may hold rights over the broker's users): the hand-made machine's owner
     gives it its broker URL (AUTOSCALER_BROKER_URL on that machine)."""

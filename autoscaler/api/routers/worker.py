@@ -9,21 +9,22 @@ from __future__ import annotations
 from fastapi import APIRouter, BackgroundTasks, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from autoscaler.access import broker_users, keys
+from autoscaler.access import keys
 from autoscaler.api import machines
 from autoscaler.api.deps import DB, Rt, Worker, bearer
-from autoscaler.api.inputs import Strict, UtcTime
+from autoscaler.api.inputs import RequestBody, UtcTime
 from autoscaler.api.machines import (
-    Deployment,
+    DeploymentAnswer,
     HeartbeatAnswer,
     JobReport,
     Name,
     TaskId,
     WorkerState,
 )
+from autoscaler.brokers import users as broker_users
 from autoscaler.control import machines as control
-from autoscaler.control.launch import remake_broker_user
-from autoscaler.control.resume import avoid_host
+from autoscaler.control.steps.credentials import remake_broker_user
+from autoscaler.control.steps.resume import avoid_host
 from autoscaler.lifecycle import InstanceState
 from autoscaler.store.db import store_now
 
@@ -31,7 +32,7 @@ S = InstanceState
 router = APIRouter(prefix="/v1/worker/{launch_id}")
 
 
-class Register(Strict):
+class Register(RequestBody):
     worker_name: Name
     hostname: Name | None = None
 
@@ -42,7 +43,7 @@ class Registered(BaseModel):
     heartbeat_interval: float
 
 
-class Heartbeat(Strict):
+class Heartbeat(RequestBody):
     state: WorkerState
     running_tasks: int = Field(default=0, ge=0, le=100_000)
     last_task_at: UtcTime | None = None
@@ -51,7 +52,7 @@ class Heartbeat(Strict):
     jobs: list[JobReport] = Field(default_factory=list, max_length=1000)
     tasks: list[TaskId] = Field(default_factory=list, max_length=1000)
     """Ids of the jobs its worker holds now (received, not finished): what is handed back to
-    the broker if the machine is lost (`control.handback`)."""
+    the broker if the machine is lost (`control.steps.handback`)."""
     acks_late: bool | None = None
     """Its worker's `task_acks_late`: with early acks a lost machine's running jobs are gone."""
 
@@ -60,7 +61,7 @@ class Drained(BaseModel):
     state: str
 
 
-class BootPhases(Strict):
+class BootPhases(RequestBody):
     """When each phase of this boot happened, on the machine's clock (UTC; ISO 8601 or epoch
     seconds): the fields are `policy.boots.BOOT_PHASES` (a test holds them alike), any other
     name refused. A phase already kept for this boot is left as it was (the first report
@@ -90,8 +91,8 @@ def register(body: Register, row: Worker, session: DB) -> Registered:
     )
 
 
-@router.get("/deployment", response_model=Deployment)
-def deployment(request: Request, row: Worker, session: DB, rt: Rt) -> Deployment:
+@router.get("/deployment", response_model=DeploymentAnswer)
+def deployment(request: Request, row: Worker, session: DB, rt: Rt) -> DeploymentAnswer:
     loaded = rt.load(session)
     queue_cfg = loaded.config.queues.get(row.queue) if loaded else None
     dep = getattr(queue_cfg, "deployment", None)
@@ -163,9 +164,9 @@ def drained(row: Worker, session: DB, background: BackgroundTasks) -> Drained:
     except control.NotDraining as exc:
         raise HTTPException(409, str(exc)) from None
     if step is not None:
-        from autoscaler.control.tasks import send_step  # the Celery app: only when needed
+        from autoscaler.control.tasks import BEST_EFFORT  # the Celery app: only when needed
 
-        background.add_task(send_step, step, row.launch_id)
+        background.add_task(BEST_EFFORT.step, step, row.launch_id)
     return Drained(state="stopping" if step == "stop" else "terminating")
 
 

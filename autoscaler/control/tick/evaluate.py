@@ -2,10 +2,10 @@
 
     claim the queues' slots -> take the evaluation lease -> read every source once ->
     build the snapshot from the store -> decide() -> record intents, drain marks, waits and
-    events in one transaction -> enqueue the launches and drains.
+    events in one transaction -> send the launches, drains and resumes (the outbox).
 
 A crash anywhere leaves the store consistent: intents are rows before any provider call, a
-lost enqueue is redone by reconcile (an intent nobody claimed), and an unreleased lease expires.
+lost send is redone by reconcile (an intent nobody claimed), and an unreleased lease expires.
 Two beats, a redelivered tick or the fast path racing the poll tick cannot launch twice: the
 lease lets one evaluation run at a time and every later one sees the earlier intents as
 machines on their way (no stacking).
@@ -27,12 +27,13 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from autoscaler.control.executor import execute
+from autoscaler.control.outbox import Outbox
 from autoscaler.control.runtime import Loaded, Runtime, collector_paused, utc_now
 from autoscaler.control.tick.actions import StoreActions
 from autoscaler.control.tick.read import read_metrics
@@ -55,11 +56,6 @@ LEASE_TTL = 30.0
 """An evaluation holds the lease at most this long; a crashed one frees it by expiry. The lease
 is renewed in the decision's own transaction, so an evaluation slower than this (a source
 timing out) writes nothing rather than racing a newer one."""
-
-Enqueue = Callable[[str, str], None]
-"""enqueue(step, launch_id): send the lifecycle task `step` ("launch", "drain", "terminate",
-"stop", "resume") for a machine; ("evaluate", queue) evaluates a queue now, ("shard", "i")
-sends the poll tick of shard i."""
 
 
 def holder_id() -> str:
@@ -93,7 +89,7 @@ class TickResult:
 
 def evaluate(
     rt: Runtime,
-    enqueue: Enqueue,
+    outbox: Outbox,
     *,
     trigger: str = "poll",
     queues: Collection[str] | None = None,
@@ -125,7 +121,7 @@ def evaluate(
         wanted = [q for q in loaded.autoscaled if queues is None or q in queues]
         if shards > 1 and shard is None and trigger == "poll":
             for i in range(shards):
-                enqueue("shard", str(i))
+                outbox.shard(i)
             return TickResult(trigger, loaded.version, skipped=f"sent {shards} shard ticks")
         if shard is not None:
             parts = [shard] if 0 <= shard < shards else []
@@ -135,7 +131,7 @@ def evaluate(
         if shard is not None:
             result.shard = f"{shard}/{shards}"
         for part in parts:
-            one = _evaluate(rt, enqueue, loaded, trigger, wanted, readings, now, part, shards)
+            one = _evaluate(rt, outbox, loaded, trigger, wanted, readings, now, part, shards)
             result.evaluated += one.evaluated
             result.launched += one.launched
             result.drains += one.drains
@@ -148,7 +144,7 @@ def evaluate(
 
 def _evaluate(
     rt: Runtime,
-    enqueue: Enqueue,
+    outbox: Outbox,
     loaded: Loaded,
     trigger: str,
     wanted: list[str],
@@ -221,11 +217,11 @@ def _evaluate(
         with rt.transaction() as session:
             leases.release(session, lease, holder)
     for launch_id in result.launched:
-        enqueue("launch", launch_id)
+        outbox.step("launch", launch_id)
     for launch_id in result.drains:
-        enqueue("drain", launch_id)
+        outbox.step("drain", launch_id)
     for launch_id in result.resumed:
-        enqueue("resume", launch_id)
+        outbox.step("resume", launch_id)
     return result
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from autoscaler.control.outbox import Outbox
 from autoscaler.control.runtime import Loaded, Runtime
-from autoscaler.control.tick.evaluate import Enqueue, TickResult, evaluate
+from autoscaler.control.tick.evaluate import TickResult, evaluate
 from autoscaler.control.tick.read import read_metrics
 from autoscaler.store import (
     instances,
@@ -14,7 +15,7 @@ from autoscaler.store import (
 from autoscaler.store.db import Session
 
 
-def fast_path(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) -> TickResult:
+def fast_path(rt: Runtime, outbox: Outbox, now: datetime | None = None) -> TickResult:
     """Scale from zero without waiting a poll: queues with no capacity at all are read every
     second, and one with jobs waiting is evaluated at once. Costs one query when every queue
     has capacity."""
@@ -33,7 +34,7 @@ def fast_path(rt: Runtime, enqueue: Enqueue, now: datetime | None = None) -> Tic
     ]
     if not waiting:
         return TickResult("fast", loaded.version, skipped="no job waits at an empty queue")
-    return evaluate(rt, enqueue, trigger="fast", queues=waiting, readings=readings, now=now)
+    return evaluate(rt, outbox, trigger="fast", queues=waiting, readings=readings, now=now)
 
 
 def _queues_without_capacity(session: Session, loaded: Loaded) -> list[str]:

@@ -7,11 +7,10 @@ import logging
 from collections.abc import Collection
 from dataclasses import replace
 
+from autoscaler.brokers.base import MetricsConfigError
+from autoscaler.brokers.prometheus import PrometheusReader, PromSample, with_external
 from autoscaler.config.models import MetricTrigger
 from autoscaler.control.runtime import Loaded, Runtime, utc_now
-from autoscaler.metrics.prometheus import MetricReading as PromReading
-from autoscaler.metrics.prometheus import PrometheusReader, with_external
-from autoscaler.metrics.registry import MetricsConfigError
 from autoscaler.policy.snapshot import QueueMetrics
 
 log = logging.getLogger("autoscaler.control.tick")
@@ -41,7 +40,7 @@ def read_metrics(rt: Runtime, loaded: Loaded, queues: Collection[str]) -> dict[s
         auto = loaded.config.queues[name].autoscale
         triggers = [t for t in (auto.scale_up if auto else ()) if isinstance(t, MetricTrigger)]
         if triggers and name in out:
-            found: list[PromReading] = []
+            found: list[PromSample] = []
             for trig in triggers:
                 reader = _prometheus(rt, trig)
                 if reader is not None:

@@ -9,13 +9,14 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from autoscaler.access.broker_users import user_broker
+from autoscaler.brokers.base import source_url
+from autoscaler.brokers.registry import broker_domain
+from autoscaler.brokers.users import user_broker
+from autoscaler.brokers.workers import QueueLoad, with_worker_loads
 from autoscaler.config.models import MIN_GAPS
 from autoscaler.control.observe import Scope, read_sightings
 from autoscaler.control.runtime import Loaded, Runtime
 from autoscaler.lifecycle import InstanceState
-from autoscaler.metrics.registry import broker_domain, source_url
-from autoscaler.metrics.workers import QueueLoad, with_worker_loads
 from autoscaler.policy.history import GAPS_KEPT, NO_HISTORY, QueueHistory, observe_load
 from autoscaler.policy.snapshot import QueueMetrics, QueueSnapshot, Snapshot
 from autoscaler.store import (

@@ -1,0 +1,1 @@
+"""asynq, the Go queue runqy is built on: its reader (`asynq`)."""

@@ -1,0 +1,2 @@
+"""Celery on kombu's SQLAlchemy transport (`sqla+...` URLs), the embedded broker: its reader
+(`celery_sqla`)."""

@@ -1,0 +1,1 @@
+"""Plain Redis lists and streams of any producer: their readers (`redis_list`)."""

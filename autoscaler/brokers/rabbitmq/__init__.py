@@ -1,0 +1,2 @@
+"""Celery on RabbitMQ: the reader through the management API (`celery_rabbitmq`) and the
+per-machine RabbitMQ users (`users`)."""
