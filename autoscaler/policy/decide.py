@@ -13,10 +13,10 @@ Per queue, in this order:
 4. Spend caps (config.limits) grant the remaining launches across queues by priority.
 5. Scale-down only when no scale-up trigger fired, nothing is launched for the queue and every
    `metric` trigger has a current value (a failing Prometheus blocks scale-down, not scale-up):
-   idle machines (most idle first), then a due scale-down schedule (idle now, busy when idle),
-   never below the floor, never a machine with a running task (busy ones only get
-   `when_idle=True`, and only from the schedule), never the last one while jobs scheduled for
-   later fall due within a boot time. Machines already asked to drain that are now idle are
+   the methods of `scale_down.SCALE_DOWN_METHODS` in order (idle, fleet, schedule), never below
+   the floor, never a machine with a running task (busy ones only get `when_idle=True`, and
+   only from the schedule), never the last one while jobs scheduled for later fall due within
+   a boot time. Machines already asked to drain that are now idle are
    drained (completing an earlier decision, not a new scale-down).
 
 Jobs scheduled for later (`QueueMetrics.scheduled`) are no load; `no_workers` asks for one
@@ -30,27 +30,24 @@ import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from autoscaler.config.models import (
-    LEARNED_MAX_FACTOR,
     Autoscale,
     Config,
-    IdleTrigger,
     LatencyTrigger,
     MetricTrigger,
     NoWorkersTrigger,
     QueueDepthTrigger,
     QueueSettings,
-    ScheduleDownTrigger,
     ScheduleUpTrigger,
 )
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy import triggers as t
 from autoscaler.policy import warm
-from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.caps import LaunchGrant, Request, allocate, usage
-from autoscaler.policy.history import burst_limit, learned_idle_timeout
+from autoscaler.policy.hedge import hedge_reason, lead
+from autoscaler.policy.history import burst_limit
 from autoscaler.policy.plan import (
     Drain,
     Launch,
@@ -61,113 +58,18 @@ from autoscaler.policy.plan import (
     Wait,
     WaitKind,
 )
-from autoscaler.policy.snapshot import (
-    Machine,
-    ManualTarget,
-    QueueSnapshot,
-    Snapshot,
+from autoscaler.policy.queue_eval import QueueEval, provider_holds
+from autoscaler.policy.scale_down import (
+    complete_requested,
+    learned_notes,
+    manual_down,
+    outlived,
+    scale_down,
 )
-
-SCHEDULE_DOWN_GRACE_POLLS = 2
-"""A scale-down schedule is acted on during this many poll intervals after it fires, so one
-late or lost tick does not skip a night's scale-down; acting twice is harmless (idempotent)."""
-
-FLEET_IDLE_S = 120.0
-"""Fleet-level scale-in: an idle machine above what the load wants goes after this long, not
-after the idle timeout (one machine is always left to the timeout). 120 s: on the shipped and
-generated traces it cut steady from $40.45 to $35.70 and long-short from $49.04 to $45.68
-(p95 +30 s and +7 s), diurnal 1.40× → 1.28× the bound (`benchmarks/cost.py`)."""
-
-HEDGE_MIN_LATE_S = 60.0
-"""A booting machine is never judged late before this (see HEDGE_LATE_FACTOR)."""
-
-HEDGE_LATE_FACTOR = 1.5
-"""Hedged launch: jobs wait, nothing serves, and every booting machine of the queue has booted
-longer than this × the boot estimate (the queue's recent boots, else the slowest ready machine
-of the queue, else DEFAULT_BOOT_ESTIMATE; below the boot timeout): one more machine is rented, a
-bounded exception to no stacking (the new one is not late, so at most one per late period). A
-failed boot then costs a late boot, not the boot timeout: sparse p95 1106 s → 628 s, trickle p99
-948 s → 629 s, diurnal max 1121 s → 727 s, cost within ±2 % (`benchmarks/cost.py --unseen`)."""
-
+from autoscaler.policy.snapshot import Machine, ManualTarget, QueueSnapshot, Snapshot
 
 FLOOR_TRIGGERS = ("hedge", "schedule", "min_workers")
 """Launches the burst rule leaves alone: a hedge and the floor are not asked by the load."""
-
-
-@dataclass(frozen=True)
-class _Up:
-    """Scale-up half of one queue's evaluation, before backoff and caps."""
-
-    name: str
-    auto: Autoscale
-    settings: QueueSettings
-    qs: QueueSnapshot
-    capacity: int
-    floor: int
-    desired: int
-    reclaims: tuple[Machine, ...]
-    wanted: int
-    trigger: str
-    reason: str
-    up_fired: bool
-    fresh: bool
-    degraded: tuple[str, ...]
-    notes: tuple[str, ...]
-    waits: tuple[Wait, ...]
-    manual: ManualTarget | None = None
-    keep_one: bool = False
-    holds: tuple[_Hold, ...] = ()
-    """Its providers that are not called to rent now, in the order written."""
-    resumable: tuple[Machine, ...] = ()
-    """Stopped machines of its warm pool a launch may resume, the most recently stopped first
-    (none on a provider under a rate limit: a start is a call too)."""
-
-    @property
-    def open_providers(self) -> tuple[str, ...]:
-        """Its providers that may be called to rent now, in the order written."""
-        held = {h.provider for h in self.holds}
-        return tuple(p for p in self.auto.providers if p not in held)
-
-
-@dataclass(frozen=True)
-class _Hold:
-    """A provider of the queue not called to rent now: a hold (a 429's reset, or no answer
-    within a step's deadline; it holds resumes too) or the (queue, provider) backoff after
-    failed rentals."""
-
-    provider: str
-    kind: WaitKind
-    until: datetime
-    why: str
-
-
-def _holds(
-    auto: Autoscale, qs: QueueSnapshot, snapshot: Snapshot, now: datetime
-) -> tuple[_Hold, ...]:
-    holds = []
-    for provider in auto.providers:
-        limit = snapshot.rate_limit_for(provider, now)
-        b = active_backoff(qs.backoff_for(provider), now)
-        if limit is not None:
-            left = (limit.until - now).total_seconds()
-            what = "rate limit" if limit.cause == "rate_limit" else "no answer"
-            why = (
-                f"{what}: {provider} takes no calls before {limit.until.isoformat()} "
-                f"({left:.0f}s left; {limit.reason})"
-            )
-            holds.append(_Hold(provider, limit.cause, limit.until, why))
-        elif b is not None:
-            left = (b.until - now).total_seconds()
-            err = f" (last error: {b.last_error})" if b.last_error else ""
-            why = (
-                f"backoff: renting from {provider} failed {b.failures} time(s){err}; no "
-                f"launch before {b.until.isoformat()} ({left:.0f}s left)"
-            )
-            holds.append(_Hold(provider, "backoff", b.until, why))
-    return tuple(holds)
-
-
-_T = TypeVar("_T")
 
 
 def decide(
@@ -178,7 +80,7 @@ def decide(
     snapshot). Pure: no I/O, no clock."""
     if now.tzinfo is None:
         raise ValueError("decide() needs an aware datetime for now (UTC)")
-    ups: list[_Up] = []
+    ups: list[QueueEval] = []
     plan_notes: list[str] = []
     names = sorted(config.queues) if only is None else sorted(set(only) & set(config.queues))
     for name in names:
@@ -188,7 +90,7 @@ def decide(
             continue
         qs = snapshot.queue(name) or QueueSnapshot(name=name, metrics=None)
         up = _scale_up(name, auto, qs, config, now)
-        holds = _holds(auto, qs, snapshot, now)
+        holds = provider_holds(auto, qs, snapshot, now)
         if holds:
             limited = {h.provider for h in holds if h.kind != "backoff"}
             resumable = tuple(m for m in up.resumable if m.provider not in limited)
@@ -259,7 +161,9 @@ class _Ask:
     """Machines more than the capacity."""
 
 
-def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now: datetime) -> _Up:
+def _scale_up(
+    name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now: datetime
+) -> QueueEval:
     """One queue's scale-up half: the floor, the triggers' votes, a hedge, then what may be
     rented (machines leaving taken back first, the burst rule, max_workers)."""
     settings = config.queue_settings(name)
@@ -269,7 +173,7 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
     votes, vote_notes, keep_one = _evaluate(auto, qs, settings, floor.manual, now)
     fired = [v for v in votes if v.fired]
     asked = _ask(auto, floor, fired, capacity)
-    hedge = None if floor.manual is not None or not fresh else _hedge_reason(settings, qs, now)
+    hedge = None if floor.manual is not None or not fresh else hedge_reason(settings, qs, now)
     hedged = _hedged(asked, hedge, capacity, auto.max_workers)
     ask = hedged or asked
     waits = _over_ceiling(name, ask, capacity, auto.max_workers)
@@ -279,7 +183,7 @@ def _scale_up(name: str, auto: Autoscale, qs: QueueSnapshot, config: Config, now
     notes = [f"floor {floor.workers} ({floor.why})", *vote_notes]
     notes += [hedged.reason] if hedged is not None else []
     notes += [burst_note] if burst_note is not None else []
-    return _Up(
+    return QueueEval(
         name=name,
         auto=auto,
         settings=settings,
@@ -358,7 +262,7 @@ def _evaluate(
             ],
             False,
         )
-    view = t.make_view(qs.metrics, qs.machines, qs.manual_workers, now, _lead(settings, qs))
+    view = t.make_view(qs.metrics, qs.machines, qs.manual_workers, now, lead(settings, qs))
     votes = [vote for vote in (_vote(trig, view) for trig in auto.scale_up) if vote is not None]
     notes = [vote.reason for vote in votes]
     if view.due_soon is None:
@@ -473,61 +377,7 @@ def _burst(qs: QueueSnapshot, machines: tuple[Machine, ...]) -> tuple[int, str] 
     )
 
 
-def late_boot_s(settings: QueueSettings, qs: QueueSnapshot) -> float:
-    """After how long a booting machine of the queue counts as late (see HEDGE_LATE_FACTOR)."""
-    timeout = settings.boot_timeout
-    estimate = qs.boot_estimate
-    if estimate is None:
-        boots = [
-            (m.ready_at - m.created_at).total_seconds()
-            for m in qs.machines
-            if m.ready_at is not None and m.ready_at >= m.created_at
-        ]
-        estimate = max(boots) if boots else t.DEFAULT_BOOT_ESTIMATE
-    poll = settings.poll_interval
-    # Never late before a minute, nor before two polls past the estimate: a worker seen only
-    # through remote control is seen ready at a reconcile, so its quick boot looks a poll or
-    # two longer than it is (an agent's machine is ready at its first heartbeat).
-    late = max(HEDGE_LATE_FACTOR * max(0.0, estimate), estimate + 2 * poll, HEDGE_MIN_LATE_S)
-    return min(late, timeout)
-
-
-def _hedge_reason(settings: QueueSettings, qs: QueueSnapshot, now: datetime) -> str | None:
-    """Why to rent one more machine while others boot, or None (see HEDGE_LATE_FACTOR)."""
-    m = qs.metrics
-    if m is None or m.stale or m.pending <= 0 or m.paused or qs.manual_workers > 0:
-        return None
-    if any(x.serving for x in qs.machines):
-        return None
-    booting = [x for x in qs.machines if x.booting]
-    if not booting:
-        return None
-    if any(x.state == InstanceState.RESUMING for x in booting):
-        # a resume is judged by its own resume_timeout (a warm miss rents at once); measured
-        # from its first rental it would look hours late and rent a second machine each time
-        # (spiky day, a pool of 16 kept 4h: 106 of 323 resumes; benchmarks/warm_pool_sim.py)
-        return None
-    late = late_boot_s(settings, qs)
-    if late >= settings.boot_timeout:
-        return None  # the boot timeout comes first
-    oldest = min((now - x.created_at).total_seconds() for x in booting)
-    if oldest <= late:
-        return None
-    return (
-        f"hedge: {m.pending} pending, nothing serving, and all {len(booting)} booting machine(s) "
-        f"past {late:.0f}s (the youngest {oldest:.0f}s) → one more machine"
-    )
-
-
-def _lead(settings: QueueSettings, qs: QueueSnapshot) -> float:
-    """How long before scheduled jobs fall due a machine is asked for: the queue's recent boot
-    time, else `DEFAULT_BOOT_ESTIMATE`; never more than the boot timeout."""
-    timeout = settings.boot_timeout
-    estimate = qs.boot_estimate if qs.boot_estimate is not None else t.DEFAULT_BOOT_ESTIMATE
-    return min(max(0.0, estimate), timeout)
-
-
-def _grants(ups: list[_Up], snapshot: Snapshot, config: Config) -> dict[str, LaunchGrant]:
+def _grants(ups: list[QueueEval], snapshot: Snapshot, config: Config) -> dict[str, LaunchGrant]:
     limits = config.limits
     if limits.max_machines is None and limits.max_price_per_hour is None:
         return {}
@@ -540,34 +390,7 @@ def _grants(ups: list[_Up], snapshot: Snapshot, config: Config) -> dict[str, Lau
     return allocate(requests, limits, used_machines, used_dollars)
 
 
-def _within_share(
-    u: _Up, ordered: list[_T], budget: int, machine: Callable[[_T], Machine], gone: set[str]
-) -> list[_T]:
-    """Of the drain candidates (in the order they would go), those to drain so that a shrinking
-    fleet stays within the queue's `max_share` of interruptible machines: whenever draining a
-    machine on demand next would leave too many interruptible ones, the next interruptible
-    candidate goes instead, and with none the machines on demand are kept (the share is a
-    promise: an idle machine costs less than work lost to preemptions the user did not
-    accept). `gone`: machines this plan drains already. Without `interruptible`: unchanged."""
-    spec = u.auto.instance.interruptible
-    if spec is None:
-        return ordered[: max(0, budget)]
-    fleet = [m for m in u.qs.machines if (m.serving or m.booting) and m.launch_id not in gone]
-    n, k = len(fleet), sum(1 for m in fleet if m.interruptible)
-    left = list(ordered)
-    out: list[_T] = []
-    while left and len(out) < budget:
-        over = k > math.floor(spec.max_share * (n - 1) + 1e-9)
-        pick = next((c for c in left if machine(c).interruptible), None) if over else left[0]
-        if pick is None:
-            break
-        left.remove(pick)
-        out.append(pick)
-        n, k = n - 1, k - (1 if machine(pick).interruptible else 0)
-    return out
-
-
-def _interruptible_launches(u: _Up, fresh: int) -> int:
+def _interruptible_launches(u: QueueEval, fresh: int) -> int:
     """How many of `fresh` new machines are rented at the bid: the queue's machines (serving
     and booting) plus these stay at most `max_share` interruptible, counted down; the rest on
     demand. A preempted machine is no capacity (it leaves at once), so its replacement may be
@@ -581,7 +404,7 @@ def _interruptible_launches(u: _Up, fresh: int) -> int:
     return max(0, min(fresh, allowed - already))
 
 
-def _unheld(u: _Up) -> int:
+def _unheld(u: QueueEval) -> int:
     """Machines the queue may get now before the caps: all while one of its providers may be
     called; when every one waits, only its resumes (a resume rents nothing; `resumable` holds
     none on a provider under a rate limit)."""
@@ -593,7 +416,7 @@ def _unheld(u: _Up) -> int:
 # --------------------------------------------------------------------------- finish
 
 
-def _provider_hold(u: _Up) -> tuple[WaitKind, datetime, str] | None:
+def _provider_hold(u: QueueEval) -> tuple[WaitKind, datetime, str] | None:
     """Why the queue rents nothing now, if so: every provider it lists waits. The wait ends
     when the first of them may be called again; a hold (a rate limit, no answer) is named as
     the kind only when every provider is held for that one cause, else it is a backoff."""
@@ -607,7 +430,7 @@ def _provider_hold(u: _Up) -> tuple[WaitKind, datetime, str] | None:
     return kind, until, "every provider waits: " + "; ".join(h.why for h in u.holds)
 
 
-def _finish(u: _Up, grant: LaunchGrant | None, config: Config, now: datetime) -> QueuePlan:
+def _finish(u: QueueEval, grant: LaunchGrant | None, config: Config, now: datetime) -> QueuePlan:
     waits = list(u.waits)
     notes = list(u.notes)
     count = u.wanted
@@ -678,7 +501,7 @@ def _finish(u: _Up, grant: LaunchGrant | None, config: Config, now: datetime) ->
     desired = u.desired
     if u.manual is not None:
         if not (launches or reclaims or resumes):
-            drains = _manual_down(u)
+            drains = manual_down(u)
             desired = u.capacity - len(drains)
     elif launches or reclaims or resumes:
         notes.append("scaled up: no scale-down in the same evaluation")
@@ -692,13 +515,13 @@ def _finish(u: _Up, grant: LaunchGrant | None, config: Config, now: datetime) ->
             "last-known"
         )
     else:
-        drains = _scale_down(u, config, now)
-        notes.extend(_learned_notes(u, config))
+        drains = scale_down(u, config, now)
+        notes.extend(learned_notes(u, config))
         desired = u.capacity - len(drains)
     # While the queue asks for more, keep machines asked to leave: it may take them back.
     if not (u.up_fired or launches or reclaims or resumes):
-        drains.extend(_complete_requested(u, {d.launch_id for d in drains}))
-    drains.extend(_outlived(u, {d.launch_id for d in drains}, now))
+        drains.extend(complete_requested(u, {d.launch_id for d in drains}))
+    drains.extend(outlived(u, {d.launch_id for d in drains}, now))
     drains = warm.keep_warm(drains, u.qs.machines, u.auto, config)
 
     return QueuePlan(
@@ -715,259 +538,3 @@ def _finish(u: _Up, grant: LaunchGrant | None, config: Config, now: datetime) ->
         notes=tuple(notes),
         resumes=resumes,
     )
-
-
-# --------------------------------------------------------------------------- scale down
-
-
-def _outlived(u: _Up, chosen: set[str], now: datetime) -> list[Drain]:
-    """Machines that served the queue's `max_lifetime`: drained now, busy or not (an honest
-    worker finishes its job and leaves; reconcile destroys one still busy `drain_timeout`
-    later), whatever the queue wants; it rents their replacements as it would any capacity."""
-    limit = u.auto.max_lifetime
-    if limit is None:
-        return []
-    out = []
-    for m in u.qs.machines:
-        if not m.serving or m.ready_at is None or m.launch_id in chosen:
-            continue
-        lived = (now - m.ready_at).total_seconds()
-        if lived >= limit:
-            out.append(
-                Drain(
-                    queue=u.name,
-                    launch_id=m.launch_id,
-                    trigger="max_lifetime",
-                    reason=(
-                        f"served {lived:.0f}s ≥ max_lifetime {limit:.0f}s: drained whatever it "
-                        "says" + (f" (busy with {m.running_tasks} task(s))" if m.busy else "")
-                    ),
-                )
-            )
-    return out
-
-
-def _scale_down(u: _Up, config: Config, now: datetime) -> list[Drain]:
-    # scheduled jobs about to fall due keep the last machine (it would be rented again at once)
-    budget = u.capacity - max(u.floor, 1 if u.keep_one else 0)
-    if budget <= 0:
-        return []
-    machines = u.qs.machines
-    drains: list[Drain] = []
-    chosen: set[str] = set()
-
-    # idle: most idle first; several idle triggers act as the shortest timeout. Jobs waiting
-    # keep the machines they need (ceil(pending / target)): a machine that looks idle while
-    # work waits is about to take it (a worker still loading its models, or an agent whose
-    # last report predates its first job), and draining it would only rent another.
-    idle_budget = min(budget, _serving(u) - _needed_for_waiting(u))
-    idle: dict[str, tuple[Machine, float, float, str]] = {}
-    poll = u.settings.poll_interval
-    for trig in u.auto.scale_down:
-        if isinstance(trig, IdleTrigger):
-            timeout, why = idle_timeout(trig, u.qs, config, poll)
-            how = "learned " if why else ""
-            for m, secs in t.idle_candidates(timeout, machines, now):
-                if m.launch_id not in idle or timeout < idle[m.launch_id][2]:
-                    idle[m.launch_id] = (m, secs, timeout, how)
-    ordered = sorted(idle.values(), key=lambda x: (-x[1], x[0].launch_id))
-    for m, secs, timeout, how in _within_share(u, ordered, idle_budget, lambda c: c[0], set()):
-        drains.append(
-            Drain(
-                queue=u.name,
-                launch_id=m.launch_id,
-                trigger="idle",
-                reason=(
-                    f"idle: no task for {secs:.0f}s ≥ {how}timeout {timeout:.0f}s; capacity "
-                    f"{u.capacity - len(drains)} > floor {u.floor}"
-                ),
-            )
-        )
-        chosen.add(m.launch_id)
-
-    # fleet: idle machines above what the load asks for go before their idle timeout.
-    if idle_triggers := [tr for tr in u.auto.scale_down if isinstance(tr, IdleTrigger)]:
-        drains += _fleet_down(u, now, chosen, budget - len(drains), idle_triggers)
-        chosen.update(d.launch_id for d in drains)
-
-    # schedule: back to the floor; idle machines now, busy ones once they finish.
-    poll = u.settings.poll_interval
-    for trig in u.auto.scale_down:
-        if not isinstance(trig, ScheduleDownTrigger):
-            continue
-        fired = t.schedule_down_due(trig, SCHEDULE_DOWN_GRACE_POLLS * poll, now)
-        if fired is None:
-            continue
-        eligible = [
-            m for m in machines if m.serving and m.launch_id not in chosen and m.created_at <= fired
-        ]
-        eligible.sort(key=lambda m: (m.busy, m.running_tasks, m.idle_since(), m.launch_id))
-        for m in eligible:
-            if len(drains) >= budget:
-                break
-            drains.append(
-                Drain(
-                    queue=u.name,
-                    launch_id=m.launch_id,
-                    trigger="schedule",
-                    when_idle=m.busy,
-                    reason=(
-                        f"schedule {trig.cron!r} ({trig.timezone}) fired {fired.isoformat()}: "
-                        f"back to floor {u.floor} from capacity {u.capacity}; "
-                        + (
-                            f"busy with {m.running_tasks} task(s): drain once idle"
-                            if m.busy
-                            else "idle: drain now"
-                        )
-                    ),
-                )
-            )
-            chosen.add(m.launch_id)
-    return drains
-
-
-def idle_timeout(
-    trig: IdleTrigger, qs: QueueSnapshot, config: Config, poll: float
-) -> tuple[float, str | None]:
-    """The idle timeout in force: the configured one, or — while no job waits, once the queue
-    has shown enough quiet gaps and `learn` is on — the one learned from them, plus a poll when
-    it keeps the machine for a gap (a gap is seen to a poll), never above the configured ×
-    LEARNED_MAX_FACTOR. A machine that jobs wait for (just ready, or between two jobs of a
-    burst) is never judged by a learned timeout: a timeout of 0 would drain it and rent again.
-    Returns (seconds, why it was learned or None for the configured one)."""
-    if not trig.learn or not _nothing_waits(qs):
-        return trig.timeout, None
-    boot = qs.boot_estimate if qs.boot_estimate is not None else t.DEFAULT_BOOT_ESTIMATE
-    learned = learned_idle_timeout(qs.history.quiet_gaps, boot, trig.timeout)
-    if learned is None or learned[0] == trig.timeout:
-        return trig.timeout, None
-    margin = poll if learned[0] > 0 else 0.0
-    timeout = min(learned[0] + margin, trig.timeout * LEARNED_MAX_FACTOR)
-    return timeout, learned[1]
-
-
-def _nothing_waits(qs: QueueSnapshot) -> bool:
-    """Fresh numbers say no job waits: a learned timeout may judge the queue's idle machines."""
-    m = qs.metrics
-    return m is not None and not m.stale and m.pending == 0
-
-
-def _learned_notes(u: _Up, config: Config) -> list[str]:
-    """What the status shows of a learned idle timeout in force (why, from how many gaps)."""
-    poll = u.settings.poll_interval
-    out = []
-    for trig in u.auto.scale_down:
-        if isinstance(trig, IdleTrigger):
-            timeout, why = idle_timeout(trig, u.qs, config, poll)
-            if why:
-                out.append(f"idle timeout {timeout:.0f}s instead of {trig.timeout:.0f}s: {why}")
-    return out
-
-
-def _target_per_worker(u: _Up) -> int:
-    """Jobs one machine is meant to carry: the largest `queue_depth.target_per_worker`, else 1."""
-    target = 1
-    for trig in u.auto.scale_up:
-        if isinstance(trig, QueueDepthTrigger) and trig.target_per_worker:
-            target = max(target, trig.target_per_worker)
-    return target
-
-
-def _serving(u: _Up) -> int:
-    return sum(1 for m in u.qs.machines if m.serving)
-
-
-def _needed_for_waiting(u: _Up) -> int:
-    """Machines the jobs waiting now need, ceil(pending / target); 0 when none waits. Jobs
-    handed to a worker while the read ran count too (`delivered_during_read`: possibly in no
-    other number): the machine that just took them still looks idle until its worker reports
-    them, and draining it sent them back for another machine (the worker image's e2e)."""
-    m = u.qs.metrics
-    waiting = (m.pending + m.delivered_during_read) if m is not None else 0
-    return -(-max(0, waiting) // _target_per_worker(u))
-
-
-def _fleet_down(
-    u: _Up, now: datetime, chosen: set[str], budget: int, idle_triggers: list[IdleTrigger]
-) -> list[Drain]:
-    """Fleet-level scale-in: the load wants ceil((pending + running) / target) machines (at
-    least one, kept for the idle timeout); serving machines above that which ran nothing for
-    FLEET_IDLE_S go now, most idle first. Never a busy one, never below the floor (budget)."""
-    if budget <= 0 or u.qs.metrics is None:
-        return []
-    shortest = min(tr.timeout for tr in idle_triggers)
-    if shortest <= FLEET_IDLE_S:
-        return []  # the idle timeout already acts sooner
-    read = u.qs.metrics
-    load = read.pending + read.started_or_held + read.delivered_during_read
-    target = _target_per_worker(u)
-    need = max(1, -(-load // target))
-    serving = [m for m in u.qs.machines if m.serving and m.launch_id not in chosen]
-    spare = sorted(
-        (
-            m
-            for m in serving
-            if not m.busy and (now - m.idle_since()).total_seconds() >= FLEET_IDLE_S
-        ),
-        key=lambda m: (m.idle_since(), m.launch_id),
-    )
-    out = []
-    room = max(0, min(budget, len(serving) - need))
-    for m in _within_share(u, spare, room, lambda c: c, chosen):
-        secs = (now - m.idle_since()).total_seconds()
-        out.append(
-            Drain(
-                queue=u.name,
-                launch_id=m.launch_id,
-                trigger="idle",
-                reason=(
-                    f"fleet: no task for {secs:.0f}s ≥ {FLEET_IDLE_S:.0f}s and {len(serving)} "
-                    f"serving > {need} the load of {load} wants (target {target}/worker)"
-                ),
-            )
-        )
-    return out
-
-
-def _manual_down(u: _Up) -> list[Drain]:
-    """Down to the operator's target: idle machines now (most idle first), busy ones once idle.
-
-    Metrics are not needed: the operator asked. Busy machines are still never drained now."""
-    budget = u.capacity - u.floor
-    serving = sorted(
-        (m for m in u.qs.machines if m.serving),
-        key=lambda m: (m.busy, m.running_tasks, m.idle_since(), m.launch_id),
-    )
-    return [
-        Drain(
-            queue=u.name,
-            launch_id=m.launch_id,
-            trigger="manual",
-            when_idle=m.busy,
-            reason=(
-                f"manual target {u.floor}: capacity {u.capacity}; "
-                + (
-                    f"busy with {m.running_tasks} task(s): drain once idle"
-                    if m.busy
-                    else "idle: drain now"
-                )
-            ),
-        )
-        for m in serving[: max(0, budget)]
-    ]
-
-
-def _complete_requested(u: _Up, already: set[str]) -> list[Drain]:
-    return [
-        Drain(
-            queue=u.name,
-            launch_id=m.launch_id,
-            trigger="drain_requested",
-            reason="drain was requested while busy; the worker is idle now",
-        )
-        for m in u.qs.machines
-        if m.state == InstanceState.READY
-        and m.drain_requested
-        and not m.busy
-        and m.launch_id not in already
-    ]

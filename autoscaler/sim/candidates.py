@@ -5,7 +5,7 @@ Each wrapper keeps its own small history (what it saw in earlier snapshots), cal
 with a config it adjusts or adds drains to decide()'s plan; none launches on its own, and none
 ever drains a busy machine. `python benchmarks/cost.py --candidates` prints them beside ours.
 (The learned idle timeout, prototyped here first, now lives in `policy/history.py`; no
-hedged launch while a machine resumes, in `policy/decide.py`'s `_hedge_reason`.)
+hedged launch while a machine resumes, in `policy/hedge.py`'s `hedge_reason`.)
 
 - hedge: when jobs wait, no machine serves and every booting machine is late (booting longer
   than `late_factor` × the median boot seen so far, 180 s × that before any), rent one more

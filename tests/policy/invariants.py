@@ -7,7 +7,8 @@ import math
 from autoscaler.config.models import Config, Limits, MetricTrigger, QueueDepthTrigger
 from autoscaler.lifecycle import LIVE_STATES, InstanceState
 from autoscaler.policy.backoff import active_backoff
-from autoscaler.policy.decide import decide, late_boot_s
+from autoscaler.policy.decide import decide
+from autoscaler.policy.hedge import late_boot_s
 from autoscaler.policy.plan import Plan
 from autoscaler.policy.snapshot import QueueSnapshot, Snapshot
 from autoscaler.policy.warm import spec_key

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autoscaler.policy import decide
-from autoscaler.policy.decide import FLEET_IDLE_S
+from autoscaler.policy.scale_down import FLEET_IDLE_S
 
 from .helpers import NOW, config, metrics, ready, snap
 from .invariants import check_plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoscaler.policy import decide
-from autoscaler.policy.decide import HEDGE_LATE_FACTOR
+from autoscaler.policy.hedge import HEDGE_LATE_FACTOR
 from autoscaler.policy.triggers import DEFAULT_BOOT_ESTIMATE
 
 from .helpers import NOW, booting, config, metrics, ready, snap
@@ -57,7 +57,7 @@ def test_no_hedge_at_max_workers():
 def test_a_quick_boot_is_never_judged_late_before_a_minute_or_two_polls():
     """Readiness is seen at a reconcile: with 1 s boots, machines 10 s into booting are not late
     (the loop's chaos test rented a fourth machine 3 s after three, before this floor)."""
-    from autoscaler.policy.decide import HEDGE_MIN_LATE_S
+    from autoscaler.policy.hedge import HEDGE_MIN_LATE_S
     from autoscaler.policy.snapshot import QueueSnapshot, Snapshot
 
     quick = snap(metrics(pending=6), (booting("a", ago=10), booting("b", ago=10)))

@@ -149,3 +149,70 @@ def test_a_current_metric_value_allows_scale_down():
     m = replace(metrics(pending=0), external=(("waiting", 3.0),))
     cfg = config([PROM], IDLE)
     assert [d.launch_id for d in drains(cfg, snap(m, (ready("a", idle_for=9999),)))] == ["a"]
+
+
+def test_every_scale_down_trigger_kind_switches_on_a_method():
+    """One registration per scale-down kind: a kind added to the config's union with no method
+    in SCALE_DOWN_METHODS fails here, and a trigger of such a kind is refused loudly, never
+    skipped (before, `_scale_down`'s isinstance chain skipped it silently)."""
+    import typing
+
+    from autoscaler.config.models import ScaleDownTrigger
+    from autoscaler.policy.scale_down import SCALE_DOWN_METHODS
+
+    (union, *_) = typing.get_args(ScaleDownTrigger)
+    kinds = set(typing.get_args(union))
+    registered = {k for method in SCALE_DOWN_METHODS for k in method.kinds}
+    assert kinds == registered
+    assert [m.name for m in SCALE_DOWN_METHODS] == ["idle", "fleet", "schedule"]
+
+
+def test_a_scale_down_trigger_no_method_takes_is_refused_not_skipped():
+    class Unregistered:
+        trigger = "throwaway"
+
+    cfg = config([], IDLE)
+    auto = cfg.queues["q"].autoscale.model_copy(update={"scale_down": (Unregistered(),)})
+    cfg = cfg.model_copy(
+        update={"queues": {"q": cfg.queues["q"].model_copy(update={"autoscale": auto})}}
+    )
+    with pytest.raises(TypeError, match="Unregistered has no method in SCALE_DOWN_METHODS"):
+        decide(snap(metrics(), (ready("a", idle_for=5000),)), cfg, NOW)
+    with pytest.raises(TypeError):
+        scale_down_of(cfg)
+
+
+def scale_down_of(cfg):
+    """scale_down() on the queue's evaluation as decide() builds it, for the refusal above."""
+    from autoscaler.policy.decide import _scale_up
+    from autoscaler.policy.scale_down import scale_down
+    from autoscaler.policy.snapshot import QueueSnapshot
+
+    auto = cfg.queues["q"].autoscale
+    u = _scale_up("q", auto, QueueSnapshot(name="q", metrics=metrics()), cfg, NOW)
+    return scale_down(u, cfg, NOW)
+
+
+def test_each_method_takes_only_the_machines_earlier_methods_left():
+    """The fleet method never drains a machine the idle method chose, and the schedule never
+    one either chose: each sees the budget the earlier ones left."""
+    from autoscaler.policy.scale_down import FLEET_IDLE_S
+
+    schedule = {"trigger": "schedule", "cron": "0 * * * *", "timezone": "UTC"}
+    idle = {"trigger": "idle", "timeout": "30m"}
+    machines = (
+        ready("a", idle_for=4000),
+        ready("b", idle_for=FLEET_IDLE_S + 30),
+        ready("c", idle_for=FLEET_IDLE_S + 20),
+        ready("d", idle_for=10),
+    )
+    got = drains(config([], [idle, schedule]), snap(metrics(), machines))
+    # idle takes `a` (past 30 min); fleet the two idle past FLEET_IDLE_S of the three it sees
+    # left; the due schedule the one machine nobody chose, back to the floor of 0.
+    assert [(d.launch_id, d.reason.split(":")[0]) for d in got] == [
+        ("a", "idle"),
+        ("b", "fleet"),
+        ("c", "fleet"),
+        ("d", "schedule '0 * * * *' (UTC) fired 2025-06-02T12"),
+    ]
+    assert "3 serving" in got[1].reason
