@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class InstanceState(enum.StrEnum):
@@ -33,51 +34,101 @@ class MachineStatus(enum.StrEnum):
     GONE = "gone"  # terminated / destroyed at the provider
 
 
-LIVE_STATES = (
-    InstanceState.PENDING,
-    InstanceState.CREATING,
-    InstanceState.BOOTING,
-    InstanceState.READY,
-    InstanceState.DRAINING,
-    InstanceState.DRAINED,
-    InstanceState.STOPPING,
-    InstanceState.STOPPED,
-    InstanceState.RESUMING,
-    InstanceState.TERMINATING,
-)
-"""States in which a machine may exist at the provider and may be billing."""
+@dataclass(frozen=True)
+class Traits:
+    """What a state means to the rest of the code. One row per state in `STATES`, so a new
+    state is described in one place; the tuples below and the checks that read them (the
+    worker token, the heartbeat's answer, remote control) follow from it."""
 
-BOOTING_STATES = (
-    InstanceState.PENDING,
-    InstanceState.CREATING,
-    InstanceState.BOOTING,
-    InstanceState.RESUMING,
-)
-"""A machine on its way to serving (a launch, or a warm pool's machine resuming): counted as
-capacity (no stacking), never drained."""
+    next: frozenset[InstanceState]
+    """The moves a row in this state may make (see `ALLOWED_TRANSITIONS`)."""
+    live: bool = False
+    """The machine may exist at the provider and may be billing."""
+    booting: bool = False
+    """On its way to serving (a launch, or a warm pool's machine resuming): counted as
+    capacity (no stacking), never drained."""
+    leaving: bool = False
+    """Going away: no longer capacity, still billing (counted by spend caps)."""
+    warm: bool = False
+    """A warm pool's machine: drained, stopped (or being stopped) with its disk kept. Not
+    capacity, not counted by `max_workers`; billed at its storage price once stopped."""
+    token_opens: bool = False
+    """Its worker token opens the worker endpoints: from the create to the drained report,
+    and again from a warm pool's resume. A machine stopping or stopped holds no live
+    credential; terminating, terminated, failed or lost: refused."""
+    may_serve: bool = False
+    """A heartbeat's answer lets its worker run (a create's answer may still be on its way back
+    when a fast machine first calls); in any other state the worker is told to drain and
+    start nothing."""
+    heard: bool = False
+    """Its worker may answer remote control, and broker replies may move its row."""
 
-LEAVING_STATES = (InstanceState.DRAINING, InstanceState.DRAINED, InstanceState.TERMINATING)
-"""Going away: no longer capacity, still billing (counted by spend caps)."""
-
-WARM_STATES = (InstanceState.STOPPING, InstanceState.STOPPED)
-"""A warm pool's machines: drained, stopped (or being stopped) with their disk kept. Not
-capacity, not counted by `max_workers`; billed at their storage price once stopped."""
 
 S = InstanceState
+_ = frozenset
+STATES: dict[InstanceState, Traits] = {
+    S.PENDING: Traits(_({S.CREATING, S.FAILED}), live=True, booting=True),
+    S.CREATING: Traits(
+        _({S.BOOTING, S.FAILED}), live=True, booting=True, token_opens=True, may_serve=True
+    ),
+    S.BOOTING: Traits(
+        _({S.READY, S.TERMINATING, S.LOST}),
+        live=True,
+        booting=True,
+        token_opens=True,
+        may_serve=True,
+        heard=True,
+    ),
+    S.READY: Traits(
+        _({S.DRAINING, S.TERMINATING, S.LOST}),
+        live=True,
+        token_opens=True,
+        may_serve=True,
+        heard=True,
+    ),
+    S.DRAINING: Traits(
+        _({S.DRAINED, S.TERMINATING, S.LOST}),
+        live=True,
+        leaving=True,
+        token_opens=True,
+        heard=True,
+    ),
+    S.DRAINED: Traits(
+        _({S.STOPPING, S.TERMINATING, S.LOST}), live=True, leaving=True, token_opens=True
+    ),
+    S.STOPPING: Traits(_({S.STOPPED, S.TERMINATING, S.LOST}), live=True, warm=True),
+    S.STOPPED: Traits(_({S.RESUMING, S.TERMINATING, S.LOST}), live=True, warm=True),
+    S.RESUMING: Traits(
+        _({S.READY, S.TERMINATING, S.LOST}),
+        live=True,
+        booting=True,
+        token_opens=True,
+        may_serve=True,
+        heard=True,
+    ),
+    S.TERMINATING: Traits(_({S.TERMINATED, S.LOST}), live=True, leaving=True),
+    S.TERMINATED: Traits(_()),
+    S.FAILED: Traits(_()),
+    S.LOST: Traits(_()),
+}
+"""Every state and what it means; `tests/test_lifecycle.py` fails on a state without its row,
+on a named set that disagrees with it, and on a state that can never reach an end."""
+
+
+def _having(trait: str) -> tuple[InstanceState, ...]:
+    return tuple(state for state, traits in STATES.items() if getattr(traits, trait))
+
+
+LIVE_STATES = _having("live")
+BOOTING_STATES = _having("booting")
+LEAVING_STATES = _having("leaving")
+WARM_STATES = _having("warm")
+TOKEN_STATES = _having("token_opens")
+MAY_SERVE = _having("may_serve")
+HEARD_STATES = _having("heard")
+
 ALLOWED_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
-    S.PENDING: frozenset({S.CREATING, S.FAILED}),
-    S.CREATING: frozenset({S.BOOTING, S.FAILED}),
-    S.BOOTING: frozenset({S.READY, S.TERMINATING, S.LOST}),
-    S.READY: frozenset({S.DRAINING, S.TERMINATING, S.LOST}),
-    S.DRAINING: frozenset({S.DRAINED, S.TERMINATING, S.LOST}),
-    S.DRAINED: frozenset({S.STOPPING, S.TERMINATING, S.LOST}),
-    S.STOPPING: frozenset({S.STOPPED, S.TERMINATING, S.LOST}),
-    S.STOPPED: frozenset({S.RESUMING, S.TERMINATING, S.LOST}),
-    S.RESUMING: frozenset({S.READY, S.TERMINATING, S.LOST}),
-    S.TERMINATING: frozenset({S.TERMINATED, S.LOST}),
-    S.TERMINATED: frozenset(),
-    S.FAILED: frozenset(),
-    S.LOST: frozenset(),
+    state: traits.next for state, traits in STATES.items()
 }
 """Every move a machine's row may make (Ray's instance manager keeps the same kind of table).
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from autoscaler.digits import ascii_whole
-from autoscaler.lifecycle import InstanceState
+from autoscaler.lifecycle import TOKEN_STATES
 from autoscaler.store import api_keys
 from autoscaler.store.api_keys import KeyRecord
 from autoscaler.store.instances import InstanceDetails
@@ -23,19 +23,6 @@ from autoscaler.store.instances import InstanceDetails
 ADMIN = "admin"
 ENROLMENT = "enrolment"
 KINDS = (ADMIN, ENROLMENT)
-
-TOKEN_STATES = (
-    InstanceState.CREATING,
-    InstanceState.BOOTING,
-    InstanceState.READY,
-    InstanceState.DRAINING,
-    InstanceState.DRAINED,
-    InstanceState.RESUMING,
-)
-"""A worker token opens the worker endpoints only while its machine is in one of these states:
-from the create to the drained report, and again from a warm pool's resume. Stopping or
-stopped (a machine in a warm pool holds no live credential), terminating, terminated, failed or
-lost: refused."""
 
 
 def new_secret() -> str:

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 
 from autoscaler.config.models import Backoff
-from autoscaler.lifecycle import InstanceState
+from autoscaler.lifecycle import MAY_SERVE, InstanceState
 from autoscaler.policy.backoff import after_failure
 from autoscaler.policy.boots import judge_boot
 from autoscaler.policy.reports import Grant, Want
@@ -53,10 +53,6 @@ CRASH_EVENT_EVERY = timedelta(seconds=60)
 and says so with its next heartbeat (every 10 s), so an honest machine's crash loop still
 shows, while a hostile one (2,051 `crashed` reports in 8 s, issue 33) cannot bury the audit
 trail; the machine's state is moved by every report as before."""
-
-MAY_SERVE = (S.CREATING, S.BOOTING, S.RESUMING, S.READY)
-"""The states whose heartbeat answer lets the worker run (a create's answer may still be on
-its way back when a fast machine first calls); any other is told to drain and start nothing."""
 
 READY_EVENT = ("lifecycle", "booting->ready")
 """(kind, action) of the event every path that sees a machine ready records."""
@@ -435,7 +431,6 @@ def rental_failed(
 __all__ = [
     "CRASH_EVENT_EVERY",
     "HEARTBEAT_INTERVAL",
-    "MAY_SERVE",
     "Answer",
     "FinishedJob",
     "NotDraining",

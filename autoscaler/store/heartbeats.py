@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from autoscaler.lifecycle import InstanceState
+from autoscaler.lifecycle import HEARD_STATES, InstanceState
 from autoscaler.store.models import Instance
 from autoscaler.store.moves import update_rows
 
@@ -50,20 +50,11 @@ def note_registered(session: Session, launch_id: str, worker_name: str, now: dat
     update_rows(session, [Instance.launch_id == launch_id], values)
 
 
-SEEN_STATES = (
-    InstanceState.BOOTING,
-    InstanceState.RESUMING,
-    InstanceState.READY,
-    InstanceState.DRAINING,
-)
-"""States in which a machine's worker may answer remote control."""
-
-
 def heard_through_broker(
     session: Session, launch_ids: Collection[str]
 ) -> list[tuple[str, int, InstanceState, str, str]]:
     """(launch_id, running_tasks, state, queue, provider) of these machines whose worker's
-    broker replies may move their row: up (`SEEN_STATES`) and with no agent registered (a
+    broker replies may move their row: up (`HEARD_STATES`) and with no agent registered (a
     machine whose agent heartbeats is known from its authenticated heartbeats alone)."""
     if not launch_ids:
         return []
@@ -78,7 +69,7 @@ def heard_through_broker(
                 Instance.provider,
             ).where(
                 Instance.launch_id.in_(list(launch_ids)),
-                Instance.state.in_(SEEN_STATES),
+                Instance.state.in_(HEARD_STATES),
                 Instance.agent_registered_at.is_(None),
             )
         )
@@ -108,7 +99,6 @@ def note_busy(session: Session, launch_id: str, running: int, now: datetime) -> 
 
 __all__ = [
     "HEARTBEAT_COLUMNS",
-    "SEEN_STATES",
     "heard_through_broker",
     "note_busy",
     "note_heartbeat",

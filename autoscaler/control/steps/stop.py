@@ -3,7 +3,7 @@ stopped at the provider with its disk kept.
 
 Reached only from `stopping`, which a row enters once drained (never with work on it) and only
 when `decide()` gave it a place in the pool. Its broker user is deleted first and its worker
-token opens nothing from `stopping` on (`access.keys.TOKEN_STATES`): a stopped machine holds no
+token opens nothing from `stopping` on (`lifecycle.TOKEN_STATES`): a stopped machine holds no
 live credential. The provider's stop is asynchronous at most providers; the row becomes
 `stopped` when the provider lists it so (here, or at reconcile, which also retries a stop that
 failed — a 409, a 5xx, a lost answer — and destroys a machine whose stop never takes:
