@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from kombu import Connection
 
 from autoscaler.brokers.base import PUBLISHED_AT_HEADER
-from autoscaler.brokers.redis.celery_redis import SCAN_BUDGET, CeleryRedisLayout, CeleryRedisReader
+from autoscaler.brokers.redis.celery_redis import SCAN_BUDGET, CeleryRedisReader
+from autoscaler.brokers.redis.keys import CeleryRedisLayout
 from autoscaler.brokers.redis.redis_pieces import PIECE_BUDGET, PIECES_LUA, SEARCH_RADIUS
 from tests.brokers.helpers import envelope
 
