@@ -75,11 +75,9 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.brokers.base import PUBLISHED_AT_HEADER, parse_celery_envelope
-from autoscaler.brokers.redis.celery_redis import (
-    CeleryRedisLayout,
-    CeleryRedisReader,
-    count_unacked,
-)
+from autoscaler.brokers.redis.celery_redis import CeleryRedisReader
+from autoscaler.brokers.redis.keys import CeleryRedisLayout
+from autoscaler.brokers.redis.unacked import count_unacked
 
 
 def message(queue: str, stamped: bool, eta: datetime | None = None) -> bytes:

@@ -147,7 +147,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import autoscaler.control.tick.evaluate as tick
 from autoscaler.brokers.base import PUBLISHED_AT_HEADER
-from autoscaler.brokers.redis.celery_redis import CeleryRedisLayout
+from autoscaler.brokers.redis.keys import CeleryRedisLayout
 from autoscaler.config.models import Config
 from autoscaler.control.executor import execute
 from autoscaler.control.outbox import StepName

@@ -33,7 +33,7 @@ from autoscaler.brokers.lists import redis_list
 from autoscaler.brokers.prometheus import PrometheusReader
 from autoscaler.brokers.rabbitmq import celery_rabbitmq
 from autoscaler.brokers.redis import celery_redis
-from autoscaler.brokers.redis.celery_redis import redis_layout
+from autoscaler.brokers.redis.keys import redis_layout
 from autoscaler.config.models import CelerySource, MetricsSource, MetricTrigger, Queue
 from autoscaler.urls import Transport, UrlError, parse_url, transport
 

@@ -26,7 +26,7 @@ from typing import Any
 from celery import Celery
 
 from autoscaler.brokers.base import Clock, Secrets, SourceError, safe_error, utc_now
-from autoscaler.brokers.redis.celery_redis import parse_eta
+from autoscaler.brokers.redis.heads import parse_eta
 from autoscaler.brokers.remote_control import BoundedControl
 from autoscaler.policy.snapshot import QueueMetrics
 

@@ -18,7 +18,8 @@ from kombu import Connection
 from autoscaler.brokers import stamp
 from autoscaler.brokers.base import SourceError
 from autoscaler.brokers.fallback import FallbackReader
-from autoscaler.brokers.redis.celery_redis import CeleryRedisLayout, CeleryRedisReader
+from autoscaler.brokers.redis.celery_redis import CeleryRedisReader
+from autoscaler.brokers.redis.keys import CeleryRedisLayout
 from autoscaler.store.db import session_factory
 from autoscaler.store.head_sightings import StoredSightings
 from tests.brokers.conftest import SECRET

@@ -11,7 +11,8 @@ import pytest
 from celery import Celery
 from click.testing import CliRunner
 
-from autoscaler.brokers.redis.celery_redis import CeleryRedisLayout, CeleryRedisReader
+from autoscaler.brokers.redis.celery_redis import CeleryRedisReader
+from autoscaler.brokers.redis.keys import CeleryRedisLayout
 from autoscaler.brokers.redis.layout import broker_layout_warnings
 from autoscaler.cli import main
 from autoscaler.config import load_config_text

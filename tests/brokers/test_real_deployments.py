@@ -21,7 +21,8 @@ import redis
 from celery import Celery
 
 from autoscaler.brokers.rabbitmq.celery_rabbitmq import CeleryRabbitMQReader
-from autoscaler.brokers.redis.celery_redis import CeleryRedisLayout, CeleryRedisReader
+from autoscaler.brokers.redis.celery_redis import CeleryRedisReader
+from autoscaler.brokers.redis.keys import CeleryRedisLayout
 from autoscaler.brokers.workers import CeleryWorkerProbe
 from autoscaler.config.models import CelerySource
 from autoscaler.control.observe import observe_celery_workers

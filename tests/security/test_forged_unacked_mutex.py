@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from kombu import Connection
 
 from autoscaler.brokers import users as broker_users
-from autoscaler.brokers.redis.celery_redis import CeleryRedisLayout
+from autoscaler.brokers.redis.keys import CeleryRedisLayout
 from autoscaler.brokers.redis.unacked_mutex import KOMBU_MUTEX_EXPIRE, clear_forged, forged_why
 from autoscaler.config import Config, load_config_text
 from autoscaler.control.runtime import Runtime, utc_now

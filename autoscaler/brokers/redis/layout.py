@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import redis
 
 from autoscaler.brokers.base import MetricsConfigError, Secrets, safe_error, source_url
-from autoscaler.brokers.redis.celery_redis import BINDING_PREFIX, DEFAULT_SEP, redis_layout
+from autoscaler.brokers.redis.keys import BINDING_PREFIX, DEFAULT_SEP, redis_layout
 from autoscaler.brokers.redis_client import open_redis
 from autoscaler.config.models import CelerySource, Config
 from autoscaler.settings import redact_url

@@ -18,7 +18,7 @@ import re
 
 import redis
 
-from autoscaler.brokers.redis.celery_redis import CeleryRedisLayout
+from autoscaler.brokers.redis.keys import CeleryRedisLayout
 
 MUTEX_KEY = "unacked_mutex"
 KOMBU_MUTEX_EXPIRE = 300.0

@@ -38,7 +38,7 @@ from typing import Any
 from autoscaler.brokers import users as broker_users
 from autoscaler.brokers.base import MetricsConfigError, source_url
 from autoscaler.brokers.rabbitmq import users as rabbit_users
-from autoscaler.brokers.redis.celery_redis import redis_layout
+from autoscaler.brokers.redis.keys import redis_layout
 from autoscaler.brokers.redis.unacked_mutex import clear_forged
 from autoscaler.brokers.redis_client import open_redis
 from autoscaler.config.models import CelerySource
