@@ -15,9 +15,11 @@ below, each of which says what to do next:
 - `ProviderRequestError`: the provider refused our request as malformed — a bug or a config
   value the provider does not accept; retrying will not help.
 
-Ownership is enforced here, once: `list_owned`, `get`, `find_by_label`, `destroy`, `stop` and
-`start` only ever return or touch machines whose label parses to this installation's id
-(`labels.is_owned`).
+Ownership is each implementation's duty, through the one test `Provider.owns`
+(`labels.is_owned`): `list_owned`, `get`, `find_by_label`, `destroy`, `stop` and `start` only
+ever return or touch machines whose label parses to this installation's id.
+`tests/providers/test_contract.py` holds every kind to it against a foreign machine on the same
+backend (listed: never; destroyed: refused, and it lives on).
 """
 
 from __future__ import annotations

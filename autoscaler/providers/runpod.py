@@ -29,7 +29,6 @@ import requests
 
 from autoscaler.config.gpus import lookup
 from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec, RunPodOptions
-from autoscaler.providers.api import ApiOptions, ApiProvider
 from autoscaler.providers.base import (
     WORKDIR_ENV,
     AmbiguousCreateError,
@@ -46,6 +45,7 @@ from autoscaler.providers.base import (
     TransientError,
 )
 from autoscaler.providers.http import json_body
+from autoscaler.providers.keyed_http import ApiOptions, ApiProvider
 
 log = logging.getLogger("autoscaler.providers.runpod")
 

@@ -46,7 +46,6 @@ from autoscaler.config.gpus import lookup
 from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec, VastOptions
 from autoscaler.digits import ascii_whole, is_ascii_whole
 from autoscaler.policy import reconcile
-from autoscaler.providers.api import ApiOptions, ApiProvider
 from autoscaler.providers.base import (
     AmbiguousCreateError,
     Build,
@@ -63,6 +62,7 @@ from autoscaler.providers.base import (
     ResumeRefusedError,
 )
 from autoscaler.providers.http import json_body
+from autoscaler.providers.keyed_http import ApiOptions, ApiProvider
 
 log = logging.getLogger("autoscaler.providers.vast")
 
