@@ -99,7 +99,7 @@ from autoscaler.brokers.redis.redis_pieces import (
     tasks_of,
 )
 from autoscaler.brokers.redis_client import open_redis, redis_identity
-from autoscaler.config.models import CelerySource
+from autoscaler.config.metrics_sources import CelerySource
 from autoscaler.policy.snapshot import QueueMetrics
 
 log = logging.getLogger(__name__)
