@@ -89,7 +89,8 @@ from kombu.connection import Connection  # noqa: E402
 from autoscaler.brokers.rabbitmq import users as rabbit_users  # noqa: E402
 from autoscaler.brokers.users import create_user, plan_for  # noqa: E402
 from autoscaler.config import load_config_text  # noqa: E402
-from autoscaler.config.models import CelerySource, Config  # noqa: E402
+from autoscaler.config.metrics_sources import CelerySource  # noqa: E402
+from autoscaler.config.models import Config  # noqa: E402
 from autoscaler.control.runtime import Runtime, utc_now  # noqa: E402
 from autoscaler.control.steps.frame import Kind, run_step  # noqa: E402
 from autoscaler.control.steps.handback import GRACE, STEP  # noqa: E402

@@ -21,7 +21,8 @@ import argparse
 import time
 from collections.abc import Callable
 
-from autoscaler.config.models import Config, WarmPool
+from autoscaler.config.machine_specs import WarmPool
+from autoscaler.config.models import Config
 from autoscaler.sim.engine import World
 from autoscaler.sim.report import PolicyReport, summarize
 from autoscaler.sim.run import (

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from autoscaler.config.errors import ConfigError, refusals_from_validation
-from autoscaler.config.models import Config, ProviderConfig
+from autoscaler.config.models import Config
+from autoscaler.config.provider_options import ProviderConfig
 from autoscaler.store.providers import ProviderRecord, list_providers
 from autoscaler.vault import Vault
 

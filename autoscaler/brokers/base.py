@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from autoscaler.config.isolation import WATCH_BROKER_ENV
-from autoscaler.config.models import MetricsSource
+from autoscaler.config.metrics_sources import MetricsSource
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import redact_url, url_secrets
 from autoscaler.store.head_sightings import Mark as Mark

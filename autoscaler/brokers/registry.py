@@ -1,7 +1,7 @@
 """From a queue's `metrics:` config block to the reader that measures it.
 
-A source kind is its config model in `config.models` (one member of `MetricsSource`, with its
-`source` tag), its module here with a `build` function, and its line in `READERS`:
+A source kind is its config model in `config.metrics_sources` (one member of `MetricsSource`,
+with its `source` tag), its module here with a `build` function, and its line in `READERS`:
 `tests/brokers/test_source_kinds.py` fails when a kind of the union has no entry, or an entry no
 kind. `celery` picks its reader from the URL scheme (`CELERY_TRANSPORTS`: redis/rediss ->
 Redis, amqp/amqps/pyamqp -> RabbitMQ, sqla+... -> kombu's SQLAlchemy transport, the embedded
@@ -34,7 +34,9 @@ from autoscaler.brokers.prometheus import PrometheusReader
 from autoscaler.brokers.rabbitmq import celery_rabbitmq
 from autoscaler.brokers.redis import celery_redis
 from autoscaler.brokers.redis.keys import redis_layout
-from autoscaler.config.models import CelerySource, MetricsSource, MetricTrigger, Queue
+from autoscaler.config.metrics_sources import CelerySource, MetricsSource
+from autoscaler.config.models import Queue
+from autoscaler.config.triggers import MetricTrigger
 from autoscaler.urls import Transport, UrlError, parse_url, transport
 
 Builder = Callable[[Any, Build], MetricsReader]

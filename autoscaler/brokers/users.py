@@ -34,7 +34,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from autoscaler.brokers.base import MetricsConfigError, source_url
 from autoscaler.brokers.rabbitmq import users as rabbit_users
 from autoscaler.brokers.rabbitmq.users import RabbitPlan
-from autoscaler.config.models import CelerySource, MetricsSource
+from autoscaler.config.metrics_sources import CelerySource, MetricsSource
 from autoscaler.providers.labels import make_label
 from autoscaler.urls import Transport, UrlError, parse_url, transport
 

@@ -18,7 +18,8 @@ from autoscaler.access.credentials import registered_provider_configs
 from autoscaler.cli.common import StoreUnavailable, driver_cause, fail, sessions, settings, store
 from autoscaler.config import ConfigError, load_config, read_config
 from autoscaler.config.loader import known_providers
-from autoscaler.config.models import Config, ProviderConfig
+from autoscaler.config.models import Config
+from autoscaler.config.provider_options import ProviderConfig
 from autoscaler.config.summary import describe
 from autoscaler.control.apply import record, runnable
 from autoscaler.settings import Settings, redact_url

@@ -24,7 +24,7 @@ from autoscaler.access.credentials import (
 )
 from autoscaler.cli.common import fail, sessions, settings
 from autoscaler.config import ConfigError
-from autoscaler.config.models import PROVIDER_KINDS
+from autoscaler.config.provider_options import PROVIDER_KINDS
 from autoscaler.store import providers as provider_store
 from autoscaler.store.db import transaction
 from autoscaler.vault import Vault, VaultError

@@ -107,7 +107,9 @@ def shown_value(value: Any, loc: tuple[int | str, ...] = ()) -> str:
 
 def _strip_union_member(loc: tuple[Any, ...]) -> tuple[int | str, ...]:
     """Drop the discriminator tags pydantic inserts into paths (e.g. 'queue_depth')."""
-    from autoscaler.config.models import METRICS_SOURCES, PROVIDER_KINDS, SCALE_UP_TRIGGERS
+    from autoscaler.config.metrics_sources import METRICS_SOURCES
+    from autoscaler.config.provider_options import PROVIDER_KINDS
+    from autoscaler.config.triggers import SCALE_UP_TRIGGERS
 
     tags = set(SCALE_UP_TRIGGERS) | set(PROVIDER_KINDS) | {"idle"}
     out: list[int | str] = []
@@ -193,7 +195,7 @@ def _split(message: str) -> tuple[str, str]:
 def refusals_from_validation(err: ValidationError) -> list[Refusal]:
     """Every problem pydantic found; unknown keys first, since a misspelled key usually explains
     the 'required' refusal of the field it was meant to be."""
-    from autoscaler.config.models import metrics_source_tag
+    from autoscaler.config.metrics_sources import metrics_source_tag
 
     unknown: list[Refusal] = []
     refusals: list[Refusal] = []

@@ -12,10 +12,10 @@ from pydantic import ValidationError
 from autoscaler.config.durations import format_duration
 from autoscaler.config.errors import ConfigError, Refusal, refusals_from_validation
 from autoscaler.config.gpus import WHERE, lookup, suggest
-from autoscaler.config.models import (
+from autoscaler.config.models import Config
+from autoscaler.config.provider_options import (
     PROVIDER_KINDS,
     PROVIDER_MODELS,
-    Config,
     ProviderConfig,
     RunPodOptions,
 )

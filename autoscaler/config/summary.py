@@ -7,15 +7,10 @@ from datetime import datetime
 
 from autoscaler.config.durations import format_duration
 from autoscaler.config.isolation import WATCH_BROKER_ENV
-from autoscaler.config.models import (
-    HOURS_PER_MONTH,
-    Autoscale,
-    Config,
-    InstanceSpec,
-    MetricsSource,
-    ProviderConfig,
-    money,
-)
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.metrics_sources import MetricsSource
+from autoscaler.config.models import Autoscale, Config
+from autoscaler.config.provider_options import HOURS_PER_MONTH, ProviderConfig, money
 from autoscaler.settings import redact_url
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from celery import beat
 from celery.schedules import BaseSchedule, schedstate
 
-from autoscaler.config.models import ScheduleDownTrigger, ScheduleUpTrigger
+from autoscaler.config.triggers import ScheduleDownTrigger, ScheduleUpTrigger
 from autoscaler.control.runtime import Loaded, log, runtime
 from autoscaler.policy.schedule import latest_firing
 from autoscaler.store import retention

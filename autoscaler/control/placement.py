@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from autoscaler.access.credentials import CredentialError
 from autoscaler.config import gpus
-from autoscaler.config.models import Autoscale, InstanceSpec
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.models import Autoscale
 from autoscaler.policy.placement import BootTimes, Candidate, rank
 from autoscaler.policy.snapshot import BackoffCause
 from autoscaler.providers.base import (

@@ -32,7 +32,10 @@ from autoscaler.brokers.registry import (
 from autoscaler.brokers.workers import CeleryWorkerProbe
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.loader import known_providers
-from autoscaler.config.models import Config, MetricsSource, MetricTrigger, ProviderConfig, Queue
+from autoscaler.config.metrics_sources import MetricsSource
+from autoscaler.config.models import Config, Queue
+from autoscaler.config.provider_options import ProviderConfig
+from autoscaler.config.triggers import MetricTrigger
 from autoscaler.providers.base import Provider
 from autoscaler.providers.registry import build_provider
 from autoscaler.settings import Settings

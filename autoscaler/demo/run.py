@@ -483,7 +483,7 @@ class Demo:
         at once: SIGTERM to each machine's group, SIGKILL after a short grace)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from autoscaler.config.models import LocalOptions
+        from autoscaler.config.provider_options import LocalOptions
         from autoscaler.providers.labels import parse_label
         from autoscaler.providers.local import LocalProvider
 

@@ -32,14 +32,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from autoscaler.config.models import (
-    Autoscale,
-    Config,
+from autoscaler.config.models import Autoscale, Config, QueueSettings
+from autoscaler.config.triggers import (
     LatencyTrigger,
     MetricTrigger,
     NoWorkersTrigger,
     QueueDepthTrigger,
-    QueueSettings,
     ScheduleUpTrigger,
 )
 from autoscaler.lifecycle import InstanceState
@@ -122,7 +120,7 @@ UP_VOTES: dict[type, Callable[[Any, t.TriggerInputs], t.UpVote | None]] = {
     MetricTrigger: t.metric,
 }
 """Each scale-up trigger kind's vote, by its options model: the one registration of a kind.
-Every member of `config.models.ScaleUpTrigger` is here or in FLOOR_ONLY, or
+Every member of `config.triggers.ScaleUpTrigger` is here or in FLOOR_ONLY, or
 `tests/policy/test_triggers.py` fails (before, a kind missing from an `isinstance` chain
 silently never voted)."""
 

@@ -22,7 +22,7 @@ from datetime import datetime
 from functools import lru_cache
 
 # what the config promises of a learned timeout (how few gaps teach nothing, how far it goes)
-from autoscaler.config.models import LEARNED_MAX_FACTOR, MIN_GAPS
+from autoscaler.config.triggers import LEARNED_MAX_FACTOR, MIN_GAPS
 
 GAPS_KEPT = 64
 """The last this many quiet gaps are kept: about a day of a sparse queue, enough for a

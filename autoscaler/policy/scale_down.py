@@ -8,9 +8,9 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
-from autoscaler.config.models import (
+from autoscaler.config.models import Config
+from autoscaler.config.triggers import (
     LEARNED_MAX_FACTOR,
-    Config,
     IdleTrigger,
     QueueDepthTrigger,
     ScheduleDownTrigger,

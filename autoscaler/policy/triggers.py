@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from autoscaler.config.durations import format_duration
-from autoscaler.config.models import (
+from autoscaler.config.triggers import (
     LatencyTrigger,
     MetricTrigger,
     NoWorkersTrigger,

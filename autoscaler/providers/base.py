@@ -34,7 +34,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from autoscaler.config.models import PROVIDER_KINDS, PROVIDER_MODELS, InstanceSpec
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.provider_options import PROVIDER_KINDS, PROVIDER_MODELS
 from autoscaler.lifecycle import MachineStatus as MachineStatus
 from autoscaler.providers import labels
 
@@ -247,8 +248,8 @@ class Provider(ABC):
     def can_stop(self) -> bool:
         """Machines of this kind can be stopped and started again with their disk kept (`stop`,
         `start`): what a warm pool needs. Read from the kind's options model
-        (`config.models._ProviderBase.can_stop`), so `validate` and the provider never disagree;
-        kinds that cannot keep the default `stop`/`start`, which refuse."""
+        (`config.provider_options._ProviderBase.can_stop`), so `validate` and the provider never
+        disagree; kinds that cannot keep the default `stop`/`start`, which refuse."""
         model = _CONFIG_MODELS.get(self.kind)
         return bool(model is not None and model.can_stop)
 

@@ -45,12 +45,12 @@ from docker.types import DeviceRequest
 from docker.utils import kwargs_from_env
 
 from autoscaler.config.gpus import canonical
-from autoscaler.config.models import (
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.provider_options import (
     ENGINE_TCP_FIX,
     ENGINE_TCP_WITHOUT_TLS,
     HOST_NETWORK_OPT_IN,
     ContainerOptions,
-    InstanceSpec,
     is_host_network,
 )
 from autoscaler.providers.base import (

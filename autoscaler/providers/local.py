@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from autoscaler.config.models import InstanceSpec, LocalOptions
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.provider_options import LocalOptions
 from autoscaler.providers.base import (
     WORKDIR_ENV,
     Build,

@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
-from autoscaler.config.models import InstanceSpec, MockOptions
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.provider_options import MockOptions
 from autoscaler.digits import ascii_whole
 from autoscaler.providers.base import (
     Build,

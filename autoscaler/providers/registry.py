@@ -1,9 +1,10 @@
 """Provider kinds' factories, and a `Provider` built from its config block, its key, this
 installation's id and the store.
 
-A provider kind is its options model in `config.models` (registered in `ProviderConfig`, with
-its key need, dry-run terms and known price) and its module here with a `build` factory,
-registered in FACTORIES: `tests/providers/test_kinds.py` fails when either part is missing.
+A provider kind is its options model in `config.provider_options` (registered in
+`ProviderConfig`, with its key need, dry-run terms and known price) and its module here with a
+`build` factory, registered in FACTORIES: `tests/providers/test_kinds.py` fails when either
+part is missing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autoscaler.config import models as cfg
+from autoscaler.config.provider_options import ProviderConfig
 from autoscaler.providers import container, local, mock, runpod, vast
 from autoscaler.providers.base import AuthError, Build, Provider
 from autoscaler.providers.http import RetryPolicy
@@ -31,7 +32,7 @@ FACTORIES: Mapping[str, Factory] = {
 
 def build_provider(
     name: str,
-    config: cfg.ProviderConfig,
+    config: ProviderConfig,
     *,
     credential: str | None,
     installation_id: str,

@@ -28,7 +28,8 @@ from typing import Any, Unpack
 import requests
 
 from autoscaler.config.gpus import lookup
-from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec, RunPodOptions
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.provider_options import HOURS_PER_MONTH, RunPodOptions
 from autoscaler.providers.base import (
     WORKDIR_ENV,
     AmbiguousCreateError,

@@ -43,7 +43,8 @@ from typing import Any, Unpack
 import requests
 
 from autoscaler.config.gpus import lookup
-from autoscaler.config.models import HOURS_PER_MONTH, InstanceSpec, VastOptions
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.provider_options import HOURS_PER_MONTH, VastOptions
 from autoscaler.digits import ascii_whole, is_ascii_whole
 from autoscaler.policy import reconcile
 from autoscaler.providers.base import (

@@ -43,9 +43,8 @@ import math
 from collections.abc import Sequence
 from datetime import datetime
 
-from autoscaler.config.models import (
-    Autoscale,
-    Config,
+from autoscaler.config.models import Autoscale, Config
+from autoscaler.config.triggers import (
     IdleTrigger,
     LatencyTrigger,
     NoWorkersTrigger,

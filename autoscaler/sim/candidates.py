@@ -24,7 +24,8 @@ import math
 from dataclasses import replace
 from datetime import datetime
 
-from autoscaler.config.models import Config, QueueDepthTrigger
+from autoscaler.config.models import Config
+from autoscaler.config.triggers import QueueDepthTrigger
 from autoscaler.policy.decide import decide
 from autoscaler.policy.plan import Drain, Launch, Plan
 from autoscaler.policy.snapshot import Snapshot

@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from autoscaler.config.models import Config, Interruptible
+from autoscaler.config.machine_specs import Interruptible
+from autoscaler.config.models import Config
 from autoscaler.sim.engine import Acks, World
 from autoscaler.sim.report import PolicyReport, summarize
 from autoscaler.sim.trace import Job

@@ -65,10 +65,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autoscaler.config.models import (
+from autoscaler.config.models import Autoscale, Config
+from autoscaler.config.provider_options import (
     HOURS_PER_MONTH,
-    Autoscale,
-    Config,
     MockOptions,
     ProviderConfig,
     RunPodOptions,

@@ -10,13 +10,10 @@ from pathlib import Path
 from autoscaler.config import load_config_text
 from autoscaler.config.durations import format_duration
 from autoscaler.config.loader import parse_yaml_document, read_config_text
-from autoscaler.config.models import (
-    Config,
-    MetricTrigger,
-    MockOptions,
-    ProviderConfig,
-    WarmPool,
-)
+from autoscaler.config.machine_specs import WarmPool
+from autoscaler.config.models import Config
+from autoscaler.config.provider_options import MockOptions, ProviderConfig
+from autoscaler.config.triggers import MetricTrigger
 from autoscaler.policy.decide import decide
 from autoscaler.policy.plan import Plan
 from autoscaler.policy.snapshot import Snapshot

@@ -30,16 +30,15 @@ import yaml
 from autoscaler.boundary import Refused
 from autoscaler.config import ConfigError
 from autoscaler.config.durations import parse_duration
-from autoscaler.config.models import (
-    Autoscale,
-    Config,
+from autoscaler.config.machine_specs import WarmPool
+from autoscaler.config.models import Autoscale, Config
+from autoscaler.config.triggers import (
     IdleTrigger,
     LatencyTrigger,
     NoWorkersTrigger,
     QueueDepthTrigger,
     ScaleDownTrigger,
     ScaleUpTrigger,
-    WarmPool,
 )
 from autoscaler.sim.cli import CONFIG_OPTION, TRACE_OPTION
 from autoscaler.sim.engine import World

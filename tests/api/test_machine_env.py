@@ -183,7 +183,7 @@ def test_reconcile_sweeps_broker_users_of_machines_no_longer_live(
     sqlite_url, tmp_path: Path, monkeypatch
 ):
     from autoscaler.brokers import users as broker_users
-    from autoscaler.config.models import CelerySource
+    from autoscaler.config.metrics_sources import CelerySource
     from autoscaler.control.reconciler import run_reconcile
     from tests.api.apikit import CONFIG
 

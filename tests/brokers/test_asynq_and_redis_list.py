@@ -13,7 +13,7 @@ from autoscaler.brokers.asynq.asynq import AsynqReader
 from autoscaler.brokers.base import SourceError
 from autoscaler.brokers.lists.redis_list import RedisListReader, RedisStreamReader
 from autoscaler.brokers.registry import build_reader
-from autoscaler.config.models import RedisStreamSource
+from autoscaler.config.metrics_sources import RedisStreamSource
 from tests.brokers.conftest import SECRET
 from tests.conftest import REDIS_URL
 

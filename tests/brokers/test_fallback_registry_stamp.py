@@ -23,13 +23,13 @@ from autoscaler.brokers.lists.redis_list import RedisListReader, RedisStreamRead
 from autoscaler.brokers.rabbitmq.celery_rabbitmq import CeleryRabbitMQReader
 from autoscaler.brokers.redis.celery_redis import CeleryRedisReader
 from autoscaler.brokers.registry import build_reader, build_source, group_queues
-from autoscaler.config.models import (
+from autoscaler.config.metrics_sources import (
     AsynqSource,
     CelerySource,
-    Queue,
     RedisListSource,
     RedisStreamSource,
 )
+from autoscaler.config.models import Queue
 from autoscaler.policy.snapshot import QueueMetrics
 from tests.brokers.conftest import SECRET
 from tests.conftest import REDIS_URL

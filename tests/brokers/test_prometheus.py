@@ -17,7 +17,7 @@ from werkzeug.wrappers import Request, Response
 from autoscaler.brokers.base import SourceError
 from autoscaler.brokers.prometheus import PrometheusReader, PromSample, with_external
 from autoscaler.brokers.registry import build_prometheus
-from autoscaler.config.models import MetricTrigger
+from autoscaler.config.triggers import MetricTrigger
 from autoscaler.policy.snapshot import QueueMetrics
 from tests.brokers.conftest import SECRET
 

@@ -202,7 +202,7 @@ def test_a_big_unacked_index_is_read_in_slices_in_one_round(r, server):
 
 def test_the_setting_and_the_reader_agree_on_the_budget():
     from autoscaler.brokers.redis.redis_pieces import MAX_PIECE_BUDGET, MIN_PIECE_BUDGET
-    from autoscaler.config.models import CelerySource
+    from autoscaler.config.metrics_sources import CelerySource
 
     field = CelerySource.model_fields["piece_budget"]
     assert field.default == PIECE_BUDGET
@@ -217,7 +217,8 @@ def test_the_configured_piece_budget_reaches_the_reader():
     """A queue's `metrics:` block with `piece_budget: 700` (not the default): the reader the
     registry builds for it - inside the fallback the tick uses - works in pieces of 700."""
     from autoscaler.brokers.registry import build_source
-    from autoscaler.config.models import CelerySource, Queue
+    from autoscaler.config.metrics_sources import CelerySource
+    from autoscaler.config.models import Queue
 
     queue = Queue.model_validate(
         {

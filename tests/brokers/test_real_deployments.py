@@ -24,7 +24,7 @@ from autoscaler.brokers.rabbitmq.celery_rabbitmq import CeleryRabbitMQReader
 from autoscaler.brokers.redis.celery_redis import CeleryRedisReader
 from autoscaler.brokers.redis.keys import CeleryRedisLayout
 from autoscaler.brokers.workers import CeleryWorkerProbe
-from autoscaler.config.models import CelerySource
+from autoscaler.config.metrics_sources import CelerySource
 from autoscaler.control.observe import observe_celery_workers
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.control.tick.read import read_metrics

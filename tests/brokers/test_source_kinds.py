@@ -1,7 +1,7 @@
-"""A metrics source kind is its config model (a member of `config.models.MetricsSource`, tagged
-with its `source`), its module's `build`, and its one line in `brokers.registry.READERS`: every
-kind of the union has exactly one entry and every entry is a kind of the union, or this fails.
-Celery's readers likewise, one per broker its URL may name (`CELERY_TRANSPORTS`)."""
+"""A metrics source kind is its config model (a member of `config.metrics_sources.MetricsSource`,
+tagged with its `source`), its module's `build`, and its one line in `brokers.registry.READERS`:
+every kind of the union has exactly one entry and every entry is a kind of the union, or this
+fails. Celery's readers likewise, one per broker its URL may name (`CELERY_TRANSPORTS`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from autoscaler.brokers.base import MetricsReader
 from autoscaler.brokers.registry import CELERY_TRANSPORTS, READERS, build_reader
-from autoscaler.config.models import METRICS_SOURCES, SOURCE_MODELS, MetricsSource
+from autoscaler.config.metrics_sources import METRICS_SOURCES, SOURCE_MODELS, MetricsSource
 from autoscaler.urls import Transport
 
 

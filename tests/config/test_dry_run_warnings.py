@@ -13,7 +13,7 @@ import yaml
 
 from autoscaler.config import ConfigError, load_config, load_config_text
 from autoscaler.config.loader import known_providers
-from autoscaler.config.models import VastOptions
+from autoscaler.config.provider_options import VastOptions
 from autoscaler.config.summary import describe
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

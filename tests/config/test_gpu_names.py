@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from autoscaler.config import ConfigError, Refusal, load_config_text
 from autoscaler.config.gpus import GPUS, Gpu, _key, canonical, lookup, suggest
-from autoscaler.config.models import VastOptions
+from autoscaler.config.provider_options import VastOptions
 
 # ---------------------------------------------------------------- the table
 

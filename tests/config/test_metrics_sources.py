@@ -15,14 +15,13 @@ from pydantic import ValidationError
 from autoscaler.brokers.registry import group_queues
 from autoscaler.config.errors import ConfigError, refusals_from_validation
 from autoscaler.config.loader import parse_config_text
-from autoscaler.config.models import (
+from autoscaler.config.metrics_sources import (
     AsynqSource,
     CelerySource,
-    Config,
-    Queue,
     RedisListSource,
     RedisStreamSource,
 )
+from autoscaler.config.models import Config, Queue
 
 # What the flat model's model_dump(mode="json") wrote, literally, one block per source.
 OLD_CELERY = {

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from autoscaler.config import ConfigError, load_config_text
 from autoscaler.config.durations import format_duration, parse_duration
-from autoscaler.config.models import VastOptions
+from autoscaler.config.provider_options import VastOptions
 
 SEED = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "seed.yaml").read_text())
 VAST = {"gpu-vast": VastOptions(kind="vast")}

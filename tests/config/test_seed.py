@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from autoscaler.config import Config, ConfigError, load_config
-from autoscaler.config.models import (
-    PROVIDER_KINDS,
+from autoscaler.config.provider_options import PROVIDER_KINDS, VastOptions
+from autoscaler.config.triggers import (
     IdleTrigger,
     LatencyTrigger,
     MetricTrigger,
@@ -16,7 +16,6 @@ from autoscaler.config.models import (
     QueueDepthTrigger,
     ScheduleDownTrigger,
     ScheduleUpTrigger,
-    VastOptions,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -9,13 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from autoscaler.config.models import (
-    IdleTrigger,
-    ScaleDownTrigger,
-    ScaleUpTrigger,
-    WarmPool,
-    _Trigger,
-)
+from autoscaler.config.machine_specs import WarmPool
+from autoscaler.config.triggers import IdleTrigger, ScaleDownTrigger, ScaleUpTrigger, _Trigger
 
 NOW = datetime(2025, 6, 3, 10, 0, tzinfo=UTC)
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from autoscaler.config import ConfigError, load_config_text
-from autoscaler.config.models import VastOptions
+from autoscaler.config.provider_options import VastOptions
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SEED = yaml.safe_load((EXAMPLES / "seed.yaml").read_text())

@@ -14,7 +14,7 @@ from sqlalchemy import text
 from autoscaler.cli import main
 from autoscaler.config import ConfigError, load_config_text
 from autoscaler.config.loader import known_providers
-from autoscaler.config.models import MockOptions, ProviderConfig, RunPodOptions
+from autoscaler.config.provider_options import MockOptions, ProviderConfig, RunPodOptions
 from autoscaler.config.summary import describe
 from autoscaler.store.db import make_engine
 from autoscaler.vault import generate_key

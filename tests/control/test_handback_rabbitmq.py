@@ -36,7 +36,7 @@ from sqlalchemy import select
 from autoscaler.brokers.rabbitmq import users as rabbit_users
 from autoscaler.brokers.users import create_user, plan_for
 from autoscaler.config import load_config_text
-from autoscaler.config.models import CelerySource
+from autoscaler.config.metrics_sources import CelerySource
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.control.steps import handback
 from autoscaler.control.steps.frame import Kind, Outcome, run_step

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from autoscaler.config.models import InstanceSpec, MockOptions
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.provider_options import MockOptions
 from autoscaler.policy.reconcile import INTENT_STALE, ORPHAN_GRACE
 from autoscaler.providers.base import LaunchSpec
 from autoscaler.providers.mock import MockProvider

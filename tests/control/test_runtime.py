@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from autoscaler.config import load_config_text
-from autoscaler.config.models import MetricTrigger
+from autoscaler.config.triggers import MetricTrigger
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.settings import Settings
 from autoscaler.store import config_versions, migrate

@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from autoscaler.config import load_config_text
-from autoscaler.config.models import Config, MockOptions
+from autoscaler.config.models import Config
+from autoscaler.config.provider_options import MockOptions
 from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.snapshot import (
     BackoffState,

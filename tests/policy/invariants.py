@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from autoscaler.config.models import Config, Limits, MetricTrigger, QueueDepthTrigger
+from autoscaler.config.models import Config, Limits
+from autoscaler.config.triggers import MetricTrigger, QueueDepthTrigger
 from autoscaler.lifecycle import LIVE_STATES, InstanceState
 from autoscaler.policy.backoff import active_backoff
 from autoscaler.policy.decide import decide

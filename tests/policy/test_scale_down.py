@@ -157,7 +157,7 @@ def test_every_scale_down_trigger_kind_switches_on_a_method():
     skipped (before, `_scale_down`'s isinstance chain skipped it silently)."""
     import typing
 
-    from autoscaler.config.models import ScaleDownTrigger
+    from autoscaler.config.triggers import ScaleDownTrigger
     from autoscaler.policy.scale_down import SCALE_DOWN_METHODS
 
     (union, *_) = typing.get_args(ScaleDownTrigger)

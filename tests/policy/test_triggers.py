@@ -185,7 +185,7 @@ def test_every_scale_up_trigger_kind_votes_or_sets_a_floor():
 
     import pytest
 
-    from autoscaler.config.models import ScaleUpTrigger
+    from autoscaler.config.triggers import ScaleUpTrigger
 
     rules = importlib.import_module("autoscaler.policy.decide")
     (union, *_) = typing.get_args(ScaleUpTrigger)

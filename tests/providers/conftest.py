@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.config.models import ContainerOptions, InstanceSpec, RunPodOptions, VastOptions
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.provider_options import ContainerOptions, RunPodOptions, VastOptions
 from autoscaler.providers.container import ContainerProvider
 from autoscaler.providers.http import RetryPolicy
 from autoscaler.providers.runpod import RunPodProvider

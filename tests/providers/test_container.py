@@ -18,7 +18,7 @@ import pytest
 
 from autoscaler.access.credentials import validate_provider
 from autoscaler.config import ConfigError
-from autoscaler.config.models import ContainerOptions
+from autoscaler.config.provider_options import ContainerOptions
 from autoscaler.providers import (
     AuthError,
     CapacityError,

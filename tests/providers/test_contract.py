@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.config.models import PROVIDER_KINDS, InstanceSpec, LocalOptions, MockOptions
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.provider_options import PROVIDER_KINDS, LocalOptions, MockOptions
 from autoscaler.providers import (
     LaunchSpec,
     MachineStatus,

@@ -86,7 +86,7 @@ def test_a_provider_without_a_key_is_refused_before_any_request(sessions):
     try:
         with transaction(sessions) as s:
             inst = installation_id(s)
-        from autoscaler.config.models import RunPodOptions
+        from autoscaler.config.provider_options import RunPodOptions
 
         cfg = RunPodOptions(kind="runpod", base_url=fake.url)
         with pytest.raises(AuthError):

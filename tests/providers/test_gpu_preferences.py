@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.config.gpus import canonical
-from autoscaler.config.models import LocalOptions, MockOptions
+from autoscaler.config.provider_options import LocalOptions, MockOptions
 from autoscaler.providers.local import LocalProvider
 from autoscaler.providers.mock import MockProvider
 from autoscaler.providers.runpod import runpod_ids

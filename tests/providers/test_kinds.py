@@ -1,5 +1,6 @@
-"""A provider kind is its options model (registered in `config.models.ProviderConfig`) and its
-factory (`providers.registry.FACTORIES`): every registered kind has every part, or this fails.
+"""A provider kind is its options model (registered in `config.provider_options.ProviderConfig`)
+and its factory (`providers.registry.FACTORIES`): every registered kind has every part, or this
+fails.
 
 Before, a kind was known in seven places, and forgetting one (`config/summary.py`'s terms) made
 `validate` describe a rented GPU as "local processes on this machine (nothing is rented)"."""
@@ -9,13 +10,9 @@ from __future__ import annotations
 import pytest
 from click import Choice
 
-from autoscaler.config.models import (
-    KEYED_KINDS,
-    PROVIDER_KINDS,
-    PROVIDER_MODELS,
-    InstanceSpec,
-    Strict,
-)
+from autoscaler.config.fields import Strict
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.provider_options import KEYED_KINDS, PROVIDER_KINDS, PROVIDER_MODELS
 from autoscaler.providers.base import AuthError, Provider, ProviderRequestError
 from autoscaler.providers.registry import FACTORIES, build_provider
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.config.models import LocalOptions
+from autoscaler.config.provider_options import LocalOptions
 from autoscaler.providers import LaunchSpec, MachineStatus, NotOwnedError, ResumeRefusedError
 from autoscaler.providers.local import DEFAULT_COMMAND, LocalProvider
 from tests.providers.conftest import INSTALLATION, OTHER_INSTALLATION, spec

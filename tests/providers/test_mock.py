@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.config.models import MockOptions
+from autoscaler.config.provider_options import MockOptions
 from autoscaler.providers import (
     CapacityError,
     LaunchSpec,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
-from autoscaler.config.models import (
+from autoscaler.config.provider_options import (
     ContainerOptions,
     LocalOptions,
     MockOptions,

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.config.models import InstanceSpec
+from autoscaler.config.machine_specs import InstanceSpec
 from autoscaler.providers.base import (
     AmbiguousCreateError,
     AuthError,

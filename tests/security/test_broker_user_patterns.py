@@ -119,7 +119,7 @@ def test_no_user_is_made_for_a_queue_whose_exchange_routes_to_other_queues():
     `_kombu.binding.celery`, the default exchange many queues share. Such a queue gets no
     per-machine user (with the reason and the fix), unless its metrics block accepts it."""
     from autoscaler.brokers.users import NoBrokerUser, plan_for
-    from autoscaler.config.models import CelerySource
+    from autoscaler.config.metrics_sources import CelerySource
 
     prefix = f"t{uuid.uuid4().hex[:6]}:"
     admin = redis.Redis.from_url(f"{REDIS_URL}/6")

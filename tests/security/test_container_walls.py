@@ -33,7 +33,8 @@ import pytest
 
 from autoscaler.access.credentials import validate_provider
 from autoscaler.config import ConfigError
-from autoscaler.config.models import ContainerOptions, InstanceSpec
+from autoscaler.config.machine_specs import InstanceSpec
+from autoscaler.config.provider_options import ContainerOptions
 from autoscaler.providers import LaunchSpec, ProviderRequestError
 from autoscaler.providers.container import ContainerProvider
 from tests.containers import engine as kit

@@ -19,7 +19,7 @@ from kombu import Connection, Consumer, Queue
 
 from autoscaler.brokers.rabbitmq import users as rabbit_users
 from autoscaler.brokers.users import create_user, plan_for
-from autoscaler.config.models import CelerySource
+from autoscaler.config.metrics_sources import CelerySource
 from tests.conftest import AMQP_URL
 
 MGMT = "http://127.0.0.1:15672"

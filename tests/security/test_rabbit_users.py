@@ -25,7 +25,7 @@ from kombu import Connection, Exchange, Queue
 from autoscaler.brokers.rabbitmq import users as rabbit_users
 from autoscaler.brokers.users import create_user, delete_machine_user, plan_for, sweep
 from autoscaler.config import load_config_text
-from autoscaler.config.models import CelerySource
+from autoscaler.config.metrics_sources import CelerySource
 from tests.conftest import AMQP_URL
 
 MGMT = "http://127.0.0.1:15672"

@@ -279,7 +279,7 @@ def test_no_fresh_machine_is_rented_beside_a_resume_by_decide():
 
 
 def _pool(config: Config, size: int, keep_for: float = 3600.0) -> Config:
-    from autoscaler.config.models import WarmPool
+    from autoscaler.config.machine_specs import WarmPool
     from autoscaler.sim.run import with_pool
 
     return with_pool(config, "inference", WarmPool(size=size, keep_for=keep_for))

@@ -37,7 +37,7 @@ from autoscaler.brokers.base import (
     utc_now,
 )
 from autoscaler.brokers.redis_client import open_redis, redis_identity
-from autoscaler.config.models import AsynqSource
+from autoscaler.config.metrics_sources import AsynqSource
 from autoscaler.policy.snapshot import QueueMetrics
 
 _ASYNQ_LUA = r"""

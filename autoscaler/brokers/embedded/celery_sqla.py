@@ -37,7 +37,7 @@ from autoscaler.brokers.base import (
     utc_now,
 )
 from autoscaler.brokers.base import Sightings as SightingsPort
-from autoscaler.config.models import CelerySource
+from autoscaler.config.metrics_sources import CelerySource
 from autoscaler.policy.snapshot import QueueMetrics
 from autoscaler.settings import redact_url
 

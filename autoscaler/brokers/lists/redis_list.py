@@ -33,7 +33,7 @@ from autoscaler.brokers.base import (
 )
 from autoscaler.brokers.base import Sightings as SightingsPort
 from autoscaler.brokers.redis_client import open_redis, redis_identity
-from autoscaler.config.models import RedisListSource, RedisStreamSource
+from autoscaler.config.metrics_sources import RedisListSource, RedisStreamSource
 from autoscaler.policy.snapshot import QueueMetrics
 
 

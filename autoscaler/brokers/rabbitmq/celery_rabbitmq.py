@@ -53,7 +53,7 @@ from autoscaler.brokers.base import (
 )
 from autoscaler.brokers.base import Sightings as SightingsPort
 from autoscaler.brokers.marks import DeliveryMarks, advance_deliveries
-from autoscaler.config.models import CelerySource
+from autoscaler.config.metrics_sources import CelerySource
 from autoscaler.policy.snapshot import QueueMetrics
 
 _COLUMNS = (

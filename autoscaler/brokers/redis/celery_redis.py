@@ -80,7 +80,7 @@ from autoscaler.brokers.redis.unacked import (
     resolve_unacked,
 )
 from autoscaler.brokers.redis_client import open_redis, redis_identity
-from autoscaler.config.models import CelerySource
+from autoscaler.config.metrics_sources import CelerySource
 from autoscaler.policy.snapshot import QueueMetrics
 
 WINDOW = 64

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoscaler.config.models import CelerySource
+from autoscaler.config.metrics_sources import CelerySource
 
 DEFAULT_SEP = "\x06\x16"
 DEFAULT_PRIORITY_STEPS = (0, 3, 6, 9)

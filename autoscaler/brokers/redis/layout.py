@@ -25,7 +25,8 @@ import redis
 from autoscaler.brokers.base import MetricsConfigError, Secrets, safe_error, source_url
 from autoscaler.brokers.redis.keys import BINDING_PREFIX, DEFAULT_SEP, redis_layout
 from autoscaler.brokers.redis_client import open_redis
-from autoscaler.config.models import CelerySource, Config
+from autoscaler.config.metrics_sources import CelerySource
+from autoscaler.config.models import Config
 from autoscaler.settings import redact_url
 from autoscaler.urls import transport
 

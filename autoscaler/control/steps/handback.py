@@ -41,7 +41,7 @@ from autoscaler.brokers.rabbitmq import users as rabbit_users
 from autoscaler.brokers.redis.keys import redis_layout
 from autoscaler.brokers.redis.unacked_mutex import clear_forged
 from autoscaler.brokers.redis_client import open_redis
-from autoscaler.config.models import CelerySource
+from autoscaler.config.metrics_sources import CelerySource
 from autoscaler.control.runtime import Runtime, log
 from autoscaler.control.steps.frame import Kind, Machine, Outcome, Step, done, skipped
 from autoscaler.store import events, handbacks

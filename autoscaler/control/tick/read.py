@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from autoscaler.brokers.base import MetricsConfigError
 from autoscaler.brokers.prometheus import PrometheusReader, PromSample, with_external
-from autoscaler.config.models import MetricTrigger
+from autoscaler.config.triggers import MetricTrigger
 from autoscaler.control.runtime import Loaded, Runtime, utc_now
 from autoscaler.policy.snapshot import QueueMetrics
 

@@ -13,7 +13,7 @@ from autoscaler.brokers.base import source_url
 from autoscaler.brokers.registry import broker_domain
 from autoscaler.brokers.users import user_broker
 from autoscaler.brokers.workers import QueueLoad, with_worker_loads
-from autoscaler.config.models import MIN_GAPS
+from autoscaler.config.triggers import MIN_GAPS
 from autoscaler.control.observe import Scope, read_sightings
 from autoscaler.control.runtime import Loaded, Runtime
 from autoscaler.lifecycle import InstanceState
