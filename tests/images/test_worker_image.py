@@ -32,7 +32,7 @@ from cryptography.fernet import Fernet
 
 from autoscaler.brokers import stamp
 from autoscaler.control.steps.credentials import ENV_WORKER_TOKEN, machine_env
-from autoscaler.providers.container import LABEL_KEY
+from autoscaler.providers.container_spec import LABEL_KEY
 from autoscaler.providers.labels import marker_env
 from tests.agent.agentkit import TASK_APP, free_port, git_repo
 from tests.containers.engine import podman, podman_env, podman_service
