@@ -54,10 +54,6 @@ class Vault:
         return "Vault(<keys hidden>)"
 
     @classmethod
-    def from_keys(cls, *keys: str) -> Vault:
-        return cls(_parse_keys(",".join(keys), "the given keys"))
-
-    @classmethod
     def from_settings(cls, settings: Settings) -> Vault:
         if settings.vault_key:
             return cls(_parse_keys(settings.vault_key, "AUTOSCALER_VAULT_KEY"))

@@ -21,7 +21,8 @@ from celery.signals import before_task_publish
 
 from autoscaler.brokers.base import PUBLISHED_AT_HEADER
 
-_UID = "autoscaler.brokers.stamp"
+DISPATCH_UID = "autoscaler.brokers.stamp"
+"""The hook's `dispatch_uid`: one connection however often `install` runs."""
 
 
 def stamp_publish_time(
@@ -40,8 +41,4 @@ def stamp_publish_time(
 
 def install(app: Any = None) -> None:
     """Connect the hook once (idempotent). `app` is accepted for readability; signals are global."""
-    before_task_publish.connect(stamp_publish_time, weak=False, dispatch_uid=_UID)
-
-
-def uninstall() -> None:
-    before_task_publish.disconnect(stamp_publish_time, dispatch_uid=_UID)
+    before_task_publish.connect(stamp_publish_time, weak=False, dispatch_uid=DISPATCH_UID)

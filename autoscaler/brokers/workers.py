@@ -1,6 +1,6 @@
-"""Live workers: Celery workers seen through the broker, merged with the agent's machines.
+"""Live workers: Celery workers seen through the broker.
 
-Hand-made machines (a worker someone started by hand) have no agent and no row in the store;
+Hand-made machines (a worker someone started by hand) have no agent and no machine row;
 the broker is the only place they show. `CeleryWorkerProbe` broadcasts `active_queues` through
 the watched broker (a control-only Celery app: it never consumes the watched queues, so it
 cannot requeue the watched app's unacked messages) and learns which worker consumes which queue;
@@ -9,73 +9,23 @@ worker runs, holds prefetched and holds until their ETA (`QueueLoad`): the runni
 broker cannot give (with Celery's default early acks a running job is acked already).
 
 A reply proves a worker alive; no reply does not prove it dead (a busy solo pool cannot answer).
-`WorkerTracker` therefore keeps the last time each worker was seen and counts it live until its
-heartbeat window passes without news (Celery: 2 x the 2 s heartbeat for event heartbeats; for
-inspect replies, the window the caller chooses, a few poll intervals). A worker silent past its
-window is not live.
+So what answered is kept in the store (`worker_sightings`, written by `control.observe`) and
+counts as live until its window passes without news (`control.observe.read_sightings`); a
+worker silent past its window is not live.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery
 
-from autoscaler.brokers.base import Clock, Secrets, SourceError, safe_error, utc_now
+from autoscaler.brokers.base import Secrets, SourceError, safe_error
 from autoscaler.brokers.redis.heads import parse_eta
 from autoscaler.brokers.remote_control import BoundedControl
 from autoscaler.policy.snapshot import QueueMetrics
-
-HEARTBEAT_WINDOW = 4.0
-"""Seconds without a heartbeat after which a Celery worker is dead (2 x the 2 s default)."""
-
-
-@dataclass(frozen=True)
-class WorkerSeen:
-    name: str
-    queues: tuple[str, ...]
-    seen_at: datetime
-    window: float
-
-
-class WorkerTracker:
-    """Last sighting per worker; `live` lists those heard from within their window."""
-
-    def __init__(self, window: float) -> None:
-        if window <= 0:
-            raise ValueError("window must be positive")
-        self.window = window
-        self._seen: dict[str, WorkerSeen] = {}
-        self._lock = threading.Lock()
-
-    def observe(
-        self, name: str, queues: Iterable[str] | None, now: datetime, window: float | None = None
-    ) -> None:
-        """A sign of life; `queues=None` keeps the queues known from an earlier sighting."""
-        with self._lock:
-            prev = self._seen.get(name)
-            qs = tuple(queues) if queues is not None else (prev.queues if prev else ())
-            self._seen[name] = WorkerSeen(name, qs, now, window or self.window)
-
-    def observe_replies(self, replies: Mapping[str, Iterable[str]], now: datetime) -> None:
-        for name, queues in replies.items():
-            self.observe(name, queues, now)
-
-    def live(self, now: datetime) -> dict[str, tuple[str, ...]]:
-        """Queue -> names of live workers consuming it (sorted); silent ones are dropped."""
-        out: dict[str, list[str]] = {}
-        with self._lock:
-            for name, w in list(self._seen.items()):
-                if now - w.seen_at > timedelta(seconds=w.window):
-                    del self._seen[name]
-                    continue
-                for q in w.queues:
-                    out.setdefault(q, []).append(name)
-        return {q: tuple(sorted(names)) for q, names in out.items()}
 
 
 @dataclass(frozen=True)
@@ -305,56 +255,9 @@ class CeleryWorkerProbe:
         self._app.close()
 
 
-class BrokerWorkers:
-    """Probe + tracker: live broker-seen workers per queue; a failed probe keeps old sightings
-    until their window runs out (then they are no longer live)."""
-
-    def __init__(self, probe: CeleryWorkerProbe, window: float, clock: Clock = utc_now) -> None:
-        self.probe = probe
-        self.tracker = WorkerTracker(window)
-        self._clock = clock
-        self.last_error: str | None = None
-
-    def read(self) -> dict[str, tuple[str, ...]]:
-        try:
-            replies = self.probe.poll()
-            self.last_error = None
-        except SourceError as exc:
-            replies = {}
-            self.last_error = str(exc)
-        now = self._clock()
-        self.tracker.observe_replies(replies, now)
-        return self.tracker.live(now)
-
-
 def host_of(worker: str) -> str:
     """`celery@gpu-1` -> `gpu-1`: Celery names a worker `<name>@<host>`; agents report hosts."""
     return worker.rsplit("@", 1)[-1].strip().lower()
-
-
-def merge_live_workers(agent: Iterable[str], broker: Iterable[str]) -> tuple[str, ...]:
-    """Live workers of a queue: agent-reported machines plus broker-seen workers, one per host.
-
-    Deduplicated by host (`host_of`), so a rented machine whose worker the broker also sees
-    counts once, and a hand-made machine (broker only) counts too. The agent's name wins.
-    """
-    out: dict[str, str] = {}
-    for name in agent:
-        out.setdefault(host_of(name), name)
-    for name in broker:
-        out.setdefault(host_of(name), name)
-    return tuple(sorted(out.values()))
-
-
-def hand_made(agent: Iterable[str], broker: Iterable[str]) -> tuple[str, ...]:
-    """Broker-seen workers on hosts our agent does not report: `QueueSnapshot.manual_workers`
-    is the length of this (capacity never drained by us)."""
-    ours = {host_of(n) for n in agent}
-    out: dict[str, str] = {}
-    for name in broker:
-        if host_of(name) not in ours:
-            out.setdefault(host_of(name), name)
-    return tuple(sorted(out.values()))
 
 
 def with_worker_loads(metrics: QueueMetrics, load: QueueLoad | None) -> QueueMetrics:
@@ -376,10 +279,3 @@ def with_worker_loads(metrics: QueueMetrics, load: QueueLoad | None) -> QueueMet
         scheduled_held=metrics.scheduled_held + extra,
         next_due_at=min(dues) if dues else None,
     )
-
-
-def with_broker_workers(
-    metrics: Mapping[str, QueueMetrics], workers: Mapping[str, tuple[str, ...]]
-) -> dict[str, QueueMetrics]:
-    """The readings with `broker_workers` filled from a `BrokerWorkers.read()` answer."""
-    return {q: replace(m, broker_workers=workers.get(q, ())) for q, m in metrics.items()}

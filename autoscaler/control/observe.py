@@ -128,14 +128,6 @@ def as_named(domain: str, queue: str, broker_seen: bool) -> tuple[str, ...]:
     return (queue,)
 
 
-def hand_made_workers(
-    session: Session, installation_id: str, ours: set[str], now: datetime, window: float
-) -> dict[str, tuple[str, ...]]:
-    """Per consumed queue, workers seen within `window` that are not our machines (one per
-    host); older sightings are forgotten on the way."""
-    return read_sightings(session, installation_id, ours, now, window)[0]
-
-
 def read_sightings(
     session: Session,
     installation_id: str,

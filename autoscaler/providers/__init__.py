@@ -1,4 +1,6 @@
-"""Providers: one module per provider behind the small interface in `base`."""
+"""Providers: one module per provider behind the small interface in `base` (the container
+provider keeps its engine calls in `container_engine` and its containers' make-up in
+`container_spec`)."""
 
 from autoscaler.providers.base import (
     AmbiguousCreateError,

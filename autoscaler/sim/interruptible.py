@@ -70,17 +70,8 @@ class MixedRun:
         od = self.on_demand.wait_p95
         return self.report.wait_p95 / od if od else 1.0
 
-    def interruptible_share(self) -> float:
-        """Of the machine-hours billed at full price, the share on interruptible machines."""
-        r = self.report
-        return r.interruptible_hours / r.machine_hours if r.machine_hours else 0.0
-
     def waits_hold(self) -> bool:
         return self.p95_ratio() <= 1 + P95_SLACK + 1e-9
-
-    def pays(self) -> bool:
-        """Cheaper than all on demand at a p95 within the band."""
-        return self.cost_ratio() < 1.0 and self.waits_hold()
 
     def goal_holds(self) -> bool:
         """The issue's goal (meant at 5 %/h, acks late): ≤ 0.7× the cost, p95 within 10 %,

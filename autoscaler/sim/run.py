@@ -21,7 +21,7 @@ from autoscaler.sim.baselines import Keda, KedaLike, Runqy, RunqyOriginal
 from autoscaler.sim.engine import DAY_S, TAIL_S, Policy, Result, Simulation, World
 from autoscaler.sim.provider import ProviderParams
 from autoscaler.sim.report import PolicyReport, Saturation, saturation_warning, summarize
-from autoscaler.sim.trace import Job, load_trace
+from autoscaler.sim.trace import Job
 
 
 def decide_factory() -> Policy:
@@ -267,18 +267,6 @@ def run_watched(
     return sim.run(), saturation
 
 
-def run_one(
-    config: Config,
-    queue: str,
-    jobs: list[Job],
-    policy: str,
-    seed: int = 0,
-    keep_log: bool = False,
-    world: World | None = None,
-) -> Result:
-    return run_watched(config, queue, jobs, policy, seed, keep_log, world)[0]
-
-
 def compare(
     config: Config,
     queue: str,
@@ -340,16 +328,6 @@ def warnings_for(config: Config, queue: str, reports: list[PolicyReport]) -> lis
             "its machines are never released and its cost is overstated"
         )
     return out
-
-
-def compare_files(
-    trace: str | Path, config_path: str | Path, queue: str | None = None, seed: int = 0
-) -> tuple[str, list[PolicyReport], float]:
-    config = load_sim_config(config_path)
-    name = pick_queue(config, queue)
-    jobs = jobs_for(load_trace(trace), name, name)
-    reports, price = compare(config, name, jobs, seed)
-    return name, reports, price
 
 
 def reference_rows(

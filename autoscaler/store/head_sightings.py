@@ -136,14 +136,6 @@ def _save(session: Session, rows: list[dict[str, Any]], only_new_heads: bool = F
     )
 
 
-def forget_source(session: Session, source: str) -> int:
-    """Drop every sighting of a source (its queues were removed from the config)."""
-    result = session.execute(
-        delete(QueueHeadSighting).where(QueueHeadSighting.source == _fit(source, 300))
-    )
-    return int(getattr(result, "rowcount", 0) or 0)
-
-
 class StoredSightings:
     """`metrics.base.Sightings` backed by the state store: survives restarts."""
 

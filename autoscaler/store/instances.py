@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, fields
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import case, func, select
@@ -22,30 +22,6 @@ from autoscaler.policy.billing import Charge, committed
 from autoscaler.policy.reconcile import Row
 from autoscaler.policy.snapshot import Billing, Machine
 from autoscaler.store.models import Instance
-
-SERVING_STATES = (InstanceState.READY, InstanceState.DRAINING)
-"""States in which an agent's worker may be taking (or finishing) jobs."""
-
-
-def live_agent_workers(
-    session: Session, now: datetime, heartbeat_window: float
-) -> dict[str, tuple[str, ...]]:
-    """Per queue, the worker names our agents reported within the heartbeat window.
-
-    A machine silent for longer is not live, whatever its state says; one that has not told us
-    its worker name yet is reported by launch id (it cannot be matched to a broker worker).
-    """
-    since = now - timedelta(seconds=heartbeat_window)
-    rows = session.execute(
-        select(Instance.queue, Instance.worker_name, Instance.launch_id)
-        .where(Instance.state.in_(SERVING_STATES), Instance.last_heartbeat_at >= since)
-        .order_by(Instance.queue, Instance.launch_id)
-    ).all()
-    out: dict[str, list[str]] = {}
-    for queue, worker, launch_id in rows:
-        out.setdefault(queue, []).append(worker or launch_id)
-    return {queue: tuple(names) for queue, names in out.items()}
-
 
 STATE_SINCE = {
     InstanceState.PENDING: "pending_at",

@@ -128,24 +128,6 @@ def release(session: Session, name: str, holder: str) -> None:
     session.execute(delete(Lease).where(Lease.name == name, Lease.holder == holder))
 
 
-def holder_of(session: Session, name: str, now: datetime) -> str | None:
-    lease = session.scalar(select(Lease).where(Lease.name == name))
-    if lease is None or lease.expires_at <= now:
-        return None
-    return lease.holder
-
-
-def claim_tick(session: Session, queue: str, slot: int, claimant: str, now: datetime) -> bool:
-    """True for the first claim of (queue, slot); a duplicate (second beat, redelivery): False."""
-    stmt = (
-        _insert(session, TickSlot.__table__)
-        .values(queue=queue, slot=slot, claimed_by=claimant, claimed_at=now)
-        .on_conflict_do_nothing(index_elements=[TickSlot.queue, TickSlot.slot])
-        .returning(TickSlot.__table__.c.slot)
-    )
-    return session.execute(stmt).first() is not None
-
-
 def claim_ticks(
     session: Session, slots: list[tuple[str, int]], claimant: str, now: datetime
 ) -> set[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from alembic import command
-from alembic.autogenerate import compare_metadata
 from alembic.config import Config as AlembicConfig
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -15,7 +14,6 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
 from autoscaler.settings import CONTROL_QUEUE, LIFECYCLE_SUFFIX
-from autoscaler.store.models import Base
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,10 +71,3 @@ def prepare_embedded_broker(
             queue.bind(conn.default_channel).declare()  # type: ignore[no-untyped-call]
         conn.default_channel.session.close()
     return True
-
-
-def differences(engine: Engine) -> list[object]:
-    """What autogenerate would still emit: empty when models and migrations agree."""
-    with engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"compare_type": True})
-        return list(compare_metadata(ctx, Base.metadata))

@@ -28,7 +28,6 @@ from sqlalchemy.orm import Session
 from autoscaler.lifecycle import LIVE_STATES
 from autoscaler.store.models import (
     AvoidedHost,
-    Base,
     Instance,
     InstanceTransition,
     MockMachine,
@@ -147,13 +146,3 @@ def forget(session: Session, rule: Rule, now: datetime) -> int:
     model = _MODELS[rule.table]
     result = session.execute(delete(model).where(rule.expired(now - rule.keep)))
     return int(getattr(result, "rowcount", 0) or 0)
-
-
-def accounted() -> set[str]:
-    """Every table that says how it stays bounded."""
-    return {r.table for r in RULES} | set(SELF_PRUNED) | set(BOUNDED)
-
-
-def unaccounted() -> set[str]:
-    """Tables of the schema that say nothing about their growth (a test keeps this empty)."""
-    return set(Base.metadata.tables) - accounted()

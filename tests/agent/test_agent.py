@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from autoscaler.agent.run import BUSY_POLL
-from autoscaler.control.observe import hand_made_workers
+from autoscaler.control.observe import read_sightings
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.store import config_versions
 from autoscaler.store.models import ScaleEvent
@@ -208,7 +208,7 @@ def test_hand_made_agent_is_counted_and_never_drained(world, tmp_path):
 
         def counted() -> bool:
             with world.rt.transaction() as session:
-                seen = hand_made_workers(session, "x", set(), datetime.now(UTC), 60)
+                seen, _, _ = read_sightings(session, "x", set(), datetime.now(UTC), 60)
             return seen.get("q1") == ("agent@desk-7",)
 
         try:

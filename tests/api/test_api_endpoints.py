@@ -279,7 +279,7 @@ def test_metrics_show_the_warm_pool(world):
 
 
 def test_hand_made_heartbeat_counts_as_capacity(world):
-    from autoscaler.control.observe import hand_made_workers
+    from autoscaler.control.observe import read_sightings
 
     r = world.client.post(
         "/v1/hand-made/heartbeat",
@@ -288,7 +288,7 @@ def test_hand_made_heartbeat_counts_as_capacity(world):
     )
     assert r.status_code == 200 and r.json()["drain"] is False
     with world.rt.transaction() as session:
-        seen = hand_made_workers(session, "inst", set(), datetime.now(UTC), 60)
+        seen, _, _ = read_sightings(session, "inst", set(), datetime.now(UTC), 60)
     assert seen == {"q1": ("agent@desk-1",)}
 
 

@@ -1,5 +1,6 @@
 """Message builders that follow kombu's Redis envelope exactly (tests publish real Celery
-messages too; these are for layouts Celery would take long to produce)."""
+messages too; these are for layouts Celery would take long to produce), and the producer hook
+taken off again after a test that installed it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from celery.signals import before_task_publish
+
 from autoscaler.brokers.base import PUBLISHED_AT_HEADER
+from autoscaler.brokers.stamp import DISPATCH_UID, stamp_publish_time
+
+
+def uninstall_stamp() -> None:
+    """Disconnect the hook `stamp.install()` connected (Celery signals are process-wide: a test
+    that stamps its producer must not stamp the next test's)."""
+    before_task_publish.disconnect(stamp_publish_time, dispatch_uid=DISPATCH_UID)
 
 
 def envelope(

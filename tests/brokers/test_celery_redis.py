@@ -23,7 +23,7 @@ from autoscaler.brokers.redis.keys import CeleryRedisLayout
 from autoscaler.store.db import session_factory
 from autoscaler.store.head_sightings import StoredSightings
 from tests.brokers.conftest import SECRET
-from tests.brokers.helpers import envelope, unacked_entry
+from tests.brokers.helpers import envelope, unacked_entry, uninstall_stamp
 from tests.conftest import REDIS_URL
 
 
@@ -108,7 +108,7 @@ def test_stamped_producer_gives_the_oldest_age_over_all_priorities(prefix):
         app.send_task("t.x", queue="q", priority=0)
         app.close()
     finally:
-        stamp.uninstall()
+        uninstall_stamp()
     clock = Clock()
     clock.now = datetime.fromtimestamp(t0 + 120, UTC)
     got = CeleryRedisReader(

@@ -10,6 +10,7 @@ from kombu import Connection
 
 from autoscaler.brokers import stamp
 from autoscaler.brokers.embedded.celery_sqla import CelerySqlaReader
+from tests.brokers.helpers import uninstall_stamp
 
 
 def test_pending_oldest_and_consumed_rows_on_the_embedded_broker(db_url):
@@ -21,7 +22,7 @@ def test_pending_oldest_and_consumed_rows_on_the_embedded_broker(db_url):
         app.send_task("t.x", queue="demo")
         app.send_task("t.x", queue="demo")
     finally:
-        stamp.uninstall()
+        uninstall_stamp()
     t1 = time.time()  # the stamps were written between t0 and t1 (seconds apart under load)
     app.send_task("t.x", queue="plain")  # an unstamped producer
     app.send_task("t.x", queue="plain")

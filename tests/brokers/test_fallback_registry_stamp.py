@@ -32,6 +32,7 @@ from autoscaler.config.metrics_sources import (
 from autoscaler.config.models import Queue
 from autoscaler.policy.snapshot import QueueMetrics
 from tests.brokers.conftest import SECRET
+from tests.brokers.helpers import uninstall_stamp
 from tests.conftest import REDIS_URL
 
 
@@ -186,7 +187,7 @@ def test_stamp_is_installed_once_and_keeps_an_existing_stamp(prefix):
         app.send_task("t.x", queue="q")
         app.close()
     finally:
-        stamp.uninstall()
+        uninstall_stamp()
     raw = redis.Redis.from_url(REDIS_URL).lindex(f"{prefix}q", -1)
     env = json.loads(raw)
     assert isinstance(env["headers"][PUBLISHED_AT_HEADER], float)

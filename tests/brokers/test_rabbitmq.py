@@ -23,6 +23,7 @@ from autoscaler.brokers.fallback import FallbackReader
 from autoscaler.brokers.rabbitmq.celery_rabbitmq import CeleryRabbitMQReader
 from autoscaler.policy.snapshot import QueueMetrics
 from tests.brokers.conftest import SECRET, free_port
+from tests.brokers.helpers import uninstall_stamp
 from tests.conftest import AMQP_URL
 
 MGMT = "http://127.0.0.1:15672"
@@ -75,7 +76,7 @@ def test_management_numbers_ready_unacked_and_head_age_of_stamped_tasks(queue, c
             app.send_task("t.x", queue=queue)
         app.close()
     finally:
-        stamp.uninstall()
+        uninstall_stamp()
     deadline = time.monotonic() + 10  # publishes on another connection land asynchronously
     held = None
     while held is None and time.monotonic() < deadline:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from autoscaler.brokers.workers import QueueLoad, WorkerStatus
+from autoscaler.brokers.workers import QueueLoad, WorkerStatus, host_of
 from autoscaler.control.observe import read_sightings, record_sightings
+from autoscaler.providers.labels import make_label
 from autoscaler.store.db import transaction
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -35,6 +36,24 @@ def test_loads_of_every_worker_process_are_summed_per_queue(sessions):
     # past the window every sighting is forgotten, loads with it
     with transaction(sessions) as s:
         assert read_sightings(s, "inst", set(), T0 + timedelta(seconds=31), 30) == ({}, {}, set())
+
+
+def test_a_host_counts_once_and_a_worker_of_ours_is_never_hand_made(sessions):
+    """Our machines and broker-seen workers count each host once: a worker on the host of one
+    of our machines, or named after one of our launches, is ours and never hand-made capacity;
+    two workers on one hand-made host are one machine."""
+    seen = {
+        "celery@gpu-a": WorkerStatus(("q",), 0),  # the worker of our machine on host gpu-a
+        f"{make_label('inst', 'l1')}@box": WorkerStatus(("q",), 0),  # named after our launch
+        "celery@desk": WorkerStatus(("q",), 1),  # the GPU under the desk
+        "other@DESK": WorkerStatus(("q",), 0),  # a second worker on that host
+    }
+    with transaction(sessions) as s:
+        record_sightings(s, seen, "inst", T0, DOMAIN)
+    with transaction(sessions) as s:
+        hand_made, _, _ = read_sightings(s, "inst", {"gpu-a", "gpu-b"}, T0, 30)
+    assert list(hand_made) == ["q"] and len(hand_made["q"]) == 1
+    assert host_of(hand_made["q"][0]) == "desk"
 
 
 def test_one_worker_name_heard_in_two_domains_is_two_sightings_each_scoped(sessions):

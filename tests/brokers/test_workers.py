@@ -1,5 +1,6 @@
-"""Live workers: a real Celery worker process seen through the broker; the silence window;
-the merge with agent-reported machines."""
+"""Live workers: a real Celery worker process seen through the broker the way the loop sees it
+(probe answers recorded as sightings, read back within their window); which queue a task is
+counted for."""
 
 from __future__ import annotations
 
@@ -11,25 +12,18 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from hypothesis import given
-from hypothesis import strategies as st
-
-from autoscaler.brokers.workers import (
-    BrokerWorkers,
-    CeleryWorkerProbe,
-    WorkerTracker,
-    hand_made,
-    host_of,
-    merge_live_workers,
-    with_broker_workers,
-)
+from autoscaler.brokers.base import SourceError
+from autoscaler.brokers.workers import CeleryWorkerProbe
+from autoscaler.control.observe import read_sightings, record_sightings
 from autoscaler.policy.snapshot import QueueMetrics
+from autoscaler.store.db import make_engine, session_factory, transaction
+from autoscaler.store.models import Base
 from tests.conftest import REDIS_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_real_worker_is_seen_on_its_queues_and_not_live_after_it_dies(prefix):
+def test_a_real_worker_is_seen_on_its_queues_and_not_live_after_it_dies(prefix, tmp_path):
     env = os.environ | {"TEST_WORKER_BROKER": f"{REDIS_URL}/0", "TEST_WORKER_PREFIX": prefix}
     proc = subprocess.Popen(
         [
@@ -56,16 +50,31 @@ def test_a_real_worker_is_seen_on_its_queues_and_not_live_after_it_dies(prefix):
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    engine = make_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    Base.metadata.create_all(engine)
+    sessions = session_factory(engine)
     now = [datetime.now(UTC)]
     probe = CeleryWorkerProbe(
         f"{REDIS_URL}/0", transport_options={"global_keyprefix": prefix}, timeout=1.0
     )
-    workers = BrokerWorkers(probe, window=60, clock=lambda: now[0])
+
+    def read() -> dict[str, tuple[str, ...]]:
+        """One observation as `control.observe` makes it: what answered is recorded (a failed
+        probe records nothing and keeps the old sightings), then the live workers per queue."""
+        try:
+            answers = probe.status()
+        except SourceError:
+            answers = {}
+        with transaction(sessions) as s:
+            record_sightings(s, answers, "inst", now[0], f"{REDIS_URL}/0 {prefix}")
+        with transaction(sessions) as s:
+            return read_sightings(s, "inst", set(), now[0], 60)[0]
+
     try:
         deadline = time.monotonic() + 30
         live: dict[str, tuple[str, ...]] = {}
         while time.monotonic() < deadline and "gpu-a" not in live:
-            live = workers.read()
+            live = read()
         assert live == {"gpu-a": ("w1@hand-made-box",), "gpu-b": ("w1@hand-made-box",)}
         # a probe on another prefix (another app) must not see it
         other = CeleryWorkerProbe(
@@ -78,46 +87,12 @@ def test_a_real_worker_is_seen_on_its_queues_and_not_live_after_it_dies(prefix):
         proc.wait(10)
     # no reply now; within the window it still counts (a busy solo pool cannot answer) ...
     now[0] += timedelta(seconds=30)
-    assert workers.read() == {"gpu-a": ("w1@hand-made-box",), "gpu-b": ("w1@hand-made-box",)}
+    assert read() == {"gpu-a": ("w1@hand-made-box",), "gpu-b": ("w1@hand-made-box",)}
     # ... past its window it is not live
     now[0] += timedelta(seconds=31)
-    assert workers.read() == {}
+    assert read() == {}
     probe.close()
-
-
-def test_tracker_window_per_worker_and_queues_kept_on_bare_heartbeats():
-    t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    tr = WorkerTracker(window=10)
-    tr.observe("celery@a", ["q1"], t0)
-    tr.observe("celery@b", ["q1", "q2"], t0, window=4)  # event heartbeats: 2 x 2 s
-    tr.observe("celery@a", None, t0 + timedelta(seconds=8))  # heartbeat without queue list
-    assert tr.live(t0 + timedelta(seconds=4)) == {
-        "q1": ("celery@a", "celery@b"),
-        "q2": ("celery@b",),
-    }
-    assert tr.live(t0 + timedelta(seconds=5)) == {"q1": ("celery@a",)}
-    assert tr.live(t0 + timedelta(seconds=18.5)) == {}
-
-
-names = st.from_regex(r"[a-z]{1,6}(@[a-z0-9]{1,6})?", fullmatch=True)
-
-
-@given(st.lists(names, max_size=6), st.lists(names, max_size=6))
-def test_merge_counts_each_host_once_and_keeps_agent_names(agent, broker):
-    merged = merge_live_workers(agent, broker)
-    hosts = {host_of(n) for n in [*agent, *broker]}
-    assert len(merged) == len(hosts) and {host_of(n) for n in merged} == hosts
-    for n in agent:  # the agent-reported machine is never replaced by a broker name
-        assert any(host_of(m) == host_of(n) and m in agent for m in merged)
-    manual = hand_made(agent, broker)  # merged = ours + hand-made, nothing counted twice
-    assert len(merged) == len({host_of(n) for n in agent}) + len(manual)
-    assert not {host_of(n) for n in manual} & {host_of(n) for n in agent}
-
-
-def test_with_broker_workers_fills_only_the_named_queues():
-    m = QueueMetrics("q1", 1, None, 0, datetime.now(UTC))
-    out = with_broker_workers({"q1": m, "q2": m}, {"q1": ("celery@x",)})
-    assert out["q1"].broker_workers == ("celery@x",) and out["q2"].broker_workers == ()
+    engine.dispose()
 
 
 def test_a_task_is_attributed_to_the_consumed_queue_its_exchange_and_key_route_to():

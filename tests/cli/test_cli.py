@@ -176,9 +176,9 @@ def test_vault_rotate_re_encrypts_and_wrong_key_changes_nothing(cli, db_url):
     assert ok.exit_code == 0 and "1 credential(s) re-encrypted" in ok.output
     after = stored()
     assert after != before and SECRET.encode() not in after
-    from autoscaler.vault import Vault
+    from tests.store.helpers import vault_of
 
-    assert Vault.from_keys(new).decrypt(after) == SECRET
+    assert vault_of(new).decrypt(after) == SECRET
     engine.dispose()
 
 

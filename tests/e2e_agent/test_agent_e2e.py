@@ -27,6 +27,7 @@ from celery import Celery
 from autoscaler.brokers import stamp
 from autoscaler.sim.trace import load_trace
 from tests.agent.agentkit import TASK_APP, AgentProc, free_port, git_repo
+from tests.brokers.helpers import uninstall_stamp
 from tests.control.loopkit import REDIS, WATCH_BROKER, Loop, local_machines, unique
 
 CONTROL = f"{REDIS}/8"  # this test's own control-plane database
@@ -140,7 +141,7 @@ def test_e2e_agent_deploys_from_git_runs_jobs_once_drains_mid_task_and_leaves_no
                     routing_key=queue,
                 )
         finally:
-            stamp.uninstall()
+            uninstall_stamp()
 
         # 1. a machine boots the agent, which clones the repo and runs a job with its own user
         first = loop.wait(

@@ -32,9 +32,10 @@ from cryptography.fernet import Fernet
 
 from autoscaler.brokers import stamp
 from autoscaler.control.steps.credentials import ENV_WORKER_TOKEN, machine_env
-from autoscaler.providers.container import LABEL_KEY
+from autoscaler.providers.container_spec import LABEL_KEY
 from autoscaler.providers.labels import marker_env
 from tests.agent.agentkit import TASK_APP, free_port, git_repo
+from tests.brokers.helpers import uninstall_stamp
 from tests.containers.engine import podman, podman_env, podman_service
 from tests.control.loopkit import WATCH_BROKER, Loop, unique
 from tests.images.kit import UID, uids
@@ -227,7 +228,7 @@ def test_the_loop_runs_jobs_on_containers_of_the_worker_image_and_removes_them(
                     for _ in range(jobs)
                 ]
             finally:
-                stamp.uninstall()
+                uninstall_stamp()
 
             # 1. the loop makes a container of the worker image; its worker comes up
             def ready_row() -> dict[str, Any] | None:

@@ -31,7 +31,8 @@ from autoscaler.providers import (
     TransientError,
     create_on_first_offer,
 )
-from autoscaler.providers.container import GPU_IDS_KEY, LABEL_KEY, ContainerProvider
+from autoscaler.providers.container import ContainerProvider
+from autoscaler.providers.container_spec import GPU_IDS_KEY, LABEL_KEY
 from tests.containers import engine as kit
 from tests.containers.engine import Engine
 from tests.providers.conftest import assert_no_secret, make_container, spec

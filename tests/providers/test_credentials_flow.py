@@ -18,6 +18,7 @@ from autoscaler.store.installation import installation_id
 from autoscaler.vault import Vault, generate_key
 from tests.fakes.runpod_server import FakeRunPod
 from tests.fakes.vast_server import FakeVast
+from tests.store.helpers import vault_of
 
 from .conftest import SECRET, VAST_SECRET, assert_no_secret, spec
 
@@ -71,7 +72,7 @@ def test_key_from_the_vault_reaches_the_provider_and_nowhere_else(kind, db_url, 
         assert_no_secret(all_logs, provider, machine, secret=secret)
 
         # the same stored key read with another vault key is refused, never sent in clear
-        wrong = Vault.from_keys(generate_key())
+        wrong = vault_of(generate_key())
         with pytest.raises(Exception) as exc:
             resolve_api_key("gpu", config, row.credentials_encrypted, lambda: wrong, env)
         assert secret not in str(exc.value) and "cannot be decrypted" in str(exc.value)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from autoscaler.sim.engine import World
 from autoscaler.sim.reference import wait_floor, zero_wait_oracle
 from autoscaler.sim.report import summarize
-from autoscaler.sim.run import POLICIES, POOLED, compare, load_sim_config, run_one
+from autoscaler.sim.run import POLICIES, POOLED, compare, load_sim_config, run_watched
 from autoscaler.sim.trace import Job, load_trace, write_csv
 from autoscaler.sim.tracegen import GENERATORS, TRACES_DIR, UNSEEN
 from autoscaler.sim.tune import Setting, cheapest, pareto, sweep, tune
@@ -61,11 +61,11 @@ def test_fair_baselines_kill_nothing_and_serve_everything(name):
 def test_runqy_as_documented_does_not_stack_and_releases_per_worker(tmp_path):
     cfg = load_sim_config(write_config(tmp_path, max_workers=8))
     burst = [Job(0.0, 1200.0) for _ in range(3)]
-    r = summarize(run_one(cfg, "q", burst, "runqy"))
+    r = summarize(run_watched(cfg, "q", burst, "runqy")[0])
     assert r.launches <= 3 and r.killed == 0
     # one long job and one short one: the idle worker goes without waiting for the busy one
     jobs = [Job(0.0, 7200.0), Job(1.0, 60.0)]
-    res = run_one(cfg, "q", jobs, "runqy")
+    res = run_watched(cfg, "q", jobs, "runqy")[0]
     ends = sorted(m.ended_s - m.created_s for m in res.machines if m.ended_s is not None)
     assert ends[0] < 7200
 
@@ -75,7 +75,7 @@ def test_keda_counts_running_jobs_and_kills_nothing(tmp_path):
         write_config(tmp_path, scale_up=[{"trigger": "queue_depth", "target_per_worker": 1}])
     )
     jobs = [Job(0.0, 1800.0), Job(1.0, 1800.0)]
-    keda = summarize(run_one(cfg, "q", jobs, "keda"))
+    keda = summarize(run_watched(cfg, "q", jobs, "keda")[0])
     assert keda.killed == 0 and keda.never_served == 0
 
 
@@ -99,8 +99,8 @@ def test_wait_floor_is_fifo_on_warm_machines():
 def test_the_harder_world_kills_nothing_and_charges_rentals():
     cfg = load_sim_config(CONFIG)
     jobs = load_trace(TRACES_DIR / "spiky.csv")
-    easy = summarize(run_one(cfg, "inference", jobs, "ours"))
-    hard = summarize(run_one(cfg, "inference", jobs, "ours", world=World.realistic()))
+    easy = summarize(run_watched(cfg, "inference", jobs, "ours")[0])
+    hard = summarize(run_watched(cfg, "inference", jobs, "ours", world=World.realistic())[0])
     assert hard.killed == 0 and hard.never_served == 0
     assert hard.dollars >= hard.machine_hours * 0.6 + 0.02 * hard.launches - 1e-6
     assert easy.dollars == pytest.approx(easy.machine_hours * 0.6)
@@ -120,15 +120,15 @@ def test_every_world_knob_keeps_work_safe(world):
     cfg = load_sim_config(CONFIG)
     jobs = UNSEEN["short-burst"]()
     for policy in POLICIES:
-        r = summarize(run_one(cfg, "inference", jobs, policy, world=world))
+        r = summarize(run_watched(cfg, "inference", jobs, policy, world=world)[0])
         assert r.killed == 0 and r.never_served == 0, (policy, world)
 
 
 def test_worker_concurrency_runs_jobs_side_by_side(tmp_path):
     cfg = load_sim_config(write_config(tmp_path, max_workers=1))
     jobs = [Job(0.0, 600.0) for _ in range(3)]
-    one = summarize(run_one(cfg, "q", jobs, "ours"))
-    three = summarize(run_one(cfg, "q", jobs, "ours", world=World(worker_concurrency=3)))
+    one = summarize(run_watched(cfg, "q", jobs, "ours")[0])
+    three = summarize(run_watched(cfg, "q", jobs, "ours", world=World(worker_concurrency=3))[0])
     assert three.wait_max < one.wait_max
 
 
@@ -138,7 +138,7 @@ def test_a_drain_racing_a_pickup_finishes_the_job_first(tmp_path):
     )
     # the next job lands inside the drain's race window of the idle worker
     jobs = [Job(0.0, 60.0), Job(400.0, 60.0)]
-    r = summarize(run_one(cfg, "q", jobs, "ours", world=World(drain_race_s=600)))
+    r = summarize(run_watched(cfg, "q", jobs, "ours", world=World(drain_race_s=600))[0])
     assert r.killed == 0 and r.never_served == 0
     assert r.launches == 1  # the racing worker took the second job: no second rental
 
@@ -344,7 +344,7 @@ def test_sparse_jobs_cost_within_one_and_a_half_zero_wait_oracles():
     of paying the configured 5 min (with it off, ours costs 2.3× the oracle)."""
     cfg = load_sim_config(CONFIG)
     jobs = UNSEEN["sparse"]()
-    ours = summarize(run_one(cfg, "inference", jobs, "ours"))
+    ours = summarize(run_watched(cfg, "inference", jobs, "ours")[0])
     oracle = zero_wait_oracle(jobs, 180.0, 0.60)
     assert ours.killed == ours.never_served == 0
     assert ours.dollars <= 1.5 * oracle.dollars, (ours.dollars, oracle.dollars)

@@ -31,7 +31,7 @@ from autoscaler.sim.placement import (
 )
 from autoscaler.sim.provider import Outage, parse_outage
 from autoscaler.sim.report import summarize
-from autoscaler.sim.run import load_sim_config, run_one
+from autoscaler.sim.run import load_sim_config, run_watched
 from autoscaler.sim.trace import Job, load_trace, write_csv
 from autoscaler.sim.tracegen import TRACES_DIR
 
@@ -84,21 +84,21 @@ def test_one_provider_runs_are_the_runs_before_placement():
     the tree before it, to the last digit), and `provider: [p]` is the same run."""
     cfg = load_sim_config(TRACES_DIR / "sim-config.yaml")
     jobs = load_trace(TRACES_DIR / "diurnal.csv")
-    r = summarize(run_one(cfg, "inference", jobs, "ours"))
+    r = summarize(run_watched(cfg, "inference", jobs, "ours")[0])
     assert (r.dollars, r.wait_p95, r.launches, r.failed_rentals) == (
         42.71368333333332,
         262.47430764765886,
         160,
         11,
     )
-    keda = summarize(run_one(cfg, "inference", jobs, "keda"))
+    keda = summarize(run_watched(cfg, "inference", jobs, "keda")[0])
     assert (keda.dollars, keda.wait_p95, keda.launches) == (
         44.038564980782695,
         251.72048333667772,
         124,
     )
     spiky = load_trace(TRACES_DIR / "spiky.csv")
-    hard = summarize(run_one(cfg, "inference", spiky, "ours", world=World.realistic()))
+    hard = summarize(run_watched(cfg, "inference", spiky, "ours", world=World.realistic())[0])
     assert (hard.dollars, hard.wait_p95, hard.launches) == (
         35.60844798760802,
         861.2078068745031,
@@ -111,7 +111,7 @@ def test_one_provider_runs_are_the_runs_before_placement():
         update={"queues": {"inference": q.model_copy(update={"autoscale": auto})}}
     )
     assert one_list.queues["inference"].autoscale.providers == ("sim-gpu",)
-    assert summarize(run_one(one_list, "inference", jobs, "ours")) == r
+    assert summarize(run_watched(one_list, "inference", jobs, "ours")[0]) == r
     assert compare_placement(cfg, "inference", jobs) == []  # no rows for one provider
 
 

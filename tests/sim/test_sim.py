@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from autoscaler.sim.cli import simulate
 from autoscaler.sim.report import percentile, summarize
-from autoscaler.sim.run import load_sim_config, run_one
+from autoscaler.sim.run import load_sim_config, run_watched
 from autoscaler.sim.trace import Job, TraceError, load_trace, write_csv
 from autoscaler.sim.tracegen import GENERATORS, TRACES_DIR, generate_all
 
@@ -84,7 +84,7 @@ def test_percentile_nearest_rank():
 
 def test_one_job_waits_one_boot_and_pays_boot_run_and_idle_tail(tmp_path):
     cfg = load_sim_config(write_config(tmp_path))
-    result = run_one(cfg, "q", [Job(100.0, 600.0)], "ours")
+    result = run_watched(cfg, "q", [Job(100.0, 600.0)], "ours")[0]
     report = summarize(result)
     assert report.never_served == 0 and report.launches == 1
     # fast path: launched at the arrival, not at the next poll; boot 180 s ± 25 %
@@ -99,9 +99,9 @@ def test_one_job_waits_one_boot_and_pays_boot_run_and_idle_tail(tmp_path):
 def test_same_seed_same_figures_other_seed_differs():
     cfg = load_sim_config(CONFIG)
     jobs = load_trace(TRACES_DIR / "spiky.csv")[:300]
-    a = summarize(run_one(cfg, "inference", jobs, "ours", seed=1))
-    b = summarize(run_one(cfg, "inference", jobs, "ours", seed=1))
-    c = summarize(run_one(cfg, "inference", jobs, "ours", seed=2))
+    a = summarize(run_watched(cfg, "inference", jobs, "ours", seed=1)[0])
+    b = summarize(run_watched(cfg, "inference", jobs, "ours", seed=1)[0])
+    c = summarize(run_watched(cfg, "inference", jobs, "ours", seed=2)[0])
     assert a == b
     assert a != c
 
@@ -118,7 +118,7 @@ def test_our_policy_never_kills_and_keeps_max_on_every_trace():
     )
     for name in GENERATORS:
         jobs = load_trace(TRACES_DIR / f"{name}.csv")
-        r = summarize(run_one(cfg, "inference", jobs, "ours"))
+        r = summarize(run_watched(cfg, "inference", jobs, "ours")[0])
         assert r.killed == 0 and r.over_max == 0 and r.never_served == 0, name
         assert r.undone_hours == 0 and r.jobs == len(jobs), name
         assert 1 <= r.peak_machines <= max_workers, name
@@ -139,15 +139,15 @@ def test_our_policy_never_kills_and_keeps_max_on_every_trace():
         if r.peak_machines < max_workers:
             assert r.wait_p95 <= max_latency + cfg.poll_interval + boot * 1.25, (name, r.wait_p95)
         # and it beats runqy's original policy (which stacked launches while machines boot)
-        runqy = summarize(run_one(cfg, "inference", jobs, "runqy-original"))
+        runqy = summarize(run_watched(cfg, "inference", jobs, "runqy-original")[0])
         assert r.dollars < runqy.dollars, (name, r.dollars, runqy.dollars)
 
 
 def test_runqy_original_stacks_launches_while_booting(tmp_path):
     cfg = load_sim_config(write_config(tmp_path, max_workers=8))
     burst = [Job(0.0, 1200.0) for _ in range(3)]
-    ours = summarize(run_one(cfg, "q", burst, "ours"))
-    runqy = summarize(run_one(cfg, "q", burst, "runqy-original"))
+    ours = summarize(run_watched(cfg, "q", burst, "ours")[0])
+    runqy = summarize(run_watched(cfg, "q", burst, "runqy-original")[0])
     assert ours.launches <= 3
     assert runqy.launches > 3  # +1 every poll while the first machines boot
 
@@ -157,8 +157,8 @@ def test_keda_like_kills_busy_workers(tmp_path):
         write_config(tmp_path, scale_up=[{"trigger": "queue_depth", "target_per_worker": 1}])
     )
     jobs = [Job(0.0, 1800.0), Job(1.0, 1800.0)]
-    keda = summarize(run_one(cfg, "q", jobs, "keda-like"))
-    ours = summarize(run_one(cfg, "q", jobs, "ours"))
+    keda = summarize(run_watched(cfg, "q", jobs, "keda-like")[0])
+    ours = summarize(run_watched(cfg, "q", jobs, "ours")[0])
     assert keda.killed > 0 and ours.killed == 0
 
 
@@ -169,7 +169,7 @@ def test_undeclared_provider_is_simulated(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(doc))
     cfg = load_sim_config(p)
-    r = summarize(run_one(cfg, "inference", [Job(0, 60)], "ours"))
+    r = summarize(run_watched(cfg, "inference", [Job(0, 60)], "ours")[0])
     assert r.never_served == 0 and r.dollars > 0
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from autoscaler.store import leases, retention
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.models import Base
+from tests.store.helpers import holder_of
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -20,7 +21,7 @@ def test_one_holder_until_expiry_then_takeover(sessions):
         assert leases.acquire(s, "beat", "a", 30, T0)
     with transaction(sessions) as s:
         assert not leases.acquire(s, "beat", "b", 30, T0 + timedelta(seconds=29))
-        assert leases.holder_of(s, "beat", T0 + timedelta(seconds=29)) == "a"
+        assert holder_of(s, "beat", T0 + timedelta(seconds=29)) == "a"
     with transaction(sessions) as s:  # the holder renews
         assert leases.acquire(s, "beat", "a", 30, T0 + timedelta(seconds=29))
     with transaction(sessions) as s:
@@ -28,18 +29,18 @@ def test_one_holder_until_expiry_then_takeover(sessions):
         assert leases.acquire(s, "beat", "b", 30, T0 + timedelta(seconds=60))
     with transaction(sessions) as s:
         leases.release(s, "beat", "a")  # not a's anymore: no effect
-        assert leases.holder_of(s, "beat", T0 + timedelta(seconds=61)) == "b"
+        assert holder_of(s, "beat", T0 + timedelta(seconds=61)) == "b"
         leases.release(s, "beat", "b")
-        assert leases.holder_of(s, "beat", T0 + timedelta(seconds=61)) is None
+        assert holder_of(s, "beat", T0 + timedelta(seconds=61)) is None
 
 
 def test_tick_slot_is_claimed_once(sessions):
     with transaction(sessions) as s:
-        assert leases.claim_tick(s, "q", 100, "beat-1", T0)
+        assert leases.claim_ticks(s, [("q", 100)], "beat-1", T0) == {"q"}
     with transaction(sessions) as s:
-        assert not leases.claim_tick(s, "q", 100, "beat-2", T0)
-        assert leases.claim_tick(s, "other", 100, "beat-2", T0)
-        assert leases.claim_tick(s, "q", 101, "beat-2", T0)
+        assert leases.claim_ticks(s, [("q", 100)], "beat-2", T0) == set()
+        assert leases.claim_ticks(s, [("other", 100)], "beat-2", T0) == {"other"}
+        assert leases.claim_ticks(s, [("q", 101)], "beat-2", T0) == {"q"}
     with transaction(sessions) as s:  # forgotten by retention an hour on
         rule = next(r for r in retention.RULES if r.table == "tick_slots")
         assert retention.forget(s, rule, T0 + timedelta(minutes=59)) == 0
@@ -60,7 +61,7 @@ def test_racing_processes_get_exactly_one_lease_and_one_claim(pg_url):
             if leases.acquire(s, "loop", name, 30, T0):
                 won_lease.append(name)
         with transaction(factory) as s:
-            if leases.claim_tick(s, "q", 7, name, T0):
+            if leases.claim_ticks(s, [("q", 7)], name, T0):
                 won_tick.append(name)
 
     threads = [threading.Thread(target=contender, args=(f"w{i}",)) for i in range(8)]

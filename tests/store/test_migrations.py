@@ -12,6 +12,7 @@ from autoscaler.lifecycle import InstanceState as S
 from autoscaler.store import migrate, spend, transitions
 from autoscaler.store.db import make_engine, session_factory, transaction
 from autoscaler.store.models import Base, Instance
+from tests.store.helpers import differences
 
 
 def test_upgrade_from_empty_then_models_and_migrations_agree(db_url):
@@ -21,7 +22,7 @@ def test_upgrade_from_empty_then_models_and_migrations_agree(db_url):
         tables = set(inspect(engine).get_table_names())
         assert set(Base.metadata.tables) <= tables
         assert "alembic_version" in tables
-        assert migrate.differences(engine) == []
+        assert differences(engine) == []
     finally:
         engine.dispose()
 
@@ -45,7 +46,7 @@ def test_a_model_change_without_migration_is_detected(db_url):
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql("DROP TABLE leases")
-        assert migrate.differences(engine) != []
+        assert differences(engine) != []
     finally:
         engine.dispose()
 

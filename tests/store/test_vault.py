@@ -10,21 +10,22 @@ from autoscaler.settings import Settings
 from autoscaler.store import providers as store
 from autoscaler.store.db import transaction
 from autoscaler.vault import Vault, VaultError, generate_key
+from tests.store.helpers import vault_of
 
 SECRET = "rpa_SECRET_9f8e7d6c5b4a-should-never-be-stored-in-clear"
 
 
 def test_round_trip():
-    vault = Vault.from_keys(generate_key())
+    vault = vault_of(generate_key())
     token = vault.encrypt(SECRET)
     assert SECRET.encode() not in token
     assert vault.decrypt(token) == SECRET
 
 
 def test_wrong_key_is_a_clear_error_never_plaintext():
-    token = Vault.from_keys(generate_key()).encrypt(SECRET)
+    token = vault_of(generate_key()).encrypt(SECRET)
     with pytest.raises(VaultError) as exc:
-        Vault.from_keys(generate_key()).decrypt(token, "the credentials of provider 'rp'")
+        vault_of(generate_key()).decrypt(token, "the credentials of provider 'rp'")
     message = str(exc.value)
     assert "provider 'rp'" in message and "AUTOSCALER_VAULT_KEY" in message
     assert SECRET not in message
@@ -43,20 +44,20 @@ def test_missing_or_malformed_key_is_refused(tmp_path):
 
 def test_key_file_with_several_keys(tmp_path):
     new, old = generate_key(), generate_key()
-    token = Vault.from_keys(old).encrypt(SECRET)
+    token = vault_of(old).encrypt(SECRET)
     (tmp_path / "keys").write_text(f"{new}\n{old}\n")
     vault = Vault.from_settings(
         Settings.from_env({"AUTOSCALER_VAULT_KEY_FILE": str(tmp_path / "keys")})
     )
     assert vault.decrypt(token) == SECRET
-    assert Vault.from_keys(new).decrypt(vault.rotate(token)) == SECRET
+    assert vault_of(new).decrypt(vault.rotate(token)) == SECRET
     assert repr(vault) == "Vault(<keys hidden>)"
 
 
 def test_rotation_in_the_store_and_no_plaintext_at_rest(sessions, engine):
     old, new = generate_key(), generate_key()
     with transaction(sessions) as s:
-        store.add_provider(s, "rp", "runpod", {}, Vault.from_keys(old).encrypt(SECRET))
+        store.add_provider(s, "rp", "runpod", {}, vault_of(old).encrypt(SECRET))
     with engine.connect() as conn:
         raw = conn.execute(text("SELECT * FROM providers")).all()
     assert (
@@ -66,7 +67,7 @@ def test_rotation_in_the_store_and_no_plaintext_at_rest(sessions, engine):
         not in b"".join(bytes(v) for row in raw for v in row if isinstance(v, bytes | memoryview))
     )
 
-    both = Vault.from_keys(new, old)
+    both = vault_of(new, old)
     with transaction(sessions) as s:
         row = store.get_provider(s, "rp")
         assert row is not None and row.credentials_encrypted is not None
@@ -75,21 +76,21 @@ def test_rotation_in_the_store_and_no_plaintext_at_rest(sessions, engine):
     with transaction(sessions) as s:
         row = store.get_provider(s, "rp")
         assert row is not None and row.credentials_encrypted is not None
-        assert Vault.from_keys(new).decrypt(row.credentials_encrypted) == SECRET
+        assert vault_of(new).decrypt(row.credentials_encrypted) == SECRET
         with pytest.raises(VaultError):
-            Vault.from_keys(old).decrypt(row.credentials_encrypted)
+            vault_of(old).decrypt(row.credentials_encrypted)
 
 
 def test_resolve_api_key_from_vault_env_or_refusal():
     key = generate_key()
     rp = validate_provider("rp", "runpod", {})
-    token = Vault.from_keys(key).encrypt(SECRET)
-    assert resolve_api_key("rp", rp, token, lambda: Vault.from_keys(key), {}) == SECRET
+    token = vault_of(key).encrypt(SECRET)
+    assert resolve_api_key("rp", rp, token, lambda: vault_of(key), {}) == SECRET
     env_rp = validate_provider("rp", "runpod", {"api_key_env": "RP_KEY"})
-    assert resolve_api_key("rp", env_rp, None, lambda: Vault.from_keys(key), {"RP_KEY": "k"}) == "k"
+    assert resolve_api_key("rp", env_rp, None, lambda: vault_of(key), {"RP_KEY": "k"}) == "k"
     with pytest.raises(CredentialError, match=r"\$RP_KEY, which is not set"):
-        resolve_api_key("rp", env_rp, None, lambda: Vault.from_keys(key), {})
+        resolve_api_key("rp", env_rp, None, lambda: vault_of(key), {})
     with pytest.raises(CredentialError, match="has no API key"):
-        resolve_api_key("rp", rp, None, lambda: Vault.from_keys(key), {})
+        resolve_api_key("rp", rp, None, lambda: vault_of(key), {})
     mock = validate_provider("m", "mock", {})
-    assert resolve_api_key("m", mock, None, lambda: Vault.from_keys(key), {}) is None
+    assert resolve_api_key("m", mock, None, lambda: vault_of(key), {}) is None
