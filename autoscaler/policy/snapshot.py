@@ -33,8 +33,8 @@ class QueueMetrics:
       how many of them a worker holds (the broker counts those unacked; not in `in_flight`).
     - `paused`: the queue is paused at the source (asynq): its pending jobs are not served.
 
-    `broker_workers` are worker names seen serving the queue through the broker (heartbeats or
-    ping) — this is how hand-made machines count as capacity. `stale` is True when the source
+    Hand-made machines count as capacity through their sightings
+    (`QueueSnapshot.manual_workers`), not through these numbers. `stale` is True when the source
     failed and these are the last known numbers; `error` says why (redacted, no secrets).
     `external` holds values of `metric` triggers, keyed by their query string;
     `external_degraded` names the queries whose value is missing or only last-known: the queue's
@@ -46,7 +46,6 @@ class QueueMetrics:
     oldest_pending_age: float | None
     in_flight: int
     read_at: datetime
-    broker_workers: tuple[str, ...] = ()
     external: tuple[tuple[str, float], ...] = ()
     external_degraded: tuple[str, ...] = ()
     stale: bool = False

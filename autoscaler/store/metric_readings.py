@@ -33,11 +33,11 @@ def to_json(m: QueueMetrics) -> dict[str, Any]:
 
 
 def from_json(data: Mapping[str, Any]) -> QueueMetrics:
-    """A reading back from its JSON form; fields it does not carry (an older row) default."""
+    """A reading back from its JSON form; fields it does not carry (an older row) default, and
+    fields it carries that readings no longer have (`broker_workers`) are dropped."""
     known = {f.name for f in fields(QueueMetrics)}
     values = {k: v for k, v in data.items() if k in known}
     values["read_at"] = datetime.fromisoformat(str(data["read_at"]))
-    values["broker_workers"] = tuple(data.get("broker_workers") or ())
     values["external"] = tuple((str(k), float(v)) for k, v in data.get("external") or ())
     values["external_degraded"] = tuple(data.get("external_degraded") or ())
     return QueueMetrics(**values)
