@@ -2,13 +2,13 @@
 
     python benchmarks/fuzz.py [--cases 12000] [--timeout 20] [--database-url URL]
 
-Runs the generators of tests/fuzz/harness.py — config files through the path `autoscaler
-validate` runs (load, broker isolation check, dry run), job traces, and whole CLI invocations
-(validate, apply, providers add/list/remove, history, vault, simulate, random arguments) on a
-fresh state store (SQLite unless --database-url) — and prints, per family, the cases run and
-their outcomes: accepted, refused, crash, hang (a case past --timeout seconds), then peak
-memory. Exits 1 if any case crashed or hung. Goal: ≥ 10⁴ cases, 0 crashes, 0 hangs, peak
-memory < 200 MB.
+Runs the generators of tests/fuzz/ (values.py, files.py, clicases.py) — config files through
+the path `autoscaler validate` runs (load, broker isolation check, dry run), job traces, and
+whole CLI invocations (validate, apply, providers add/list/remove, history, vault, simulate,
+random arguments) on a fresh state store (SQLite unless --database-url) — and prints, per
+family, the cases run and their outcomes: accepted, refused, crash, hang (a case past --timeout
+seconds), then peak memory. Exits 1 if any case crashed or hung. Goal: ≥ 10⁴ cases, 0 crashes,
+0 hangs, peak memory < 200 MB.
 """
 
 from __future__ import annotations
@@ -27,19 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz.harness import (
-    GOOD_URLS,
-    HOSTILE_URLS,
-    OUTCOMES,
-    CliWorld,
-    Hang,
-    Tally,
-    cli_cases,
-    config_bytes,
-    run_config,
-    run_trace,
-    trace_bytes,
-)
+from tests.fuzz.clicases import CliWorld, cli_cases
+from tests.fuzz.files import config_bytes, trace_bytes
+from tests.fuzz.harness import OUTCOMES, Hang, Tally, run_config, run_trace
+from tests.fuzz.values import GOOD_URLS, HOSTILE_URLS
 
 BATCH = 400
 

@@ -6,12 +6,13 @@
                                    [--profile]
 
 Per size: a fresh PostgreSQL database (migrated with `autoscaler.store.migrate.upgrade`, dropped
-afterwards), one config version (`tick.config_document`: `--queues` queues on the mock provider,
-every queue read from one Celery-on-Redis source under a throwaway key prefix), `--machines`
-instance rows over the queues (`tick.instance_rows`: 75% ready, 15% booting, 10% draining, with
-timestamps relative to now) and one mock machine per row in `mock_machines` (the mock provider's
-store), under the row's label and provider id: the ready and draining ones running, the booting
-ones still starting (they boot a day later), so the provider lists every live row.
+afterwards), one config version (`tick_world.config_document`: `--queues` queues on the mock
+provider, every queue read from one Celery-on-Redis source under a throwaway key prefix),
+`--machines` instance rows over the queues (`tick_world.instance_rows`: 75% ready, 15% booting,
+10% draining, with timestamps relative to now) and one mock machine per row in `mock_machines`
+(the mock provider's store), under the row's label and provider id: the ready and draining ones
+running, the booting ones still starting (they boot a day later), so the provider lists every
+live row.
 
 It times `autoscaler.control.reconciler.run_reconcile(rt, outbox, now)`, what the Celery task
 `autoscaler.reconcile` runs, with an outbox that only counts what would be sent, after one
@@ -37,9 +38,9 @@ column is this process's). Per phase, the time and statements of each step are t
 functions `run_reconcile` calls (`observe_celery_workers`, `list_providers`, `instances.live_rows` /
 `rows_of`, `reconcile`, `_apply`, `_destroy_orphans`, `_sweep_broker_users`); "other" is the rest
 (config load, the rows turned into `policy.reconcile.Row`, orphan sightings, pending handbacks,
-commits). SQL statements are counted with `tick.Counter_` (`before_cursor_execute`; an executemany
-is one). The ratios 20,000/2,000 are measured in the same run. The time Python's cycle collector
-took inside the pass is counted too (`gc.callbacks`).
+commits). SQL statements are counted with `tick_world.Counter_` (`before_cursor_execute`; an
+executemany is one). The ratios 20,000/2,000 are measured in the same run. The time Python's cycle
+collector took inside the pass is counted too (`gc.callbacks`).
 
 Measured on this 2-CPU machine, 100 queues, 5 runs, median ms; "probe" = the fixed ~2,010 ms
 remote-control wait; CPU is this process's. Before: a conditional UPDATE per retried drain every
@@ -93,9 +94,10 @@ import redis
 from sqlalchemy import insert, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tick.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tick_world.py, tick_runs.py
 
-from tick import PROVIDER, Counter_, config_document, instance_rows, med
+from tick_runs import med
+from tick_world import PROVIDER, Counter_, config_document, instance_rows
 
 from autoscaler.control import reconciler
 from autoscaler.control.outbox import StepName

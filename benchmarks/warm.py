@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.agent.agentkit import TASK_APP, free_port, git_repo  # noqa: E402
-from tests.control.loopkit import REDIS, WATCH_BROKER, Loop, unique  # noqa: E402
+from tests.control.loopkit import Loop  # noqa: E402
+from tests.control.loopprocs import REDIS, WATCH_BROKER, unique  # noqa: E402
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 CONTROL = f"{REDIS}/6"

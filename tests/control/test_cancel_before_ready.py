@@ -29,7 +29,8 @@ from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.settings import Settings
 from autoscaler.store import intents
 from tests.agent.agentkit import free_port
-from tests.control.loopkit import WATCH_BROKER, Loop, unique
+from tests.control.loopkit import Loop
+from tests.control.loopprocs import WATCH_BROKER, unique
 from tests.fakes.runpod_server import FakeRunPod
 
 KEY = "rpa_CANCELTEST_4f9c2e7b1d_not_a_real_key"

@@ -28,19 +28,15 @@ from autoscaler.store import events, intents
 from autoscaler.store.db import transaction
 from autoscaler.store.mock_machines import StoredMockMachines
 from autoscaler.store.models import OrphanSighting
-from tests.control.loopkit import (
-    POLL,
+from tests.control.loopchecks import (
     AtProvider,
-    Loop,
-    Watched,
     check_invariants,
     first_event,
-    local_command,
     local_machines,
-    mock_config,
     mock_machines,
-    mock_queue,
 )
+from tests.control.loopkit import Loop
+from tests.control.loopworld import POLL, Watched, local_command, mock_config, mock_queue
 from tests.fakes.runpod_server import FakeRunPod
 
 

@@ -22,18 +22,10 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from tests.control.loopkit import (
-    CONTROL_BROKER,
-    Loop,
-    Watched,
-    check_invariants,
-    first_event,
-    local_command,
-    local_machines,
-    mock_config,
-    mock_machines,
-    mock_queue,
-)
+from tests.control.loopchecks import check_invariants, first_event, local_machines, mock_machines
+from tests.control.loopkit import Loop
+from tests.control.loopprocs import CONTROL_BROKER
+from tests.control.loopworld import Watched, local_command, mock_config, mock_queue
 
 
 @pytest.fixture

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from autoscaler.brokers.users import BrokerPlan, create_user, delete_user
-from tests.control.loopkit import REDIS, WATCH_BROKER, WATCH_DB, Loop, Watched, mock_config
-from tests.control.loopkit import mock_queue as queue_of
+from tests.control.loopkit import Loop
+from tests.control.loopprocs import REDIS, WATCH_BROKER, WATCH_DB
+from tests.control.loopworld import Watched, mock_config
+from tests.control.loopworld import mock_queue as queue_of
 from tests.security.flood import ReplyFlood
 
 FLOOD_SECONDS = 20.0

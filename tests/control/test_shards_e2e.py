@@ -18,14 +18,9 @@ import pytest
 
 from autoscaler.lifecycle import LIVE_STATES
 from autoscaler.policy.shards import shard_of
-from tests.control.loopkit import (
-    Loop,
-    Watched,
-    check_invariants,
-    mock_config,
-    mock_machines,
-    mock_queue,
-)
+from tests.control.loopchecks import check_invariants, mock_machines
+from tests.control.loopkit import Loop
+from tests.control.loopworld import Watched, mock_config, mock_queue
 
 CAP = 3
 

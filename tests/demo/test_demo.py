@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.sim.report import percentile
-from tests.control.loopkit import labelled_processes
+from tests.control.loopprocs import labelled_processes
 
 DEMO = [sys.executable, "-m", "autoscaler.cli", "demo"]
 

@@ -28,7 +28,9 @@ from autoscaler.brokers import stamp
 from autoscaler.sim.trace import load_trace
 from tests.agent.agentkit import TASK_APP, AgentProc, free_port, git_repo
 from tests.brokers.helpers import uninstall_stamp
-from tests.control.loopkit import REDIS, WATCH_BROKER, Loop, local_machines, unique
+from tests.control.loopchecks import local_machines
+from tests.control.loopkit import Loop
+from tests.control.loopprocs import REDIS, WATCH_BROKER, unique
 
 CONTROL = f"{REDIS}/8"  # this test's own control-plane database
 

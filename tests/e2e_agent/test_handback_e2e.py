@@ -28,7 +28,8 @@ import redis
 from celery import Celery
 
 from tests.agent.agentkit import TASK_APP, free_port, git_repo
-from tests.control.loopkit import REDIS, WATCH_BROKER, Loop, kill_local_machines, unique
+from tests.control.loopkit import Loop
+from tests.control.loopprocs import REDIS, WATCH_BROKER, kill_local_machines, unique
 
 CONTROL = f"{REDIS}/6"  # this test's own control-plane database
 

@@ -26,7 +26,8 @@ import requests
 from celery import Celery
 
 from tests.agent.agentkit import TASK_APP, free_port, git_repo, make_wheel
-from tests.control.loopkit import REDIS, WATCH_BROKER, Loop, labelled_processes, unique
+from tests.control.loopkit import Loop
+from tests.control.loopprocs import REDIS, WATCH_BROKER, labelled_processes, unique
 
 CONTROL = f"{REDIS}/7"  # this test's own control-plane database
 

@@ -12,16 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoscaler.config import ConfigError, load_config_text
-from tests.fuzz.harness import (
-    GOOD_URLS,
-    HOSTILE_URLS,
-    CliWorld,
-    cli_cases,
-    config_bytes,
-    run_config,
-    run_trace,
-    trace_bytes,
-)
+from tests.fuzz.clicases import CliWorld, cli_cases
+from tests.fuzz.files import config_bytes, trace_bytes
+from tests.fuzz.harness import run_config, run_trace
+from tests.fuzz.values import GOOD_URLS, HOSTILE_URLS
 
 FAST = settings(
     max_examples=150,

@@ -11,7 +11,8 @@ import uuid
 from autoscaler.store import migrate
 from tests.agent.agentkit import free_port
 from tests.containers.engine import podman
-from tests.control.loopkit import Loop, unique
+from tests.control.loopkit import Loop
+from tests.control.loopprocs import unique
 from tests.images.kit import UID, Images, healthy, status_code, uids, wait
 
 

@@ -37,7 +37,8 @@ from autoscaler.providers.labels import marker_env
 from tests.agent.agentkit import TASK_APP, free_port, git_repo
 from tests.brokers.helpers import uninstall_stamp
 from tests.containers.engine import podman, podman_env, podman_service
-from tests.control.loopkit import WATCH_BROKER, Loop, unique
+from tests.control.loopkit import Loop
+from tests.control.loopprocs import WATCH_BROKER, unique
 from tests.images.kit import UID, uids
 
 TASKS = (
