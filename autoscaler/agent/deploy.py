@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoscaler import wire
 from autoscaler.agent import tools
 
 log = logging.getLogger("autoscaler.agent")
@@ -512,7 +513,7 @@ def usable_workdir(path: Path) -> Path:
         return fallback
 
 
-def prepare(dep: Mapping[str, Any], workdir: Path) -> Deployed:
+def prepare(dep: wire.DeploymentAnswer, workdir: Path) -> Deployed:
     """The checkout of the deployment's ref and its installed requirements, warm when the work
     folder holds them already (see the module's docstring)."""
     try:
@@ -521,20 +522,18 @@ def prepare(dep: Mapping[str, Any], workdir: Path) -> Deployed:
         raise DeployError(f"the work folder cannot be used: {exc}") from None
 
 
-def _prepare(dep: Mapping[str, Any], workdir: Path) -> Deployed:
-    url = dep.get("git_url")
+def _prepare(dep: wire.DeploymentAnswer, workdir: Path) -> Deployed:
+    url = dep.git_url
     if not url:
         raise DeployError("the deployment has no git_url")
-    url = str(url)
-    raw_ref = dep.get("git_ref")
-    ref = str(raw_ref) if raw_ref else None
+    ref = dep.git_ref or None
     for name, value in (("git_url", url), ("git_ref", ref)):
         # git would read a value starting with '-' as an option (`--orphan=…`, `--upload-pack=…`)
         if value is not None and value.startswith("-"):
             raise DeployError(f"the deployment's {name} starts with '-': refused (not an option)")
     workdir = workdir.absolute()  # the worker's cwd is the checkout: no relative path works
     workdir.mkdir(parents=True, exist_ok=True)
-    git = Git(tools.git_env(git_auth_env(dep.get("git_token"))))
+    git = Git(tools.git_env(git_auth_env(dep.git_token)))
     repo = workdir / REPO
     seconds: dict[str, float] = {}
     at: dict[str, float] = {}

@@ -44,10 +44,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import requests
+from pydantic import TypeAdapter, ValidationError
 
+from autoscaler import wire
 from autoscaler.agent import gpu
 from autoscaler.agent.deploy import STATE, Deployed, DeployError, prepare, usable_workdir
 from autoscaler.agent.deploy import git_auth_env as git_auth_env  # where tests look for it
@@ -111,7 +113,28 @@ class AgentConfig:
         return cfg
 
 
+A = TypeVar("A", bound=wire.Answer)
+
+
+def said(exc: ValidationError) -> str:
+    """Which fields a message got wrong and why, never their values (an answer holds the
+    machine's broker password and the repository's token)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'the message'}: {e['msg']}"
+        for e in exc.errors(include_url=False, include_input=False, include_context=False)
+    )
+
+
+def body_of(message: wire.RequestBody) -> dict[str, Any]:
+    """The JSON a request body is sent as (a field not set is left out: the API's default)."""
+    return message.model_dump(mode="json", exclude_none=True)
+
+
 class Api:
+    """The server API as the agent speaks to it: every body a `wire` request model, every answer
+    parsed with the `wire` model the route answers (fields it does not know are ignored; an
+    answer it cannot read is an AgentError, as an answer that is no JSON)."""
+
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
         self.http = requests.Session()
@@ -122,9 +145,17 @@ class Api:
             return f"{self.cfg.api_url}/v1/hand-made/{tail}"
         return f"{self.cfg.api_url}/v1/worker/{self.cfg.launch_id}/{tail}"
 
-    def call(self, method: str, tail: str, **kw: Any) -> dict[str, Any]:
+    def call(
+        self,
+        method: str,
+        tail: str,
+        answer: type[A],
+        body: wire.RequestBody | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> A:
+        sent = body_of(body) if body is not None else None
         try:
-            r = self.http.request(method, self._url(tail), timeout=10, **kw)
+            r = self.http.request(method, self._url(tail), timeout=10, json=sent, params=params)
         except requests.RequestException as exc:
             raise AgentError(f"the API cannot be reached ({type(exc).__name__})") from None
         if r.status_code >= 400:
@@ -134,12 +165,25 @@ class Api:
             data = r.json()
         except ValueError:
             raise AgentError(f"{method} {tail}: the API's answer is not JSON") from None
-        return data if isinstance(data, dict) else {}
+        try:
+            return answer.model_validate(data)
+        except ValidationError as exc:
+            raise AgentError(
+                f"{method} {tail}: the API's answer is not a {answer.__name__} ({said(exc)})"
+            ) from None
 
-    def call_retrying(self, method: str, tail: str, tries: int = 30, **kw: Any) -> dict[str, Any]:
+    def call_retrying(
+        self,
+        method: str,
+        tail: str,
+        answer: type[A],
+        body: wire.RequestBody | None = None,
+        params: Mapping[str, str] | None = None,
+        tries: int = 30,
+    ) -> A:
         for attempt in range(tries):
             try:
-                return self.call(method, tail, **kw)
+                return self.call(method, tail, answer, body, params)
             except AgentError as exc:
                 refused = isinstance(exc, ApiAnswered) and 400 <= exc.status < 500
                 if attempt == tries - 1 or refused:
@@ -222,7 +266,7 @@ def read_status(path: str) -> tuple[int, float | None]:
     return running, last
 
 
-JOBS_PER_BEAT = 1000
+JOBS_PER_BEAT = wire.HEARTBEAT_JOBS
 """Finished jobs sent with one heartbeat at most (the API's limit); the rest go with the next."""
 
 Mark = tuple[float, str]
@@ -254,22 +298,29 @@ def read_jobs(path: str) -> list[tuple[str, dict[str, Any]]]:
 
 def job_reports(
     jobs: list[tuple[str, dict[str, Any]]], marks: Mapping[str, Mark]
-) -> list[tuple[str, Mark, dict[str, Any]]]:
+) -> list[tuple[str, Mark, wire.JobReport | None]]:
     """The heartbeat's `jobs`: those past their file's mark, at most JOBS_PER_BEAT, oldest
-    first; each with its file and its own mark (recorded once the heartbeat is answered)."""
-    out = []
+    first; each with its file and its own mark (recorded once the heartbeat is answered). A job
+    the API would refuse (`wire.JobReport`: a task id it cannot store) has no report: it is
+    dropped here, and marked sent with the others, so it never costs the heartbeat."""
+    out: list[tuple[str, Mark, wire.JobReport | None]] = []
     for name, j in jobs:
         mark: Mark = (float(j["finished_at"]), j["id"])
         if name in marks and mark <= marks[name]:
             continue
         queue, stamp = j.get("queue"), j.get("published_at")
-        report = {
-            "id": j["id"],
-            "queue": queue[:200] if isinstance(queue, str) else None,
-            "published_at": stamp if _time(stamp) else None,
-            "started_at": j["started_at"],
-            "finished_at": j["finished_at"],
-        }
+        report: wire.JobReport | None
+        try:
+            report = wire.JobReport(
+                id=j["id"],
+                queue=queue[:200] if isinstance(queue, str) else None,
+                published_at=stamp if _time(stamp) else None,
+                started_at=j["started_at"],
+                finished_at=j["finished_at"],
+            )
+        except ValidationError as exc:
+            log.warning("a finished job the API would refuse; dropped: %s", said(exc))
+            report = None
         out.append((name, mark, report))
         if len(out) == JOBS_PER_BEAT:
             break
@@ -281,7 +332,29 @@ def gpu_utilisation() -> float | None:
     return gpu.mean_utilisation(gpu.read())
 
 
-def prepare_deploy(dep: Mapping[str, Any], workdir: Path) -> Deployed:
+_TASK_ID = TypeAdapter(wire.TaskId)
+
+
+def sendable_task(task_id: str) -> bool:
+    """A held task id the heartbeat can carry (`wire.TaskId`, storable): another one is left
+    out of the list rather than costing the heartbeat."""
+    try:
+        wire.storable(_TASK_ID.validate_python(task_id))
+    except ValueError:  # pydantic's ValidationError is one
+        return False
+    return True
+
+
+def sendable_detail(text: str | None) -> str | None:
+    """A heartbeat's `detail` the API takes: at most 500 characters, a NUL or an undecodable
+    file name (a lone surrogate) written out rather than refused."""
+    if not text:
+        return None
+    clean = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return clean[:500]
+
+
+def prepare_deploy(dep: wire.DeploymentAnswer, workdir: Path) -> Deployed:
     """`deploy.prepare`, its refusals as the agent's (said once, the agent exits 2)."""
     try:
         return prepare(dep, workdir)
@@ -376,9 +449,16 @@ class Agent:
         todo = {k: v for k, v in self.phases.items() if k not in self.phases_sent}
         if self.cfg.launch_id is None or not todo:
             return
-        body = {k: datetime.fromtimestamp(v, UTC).isoformat() for k, v in todo.items()}
         try:
-            self.api.call("POST", "phases", json=body)
+            body = wire.BootPhases.model_validate(
+                {k: datetime.fromtimestamp(v, UTC) for k, v in todo.items()}
+            )
+        except ValidationError as exc:  # dropped, as the API's refusal would be
+            log.warning("boot phases %s the API would refuse: %s", sorted(todo), said(exc))
+            self.phases_sent |= set(todo)
+            return
+        try:
+            self.api.call("POST", "phases", wire.PhasesKept, body)
         except ApiAnswered as exc:
             if exc.status >= 500:
                 log.warning("boot phases not kept yet: %s", exc)
@@ -397,13 +477,13 @@ class Agent:
         return self._status_server.url
 
     def start_worker(
-        self, dep: Mapping[str, Any], repo: Path, site_packages: Path | None = None
+        self, dep: wire.DeploymentAnswer, repo: Path, site_packages: Path | None = None
     ) -> None:
-        cmd = dep.get("startup_cmd")
+        cmd = dep.startup_cmd
         if not cmd:
             raise AgentError("the deployment has no startup_cmd")
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
-        env.update({str(k): str(v) for k, v in (dep.get("env") or {}).items()})
+        env.update(dep.env)
         env["AUTOSCALER_STATUS_FILE"] = self.status_file
         env["AUTOSCALER_STATUS_URL"] = self.status_url()
         # the name a Celery worker should take (`-n "$AUTOSCALER_WORKER_NAME"`): a rented
@@ -414,15 +494,15 @@ class Agent:
             env["AUTOSCALER_WORKER_NAME"] = f"{label}@{os.uname().nodename}"
         else:
             env["AUTOSCALER_WORKER_NAME"] = f"agent@{self.cfg.name}"
-        broker = dep.get("broker_url")
+        broker = dep.broker_url
         if broker:
-            env["AUTOSCALER_BROKER_URL"] = str(broker)
-            env["CELERY_BROKER_URL"] = str(broker)
+            env["AUTOSCALER_BROKER_URL"] = broker
+            env["CELERY_BROKER_URL"] = broker
         elif self.cfg.launch_id is None and os.environ.get("AUTOSCALER_BROKER_URL"):
             # a hand-made machine: its owner gave it its broker (never the control plane's)
             env.setdefault("CELERY_BROKER_URL", os.environ["AUTOSCALER_BROKER_URL"])
-        elif dep.get("broker_note"):
-            log.warning("no broker connection from the API: %s", dep["broker_note"])
+        elif dep.broker_note:
+            log.warning("no broker connection from the API: %s", dep.broker_note)
         # the checkout, then its requirements (installed in the work folder, which a stop
         # keeps), then the agent's own packages as before (the hook); their scripts first
         site = [str(site_packages)] if site_packages is not None else []
@@ -437,7 +517,7 @@ class Agent:
         # the worker's main process only (Celery's warm shutdown; its pool children are not
         # signalled and finish their task); a shell command line runs under /bin/sh: give it
         # `exec` in front of the worker for the same effect
-        argv = shlex.split(str(cmd)) if not SHELL_CHARS & set(str(cmd)) else None
+        argv = shlex.split(cmd) if not SHELL_CHARS & set(cmd) else None
         try:
             account = worker_user(os.environ)
         except ValueError as exc:
@@ -448,7 +528,7 @@ class Agent:
             env["HOME"] = account.pw_dir
             drop = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
         self.proc = subprocess.Popen(
-            argv or ["/bin/sh", "-c", str(cmd)],
+            argv or ["/bin/sh", "-c", cmd],
             cwd=repo,
             env=env,
             start_new_session=True,
@@ -474,53 +554,65 @@ class Agent:
             os.killpg(proc.pid, signal.SIGKILL)
         return proc.returncode
 
-    def beat(self, state: str, detail: str | None = None) -> dict[str, Any]:
+    def beat(
+        self, state: wire.WorkerState | Literal["auto"], detail: str | None = None
+    ) -> wire.HeartbeatAnswer:
         running, last = read_status(self.status_file)
         if running > 0:  # this heartbeat is the first to report a running task, or a later one
             self.phase("first_job")
-        if state == "auto":
-            state = "busy" if running else "idle"
+        said_state: wire.WorkerState = ("busy" if running else "idle") if state == "auto" else state
         jobs = job_reports(read_jobs(self.status_file), self.marks)
-        body: dict[str, Any] = {"state": state, "running_tasks": running}
         held, acks_late = read_held(self.status_file)
         self.reported_busy = running > 0 or bool(held)
-        if self.cfg.launch_id is not None:
-            body["tasks"] = held
-            if acks_late is not None:
-                body["acks_late"] = acks_late
-        if self.cfg.launch_id is None:
-            body = {
-                "name": self.cfg.name,
-                "queues": [self.cfg.queue],
-                "state": state,
-                "running_tasks": running,
-            }
-            return self._post_beat(body, jobs)
-        if last is not None:
-            body["last_task_at"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(last))
-        gpu = gpu_utilisation()
-        if gpu is not None:
-            body["gpu_utilisation"] = max(0.0, min(100.0, gpu))
-        if detail:
-            body["detail"] = detail[:500]
+        running = min(running, 100_000)  # the API's bound: more is no less busy
+        body: wire.Heartbeat | wire.HandMadeBeat
+        try:
+            if self.cfg.launch_id is None:
+                body = wire.HandMadeBeat(
+                    name=self.cfg.name or "",
+                    queues=[self.cfg.queue or ""],
+                    state=said_state,
+                    running_tasks=running,
+                )
+            else:
+                gpu = gpu_utilisation()
+                body = wire.Heartbeat(
+                    state=said_state,
+                    running_tasks=running,
+                    last_task_at=(
+                        datetime.fromtimestamp(int(last), UTC)
+                        if last is not None and _time(last)
+                        else None
+                    ),
+                    gpu_utilisation=max(0.0, min(100.0, gpu)) if gpu is not None else None,
+                    detail=sendable_detail(detail),
+                    tasks=[t for t in held if sendable_task(t)],
+                    acks_late=acks_late,
+                )
+        except ValidationError as exc:
+            raise AgentError(f"the heartbeat cannot be sent: {said(exc)}") from None
         return self._post_beat(body, jobs)
 
     def _post_beat(
-        self, body: dict[str, Any], jobs: list[tuple[str, Mark, dict[str, Any]]]
-    ) -> dict[str, Any]:
+        self,
+        body: wire.Heartbeat | wire.HandMadeBeat,
+        jobs: list[tuple[str, Mark, wire.JobReport | None]],
+    ) -> wire.HeartbeatAnswer:
         """Send the heartbeat with the finished jobs. Jobs are never why a heartbeat is lost:
         if the API answers anything but success with them (a report it refuses, a 5xx it
         cannot store — a producer's task id with a NUL byte once was one, resent for ever) they
         are dropped and the heartbeat goes without them; only a connection failure keeps them
         for the next beat. Answered: the jobs are marked sent, and the files of children that
         are gone are removed once all their jobs went."""
+        reports = [j for *_, j in jobs if j is not None]
         try:
-            answer = self.api.call("POST", "heartbeat", json=body | {"jobs": [j for *_, j in jobs]})
+            with_jobs = body.model_copy(update={"jobs": reports})
+            answer = self.api.call("POST", "heartbeat", wire.HeartbeatAnswer, with_jobs)
         except ApiAnswered as exc:
-            if not jobs:
+            if not reports:
                 raise
-            log.warning("the API refused %d finished job(s); dropped: %s", len(jobs), exc)
-            answer = self.api.call("POST", "heartbeat", json=body)
+            log.warning("the API refused %d finished job(s); dropped: %s", len(reports), exc)
+            answer = self.api.call("POST", "heartbeat", wire.HeartbeatAnswer, body)
         for name, mark, _ in jobs:
             self.marks[name] = max(self.marks.get(name, mark), mark)
         self._forget_gone_children()
@@ -544,19 +636,16 @@ class Agent:
         log.info("work folder %s", cfg.workdir)
         seconds: dict[str, float] = {}
         if cfg.launch_id is not None:
-            reg = self.api.call_retrying(
-                "POST", "register", json={"worker_name": f"agent@{cfg.launch_id}"}
-            )
+            reg = self.register()
             seconds["register"] = time.monotonic() - t0
             self.phase("registered")
             self.report_phases()
-            dep = self.api.call_retrying("GET", "deployment")
-            interval = cfg.heartbeat_interval or float(reg.get("heartbeat_interval") or 10.0)
+            interval = cfg.heartbeat_interval or reg.heartbeat_interval or 10.0
         else:
             self.beat("starting")
             seconds["register"] = time.monotonic() - t0
-            dep = self.api.call_retrying("GET", f"deployment?queue={cfg.queue}")
             interval = cfg.heartbeat_interval or 10.0
+        dep = self.deployment()
         seconds["deployment"] = time.monotonic() - t0 - seconds["register"]
         done = prepare_deploy(dep, cfg.workdir)
         for name in ("code_fetched", "requirements_installed"):
@@ -591,8 +680,23 @@ class Agent:
                 log.warning("heartbeat not sent: %s", exc)
                 continue
             self.report_phases()
-            if answer.get("drain") and cfg.launch_id is not None:
+            if answer.drain and cfg.launch_id is not None:
                 return self.drain(interval)
+
+    def register(self) -> wire.Registered:
+        """A rented machine's first word: its agent is up (the launch id names its worker)."""
+        try:
+            body = wire.Register(worker_name=f"agent@{self.cfg.launch_id}")
+        except ValidationError as exc:
+            raise AgentError(f"the launch id cannot name a worker: {said(exc)}") from None
+        return self.api.call_retrying("POST", "register", wire.Registered, body)
+
+    def deployment(self) -> wire.DeploymentAnswer:
+        """What to run: a rented machine's own deployment, a hand-made one's queue's."""
+        if self.cfg.launch_id is not None:
+            return self.api.call_retrying("GET", "deployment", wire.DeploymentAnswer)
+        params = {"queue": self.cfg.queue or ""}
+        return self.api.call_retrying("GET", "deployment", wire.DeploymentAnswer, params=params)
 
     def wait_beat(self, interval: float) -> bool:
         """Wait for the next heartbeat: `interval` seconds, or less when the worker turns busy
@@ -617,17 +721,15 @@ class Agent:
         catch mid-job. A token refused (4xx: the machine is being destroyed) or an answer
         "drain" (drained before its worker ran) means: start nothing. `detail`: how the deploy
         went (warm or cold start, each phase's time)."""
-        body: dict[str, Any] = {"state": "idle", "running_tasks": 0}
-        if detail:
-            body["detail"] = detail[:500]
+        body = wire.Heartbeat(state="idle", running_tasks=0, detail=sendable_detail(detail))
         try:
-            answer = self.api.call_retrying("POST", "heartbeat", json=body)
+            answer = self.api.call_retrying("POST", "heartbeat", wire.HeartbeatAnswer, body)
         except ApiAnswered as exc:
             if not 400 <= exc.status < 500:
                 raise
             log.info("the machine is no longer wanted (%s): starting no worker", exc)
             return False
-        if answer.get("drain"):
+        if answer.drain:
             log.info("drained before its worker started: starting no worker")
             self.report_drained()
             return False
@@ -637,11 +739,13 @@ class Agent:
         """Say the worker is stopped. A refusal (4xx: the machine is already being destroyed,
         its token dead, or nobody asked it to drain) leaves nothing to report."""
         try:
-            self.api.call_retrying("POST", "drained")
+            answer = self.api.call_retrying("POST", "drained", wire.Drained)
         except ApiAnswered as exc:
             if not 400 <= exc.status < 500:
                 raise
             log.info("drained not recorded (%s): the machine is already on its way out", exc)
+            return
+        log.info("drained recorded: the machine is %s", answer.state)
 
     def drain(self, interval: float) -> int:
         """Warm shutdown: SIGTERM once (Celery stops taking jobs and finishes the running

@@ -103,7 +103,7 @@ def register(session: Session, machine: InstanceDetails, worker_name: str, now: 
 
 
 class FinishedJob(Protocol):
-    """A job the worker finished, as its agent reports it (`api.machines.JobReport`): epoch
+    """A job the worker finished, as its agent reports it (`wire.JobReport`): epoch
     seconds on the machine's clock."""
 
     @property

@@ -17,6 +17,7 @@ from typing import Any
 
 import uvicorn
 
+from autoscaler.wire import DeploymentAnswer
 from tests.api.apikit import World
 
 TASK_APP = """
@@ -40,6 +41,20 @@ app.conf.update(
 """
 """The head of an e2e task module deployed from Git (`tasks.py`): the agent's job hook and a
 Celery app on the broker the machine is given; the tasks follow."""
+
+
+def deployment(**fields: Any) -> DeploymentAnswer:
+    """A deployment answer as the API gives it: `fields` over one of q1 that names nothing."""
+    empty: dict[str, Any] = {
+        "queue": "q1",
+        "git_url": None,
+        "git_ref": None,
+        "startup_cmd": None,
+        "env": {},
+        "broker_url": None,
+        "broker_note": None,
+    }
+    return DeploymentAnswer.model_validate(empty | fields)
 
 
 def free_port() -> int:

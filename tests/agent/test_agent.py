@@ -285,7 +285,7 @@ def test_the_agent_asks_before_starting_its_worker_and_a_cancelled_machine_start
             cfg = AgentConfig(api_url=api, token=token, launch_id=launch_id, queue="q1")
             cfg.workdir = tmp_path / launch_id
             agent = Agent(cfg)
-            agent.api.call("POST", "register", json={"worker_name": f"agent@{launch_id}"})
+            agent.register()
             return agent
 
         # booting: ready on the agent's word, before any job could run

@@ -46,10 +46,12 @@ def test_reports_leave_out_what_was_sent_and_are_bounded():
         for i in range(JOBS_PER_BEAT + 5)
     ]
     first = job_reports(jobs, {})
-    assert len(first) == JOBS_PER_BEAT and first[0][2]["id"] == "t0"
+    assert len(first) == JOBS_PER_BEAT and first[0][2] is not None and first[0][2].id == "t0"
     marks = {"s.json.7": max(m for _, m, _ in first)}
     rest = job_reports(jobs, marks)
-    assert [r["id"] for *_, r in rest] == [f"t{i}" for i in range(JOBS_PER_BEAT, JOBS_PER_BEAT + 5)]
+    assert [r.id for *_, r in rest if r is not None] == [
+        f"t{i}" for i in range(JOBS_PER_BEAT, JOBS_PER_BEAT + 5)
+    ]
     marks["s.json.7"] = max(m for _, m, _ in rest)
     assert job_reports(jobs, marks) == []
     # another file's jobs are judged by its own mark

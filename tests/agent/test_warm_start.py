@@ -24,7 +24,15 @@ import pytest
 from autoscaler.agent.deploy import STATE, Deployed, names_local_files, prepare
 from autoscaler.agent.run import Agent, AgentConfig, AgentError, prepare_deploy
 from autoscaler.store import config_versions
-from tests.agent.agentkit import AgentProc, git_commit, git_repo, make_wheel, serve, wait_for
+from tests.agent.agentkit import (
+    AgentProc,
+    deployment,
+    git_commit,
+    git_repo,
+    make_wheel,
+    serve,
+    wait_for,
+)
 from tests.api.apikit import CONFIG, World, make_world
 
 TOKEN = "ghp-WARM-POOL-PRIVATE-TOKEN-42"
@@ -42,7 +50,7 @@ def wheels(tmp_path, monkeypatch) -> Path:
 
 def start(url: str, work: Path, ref: str | None = "main", **dep: str) -> Deployed:
     """One start of the agent's deploy, as a machine (fresh or resumed) does it."""
-    return prepare({"git_url": url, "git_ref": ref, **dep}, work)
+    return prepare(deployment(git_url=url, git_ref=ref, **dep), work)
 
 
 def head(repo: Path) -> str:
@@ -236,7 +244,7 @@ def test_a_branch_that_cannot_be_fetched_fails_and_leaves_the_folder_as_it_was(s
     state = (work / STATE).read_text()
     src.rename(tmp_path / "away")
     with pytest.raises(AgentError, match="git clone failed"):
-        prepare_deploy({"git_url": url, "git_ref": "main"}, work)
+        prepare_deploy(deployment(git_url=url, git_ref="main"), work)
     assert head(work / "repo") == first.commit and (work / STATE).read_text() == state
     assert (work / "site-packages" / "asgmarker").is_dir()
     (tmp_path / "away").rename(src)
@@ -330,7 +338,7 @@ def test_a_private_repositorys_token_is_in_no_file_of_the_work_folder(source, pr
     src, _ = source
     work = tmp_path / "work"
     with pytest.raises(AgentError, match="git clone failed"):  # the server wants the token
-        prepare_deploy({"git_url": private.url, "git_ref": "main"}, tmp_path / "no-token")
+        prepare_deploy(deployment(git_url=private.url, git_ref="main"), tmp_path / "no-token")
     first = start(private.url, work, git_token=TOKEN)
     new = git_commit(src, {"tasks.py": "X = 5\n"})
     subprocess.run(["git", "-C", str(src), "update-server-info"], check=True)
@@ -368,7 +376,7 @@ def test_the_worker_imports_the_installed_packages_and_the_agents_hook(source, t
     agent = Agent(cfg)
     out = tmp_path / "out.json"
     agent.start_worker(
-        {"startup_cmd": f"{sys.executable} worker.py", "env": {"OUT": str(out)}},
+        deployment(startup_cmd=f"{sys.executable} worker.py", env={"OUT": str(out)}),
         done.repo,
         done.site_packages,
     )

@@ -15,12 +15,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select, update
 
-from autoscaler.api.routers.worker import BootPhases
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.boots import BOOT_PHASES
 from autoscaler.store import avoided_hosts, boot_phases, config_versions
 from autoscaler.store.boot_phases import PhaseRecord
 from autoscaler.store.models import Instance, ScaleEvent
+from autoscaler.wire import BootPhases
 from tests.api.apikit import CONFIG, World, add_machine, make_world
 
 

@@ -32,7 +32,15 @@ import pytest
 
 from autoscaler.agent.deploy import STATE, Deployed, prepare
 from autoscaler.store import config_versions
-from tests.agent.agentkit import AgentProc, git_commit, git_repo, make_wheel, serve, wait_for
+from tests.agent.agentkit import (
+    AgentProc,
+    deployment,
+    git_commit,
+    git_repo,
+    make_wheel,
+    serve,
+    wait_for,
+)
 from tests.api.apikit import CONFIG, World, make_world
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,7 +228,7 @@ def source(tmp_path, wheels) -> tuple[Path, str]:
 
 
 def start(url: str, work: Path) -> Deployed:
-    return prepare({"git_url": url, "git_ref": "main"}, work)
+    return prepare(deployment(git_url=url, git_ref="main"), work)
 
 
 @pytest.mark.parametrize("dot_on_path", [False, True], ids=["path", "dot-on-path"])

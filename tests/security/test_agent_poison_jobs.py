@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from autoscaler.agent.run import Agent, AgentConfig, AgentError
+from autoscaler.wire import HeartbeatAnswer
 
 
 class _Api:
@@ -66,11 +67,29 @@ def _agent(url: str, workdir: Path) -> Agent:
 
 def test_a_batch_the_api_cannot_store_is_dropped_and_the_heartbeat_still_goes(api, tmp_path):
     agent = _agent(api.url, tmp_path / "work")
-    job = {"id": "poison\u0000id", "queue": "q1", "started_at": 10.0, "finished_at": 11.0}
+    job = {"id": "j1", "queue": "q1", "started_at": 10.0, "finished_at": 11.0}
     Path(agent.status_file).write_text(json.dumps({"running": 0, "jobs": [job]}))
-    assert agent.beat("auto") == {"drain": False, "state": "ready"}
+    assert agent.beat("auto") == HeartbeatAnswer(drain=False, state="ready")
     assert [bool(b.get("jobs")) for b in api.beats] == [True, False]  # refused, then without
     agent.beat("auto")  # the batch is not sent again
+    assert [bool(b.get("jobs")) for b in api.beats] == [True, False, False]
+
+
+def test_a_job_the_api_would_refuse_is_never_sent_and_costs_neither_the_beat_nor_its_batch(
+    api, tmp_path
+):
+    """A task id with a NUL byte fails `wire.JobReport` in the agent itself: it is dropped
+    there (marked sent), the heartbeat and the other jobs go."""
+    agent = _agent(api.url, tmp_path / "work")
+    jobs = [
+        {"id": "poison\u0000id", "queue": "q1", "started_at": 10.0, "finished_at": 11.0},
+        {"id": "j2", "queue": "q1", "started_at": 10.0, "finished_at": 12.0},
+    ]
+    Path(agent.status_file).write_text(json.dumps({"running": 0, "jobs": jobs}))
+    assert agent.beat("auto") == HeartbeatAnswer(drain=False, state="ready")
+    # the fake refuses any batch: j2 went (then was dropped), the poisoned one never did
+    assert [[j["id"] for j in b.get("jobs", [])] for b in api.beats] == [["j2"], []]
+    agent.beat("auto")
     assert [bool(b.get("jobs")) for b in api.beats] == [True, False, False]
 
 

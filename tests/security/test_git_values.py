@@ -14,7 +14,7 @@ import pytest
 
 from autoscaler.agent.run import AgentError, prepare_deploy
 from autoscaler.config import ConfigError, load_config_text
-from tests.agent.agentkit import git_repo
+from tests.agent.agentkit import deployment, git_repo
 
 CONFIG = """
 providers: {{gpu: {{kind: mock}}}}
@@ -51,9 +51,9 @@ def test_the_agent_refuses_an_option_and_checks_out_a_ref_after_end_of_options(t
         {"git_url": "--upload-pack=touch /tmp/x", "git_ref": "main"},
     ):
         with pytest.raises(AgentError, match="starts with '-'"):
-            prepare_deploy(dep, tmp_path / "work")
+            prepare_deploy(deployment(**dep), tmp_path / "work")
         assert not (tmp_path / "work" / "repo").exists()  # git never ran
-    repo = prepare_deploy({"git_url": url, "git_ref": "other"}, tmp_path / "work").repo
+    repo = prepare_deploy(deployment(git_url=url, git_ref="other"), tmp_path / "work").repo
     head = subprocess.run(
         ["git", "-C", str(repo), "branch", "--show-current"], capture_output=True, text=True
     )

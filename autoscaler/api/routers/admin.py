@@ -14,7 +14,6 @@ from pydantic import Field
 
 from autoscaler.access.credentials import describe_credentials, registered_provider_configs
 from autoscaler.api.deps import DB, Admin, LaunchId, Message, Rt
-from autoscaler.api.inputs import RequestBody, UtcTime
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.loader import load_config_text
 from autoscaler.control import apply
@@ -26,6 +25,7 @@ from autoscaler.lifecycle import InstanceState
 from autoscaler.store import config_versions, event_views, machine_views, queue_status
 from autoscaler.store import providers as provider_rows
 from autoscaler.store.instances import InstanceDetails, live_rows
+from autoscaler.wire import RequestBody, UtcTime
 
 router = APIRouter(prefix="/v1/admin")
 

@@ -23,7 +23,6 @@ from pydantic import Field
 from autoscaler.access.credentials import registered_provider_configs
 from autoscaler.api import overview as numbers
 from autoscaler.api.deps import DB, Admin, Rt
-from autoscaler.api.inputs import RequestBody
 from autoscaler.config.errors import ConfigError
 from autoscaler.config.loader import known_providers, load_config_text, parse_yaml_document
 from autoscaler.config.models import Config
@@ -42,6 +41,7 @@ from autoscaler.store import (
 )
 from autoscaler.store.config_versions import ConfigRecord
 from autoscaler.store.db import Session
+from autoscaler.wire import RequestBody
 
 QueueName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\s/]+$")]
 PAGE_HEADERS = {

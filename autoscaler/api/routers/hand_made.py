@@ -7,27 +7,17 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
-from pydantic import Field
 
 from autoscaler.access import keys
 from autoscaler.api import machines
 from autoscaler.api.deps import DB, Enrolled, Rt
-from autoscaler.api.inputs import RequestBody
-from autoscaler.api.machines import DeploymentAnswer, HeartbeatAnswer, JobReport, Name, WorkerState
 from autoscaler.control.machines import job_rows
 from autoscaler.policy.reports import Want
 from autoscaler.store import events, job_records, report_budgets, worker_sightings
 from autoscaler.store.db import store_now
+from autoscaler.wire import DeploymentAnswer, HandMadeBeat, HeartbeatAnswer
 
 router = APIRouter(prefix="/v1/hand-made")
-
-
-class HandMadeBeat(RequestBody):
-    name: Name
-    queues: list[Name] = Field(min_length=1, max_length=50)
-    state: WorkerState = "idle"
-    running_tasks: int = Field(default=0, ge=0, le=100_000)
-    jobs: list[JobReport] = Field(default_factory=list, max_length=1000)
 
 
 def bound(key: keys.KeyInfo, queues: list[str]) -> None:

@@ -7,80 +7,29 @@ transaction closed."""
 from __future__ import annotations
 
 from fastapi import APIRouter, BackgroundTasks, HTTPException, Request
-from pydantic import BaseModel, Field
 
 from autoscaler.access import keys
 from autoscaler.api import machines
 from autoscaler.api.deps import DB, Rt, Worker, bearer
-from autoscaler.api.inputs import RequestBody, UtcTime
-from autoscaler.api.machines import (
-    DeploymentAnswer,
-    HeartbeatAnswer,
-    JobReport,
-    Name,
-    TaskId,
-    WorkerState,
-)
 from autoscaler.brokers import users as broker_users
 from autoscaler.control import machines as control
 from autoscaler.control.steps.credentials import remake_broker_user
 from autoscaler.control.steps.resume import avoid_host
 from autoscaler.lifecycle import InstanceState
 from autoscaler.store.db import store_now
+from autoscaler.wire import (
+    BootPhases,
+    DeploymentAnswer,
+    Drained,
+    Heartbeat,
+    HeartbeatAnswer,
+    PhasesKept,
+    Register,
+    Registered,
+)
 
 S = InstanceState
 router = APIRouter(prefix="/v1/worker/{launch_id}")
-
-
-class Register(RequestBody):
-    worker_name: Name
-    hostname: Name | None = None
-
-
-class Registered(BaseModel):
-    launch_id: str
-    queue: str
-    heartbeat_interval: float
-
-
-class Heartbeat(RequestBody):
-    state: WorkerState
-    running_tasks: int = Field(default=0, ge=0, le=100_000)
-    last_task_at: UtcTime | None = None
-    gpu_utilisation: float | None = Field(default=None, ge=0, le=100)
-    detail: str | None = Field(default=None, max_length=500)
-    jobs: list[JobReport] = Field(default_factory=list, max_length=1000)
-    tasks: list[TaskId] = Field(default_factory=list, max_length=1000)
-    """Ids of the jobs its worker holds now (received, not finished): what is handed back to
-    the broker if the machine is lost (`control.steps.handback`)."""
-    acks_late: bool | None = None
-    """Its worker's `task_acks_late`: with early acks a lost machine's running jobs are gone."""
-
-
-class Drained(BaseModel):
-    state: str
-
-
-class BootPhases(RequestBody):
-    """When each phase of this boot happened, on the machine's clock (UTC; ISO 8601 or epoch
-    seconds): the fields are `policy.boots.BOOT_PHASES` (a test holds them alike), any other
-    name refused. A phase already kept for this boot is left as it was (the first report
-    wins); a time before the boot began or after the store's now is clamped into that span."""
-
-    started: UtcTime | None = None
-    registered: UtcTime | None = None
-    code_fetched: UtcTime | None = None
-    requirements_installed: UtcTime | None = None
-    worker_up: UtcTime | None = None
-    first_job: UtcTime | None = None
-
-
-class PhasesKept(BaseModel):
-    boot: int
-    """The row's resumes when reported: 0 for the cold boot, n for its n-th resume."""
-    resume: bool
-    recorded: list[str]
-    """The phases newly kept by this report (those kept before are not changed)."""
 
 
 @router.post("/register", response_model=Registered)
