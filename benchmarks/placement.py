@@ -101,7 +101,7 @@ queues:
                 at.append(time.perf_counter() - t0)
                 return False  # stop just before the create: nothing is rented
 
-            outcome = placement.Outcome()
+            outcome = placement.PlacementOutcome()
             placement.place(providers, auto, launch, {}, 300.0, stop_at_create, outcome)
             parallel.append(at[0])
             skipped = sorted(n for n, (cause, _) in outcome.failures.items())

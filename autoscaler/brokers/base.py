@@ -236,7 +236,7 @@ def observe_safely(
 
 
 @dataclass(frozen=True)
-class Build:
+class ReaderBuild:
     """What a reader is built with beside its `metrics:` block (`registry.READERS`): the broker
     URL the block resolves to, where head sightings and marks are kept (None: in memory), the
     clock, and the timeout of one read."""

@@ -19,10 +19,10 @@ from typing import Any
 
 from autoscaler.brokers.asynq import asynq
 from autoscaler.brokers.base import (
-    Build,
     Clock,
     MetricsConfigError,
     MetricsReader,
+    ReaderBuild,
     Sightings,
     source_url,
     utc_now,
@@ -39,7 +39,7 @@ from autoscaler.config.models import Queue
 from autoscaler.config.triggers import MetricTrigger
 from autoscaler.urls import Transport, UrlError, parse_url, transport
 
-Builder = Callable[[Any, Build], MetricsReader]
+Builder = Callable[[Any, ReaderBuild], MetricsReader]
 """A source kind's `build`: its config block (the kind's model) and the rest -> its reader."""
 
 CELERY_TRANSPORTS: Mapping[Transport, Builder] = {
@@ -50,7 +50,7 @@ CELERY_TRANSPORTS: Mapping[Transport, Builder] = {
 """Celery's reader on each broker, by the transport its URL names (`urls.transport`)."""
 
 
-def _celery(source: CelerySource, ctx: Build) -> MetricsReader:
+def _celery(source: CelerySource, ctx: ReaderBuild) -> MetricsReader:
     """The `celery` source's reader: the one of the broker its URL names."""
     builder = CELERY_TRANSPORTS.get(transport(ctx.url))
     if builder is None:
@@ -117,7 +117,7 @@ def build_reader(
     builder = READERS.get(source.source)
     if builder is None:
         raise MetricsConfigError(f"unknown metrics source {source.source!r}")
-    return builder(source, Build(url, sightings, clock, timeout))
+    return builder(source, ReaderBuild(url, sightings, clock, timeout))
 
 
 def build_source(

@@ -53,7 +53,7 @@ def drain(launch_id: str, by: str) -> None:
     destroyed as soon as it exists. Only a machine already gone is refused."""
     from autoscaler.control.manual import ManualError, request_drain
     from autoscaler.control.runtime import Runtime
-    from autoscaler.control.steps.drain import Drain
+    from autoscaler.control.steps.drain import DrainStep
     from autoscaler.control.steps.frame import run_step
     from autoscaler.control.tasks import BEST_EFFORT
 
@@ -62,7 +62,7 @@ def drain(launch_id: str, by: str) -> None:
     rt = Runtime(current)
     try:
         click.echo(request_drain(rt, launch_id, by))
-        click.echo(str(run_step(Drain(f"{by} asked to drain it"), rt, launch_id, BEST_EFFORT)))
+        click.echo(str(run_step(DrainStep(f"{by} asked to drain it"), rt, launch_id, BEST_EFFORT)))
     except ManualError as exc:
         fail(str(exc))
     finally:

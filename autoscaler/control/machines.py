@@ -167,7 +167,7 @@ class Report:
 
 
 @dataclass(frozen=True)
-class Answer:
+class HeartbeatVerdict:
     """A heartbeat's answer: the machine's state as the heartbeat's write found it (or as it
     moved it: ready), and a slow cold boot's host for the caller to avoid after its commit."""
 
@@ -181,7 +181,9 @@ class Answer:
         return self.state not in MAY_SERVE
 
 
-def heartbeat(session: Session, machine: InstanceDetails, report: Report, now: datetime) -> Answer:
+def heartbeat(
+    session: Session, machine: InstanceDetails, report: Report, now: datetime
+) -> HeartbeatVerdict:
     """The agent's word on its worker. Every state but `starting` and `crashed` says the
     worker is up (the agent sends its first heartbeat as it starts the worker): a booting or
     resuming machine is ready at once (`mark_ready`). `crashed`: no sign of life, no running
@@ -238,7 +240,7 @@ def heartbeat(session: Session, machine: InstanceDetails, report: Report, now: d
         ready = mark_ready(session, machine.launch_id, machine.queue, machine.provider, now, why)
         if ready:
             state, slow = S.READY, ready.slow_host
-    return Answer(state, slow)
+    return HeartbeatVerdict(state, slow)
 
 
 def _told(machine: InstanceDetails, granted: Grant) -> list[dict[str, Any]]:
@@ -431,8 +433,8 @@ def rental_failed(
 __all__ = [
     "CRASH_EVENT_EVERY",
     "HEARTBEAT_INTERVAL",
-    "Answer",
     "FinishedJob",
+    "HeartbeatVerdict",
     "NotDraining",
     "Readied",
     "Report",

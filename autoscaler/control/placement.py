@@ -39,7 +39,7 @@ from autoscaler.providers.base import (
 
 
 @dataclass
-class Outcome:
+class PlacementOutcome:
     """What one launch's providers did: the machine placed (or None), the providers that failed
     it with the cause and text each backs off with, and the 429s to record."""
 
@@ -94,7 +94,7 @@ def gather(
     providers: Mapping[str, Provider],
     spec: InstanceSpec,
     timeout: float,
-    outcome: Outcome,
+    outcome: PlacementOutcome,
     interruptible: bool = False,
 ) -> list[Offer]:
     """Every provider's offers for `spec` (`offers_of`), asked in parallel; a provider that
@@ -159,9 +159,9 @@ def place(
     boot_times: BootTimes,
     fallback_boot: float,
     before_create: Callable[[str], bool],
-    outcome: Outcome,
+    outcome: PlacementOutcome,
     interruptible: bool = False,
-) -> Outcome:
+) -> PlacementOutcome:
     """Gather, rank and rent (see the module): `outcome.placed` is the machine, or None with
     every provider's cause in `outcome`. `interruptible`: the launch may rent at the queue's bid
     (decide() keeps the share within `max_share`); bid offers rank with the others at their
@@ -182,7 +182,7 @@ def place(
     return outcome
 
 
-def placement_error(outcome: Outcome) -> ProviderError:
+def placement_error(outcome: PlacementOutcome) -> ProviderError:
     """One error saying why nothing was rented, naming every provider's cause."""
     parts = [f"{name}: {text}" for name, (_, text) in outcome.failures.items()]
     parts += [f"{name}: rate limited ({exc})" for name, exc in outcome.limited.items()]

@@ -104,14 +104,14 @@ def fast_path() -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Registered:
+class RegisteredStep:
     """A lifecycle step: its declaration (`control/steps/`) and its Celery task."""
 
     declaration: Step[Any]
     task: Task
 
 
-def _register(step: Step[Any]) -> tuple[StepName, Registered]:
+def _register(step: Step[Any]) -> tuple[StepName, RegisteredStep]:
     """The step's task `autoscaler.<name>`, taking one launch id (acks late: a worker lost
     mid-step leaves it to be run again), returning the outcome's text."""
 
@@ -120,12 +120,12 @@ def _register(step: Step[Any]) -> tuple[StepName, Registered]:
 
     task.__name__ = task.__qualname__ = step.name
     task.__doc__ = type(step).__doc__
-    return step.name, Registered(
+    return step.name, RegisteredStep(
         step, app.task(name=f"autoscaler.{step.name}", acks_late=True)(task)
     )
 
 
-STEPS: dict[StepName, Registered] = dict(
+STEPS: dict[StepName, RegisteredStep] = dict(
     _register(step)
     for step in (launch.STEP, drain.STEP, terminate.STEP, stop.STEP, resume.STEP, handback.STEP)
 )

@@ -478,7 +478,7 @@ def find_after_ambiguous_create(
 
 
 @dataclass(frozen=True)
-class Build:
+class ProviderBuild:
     """What a provider kind's factory (`providers.registry.FACTORIES`) builds a provider from:
     the decrypted API key (checked present for kinds that need one), this installation's id, the
     store's sessions (for what a provider keeps there), a folder for local state, and the HTTP

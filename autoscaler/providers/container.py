@@ -41,12 +41,12 @@ from docker.types import DeviceRequest
 from autoscaler.config.machine_specs import InstanceSpec
 from autoscaler.config.provider_options import ContainerOptions
 from autoscaler.providers.base import (
-    Build,
     CapacityError,
     LaunchSpec,
     NotOwnedError,
     Offer,
     Provider,
+    ProviderBuild,
     ProviderError,
     ProviderMachine,
     ProviderRequestError,
@@ -493,7 +493,7 @@ class ContainerProvider(Provider):
         )
 
 
-def build(name: str, config: ContainerOptions, ctx: Build) -> ContainerProvider:
+def build(name: str, config: ContainerOptions, ctx: ProviderBuild) -> ContainerProvider:
     """The container provider's factory (`providers.registry.FACTORIES`): nothing is called
     before the first operation."""
     return ContainerProvider(name, config, ctx.installation_id, timeout=float(ctx.timeout[1]))

@@ -44,12 +44,12 @@ from autoscaler.config.machine_specs import InstanceSpec
 from autoscaler.config.provider_options import LocalOptions
 from autoscaler.providers.base import (
     WORKDIR_ENV,
-    Build,
     LaunchSpec,
     MachineStatus,
     NotOwnedError,
     Offer,
     Provider,
+    ProviderBuild,
     ProviderError,
     ProviderMachine,
     ResumeRefusedError,
@@ -434,7 +434,7 @@ class LocalProvider(Provider):
             os.killpg(pgid, sig)
 
 
-def build(name: str, config: LocalOptions, ctx: Build) -> LocalProvider:
+def build(name: str, config: LocalOptions, ctx: ProviderBuild) -> LocalProvider:
     """The local provider's factory (`providers.registry.FACTORIES`): pid files in a folder."""
     if ctx.state_dir is None:
         raise ValueError(f"provider {name!r} (local) needs a state directory for its pid files")

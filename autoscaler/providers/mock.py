@@ -22,13 +22,13 @@ from autoscaler.config.machine_specs import InstanceSpec
 from autoscaler.config.provider_options import MockOptions
 from autoscaler.digits import ascii_whole
 from autoscaler.providers.base import (
-    Build,
     CapacityError,
     LaunchSpec,
     MachineStatus,
     NotOwnedError,
     Offer,
     Provider,
+    ProviderBuild,
     ProviderMachine,
     ResumeRefusedError,
 )
@@ -249,7 +249,7 @@ class MockProvider(Provider):
         )
 
 
-def build(name: str, config: MockOptions, ctx: Build) -> MockProvider:
+def build(name: str, config: MockOptions, ctx: ProviderBuild) -> MockProvider:
     """The mock provider's factory (`providers.registry.FACTORIES`): machines in the store."""
     from autoscaler.store.mock_machines import StoredMockMachines
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from autoscaler.config.provider_options import ProviderConfig
 from autoscaler.providers import container, local, mock, runpod, vast
-from autoscaler.providers.base import AuthError, Build, Provider
+from autoscaler.providers.base import AuthError, Provider, ProviderBuild
 from autoscaler.providers.http import RetryPolicy
 
-Factory = Callable[[str, Any, Build], Provider]
+Factory = Callable[[str, Any, ProviderBuild], Provider]
 
 FACTORIES: Mapping[str, Factory] = {
     "runpod": runpod.build,
@@ -59,5 +59,5 @@ def build_provider(
     return factory(
         name,
         config,
-        Build(credential, installation_id, sessions, state_dir, timeout, retry),
+        ProviderBuild(credential, installation_id, sessions, state_dir, timeout, retry),
     )

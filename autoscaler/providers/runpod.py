@@ -33,12 +33,12 @@ from autoscaler.config.provider_options import HOURS_PER_MONTH, RunPodOptions
 from autoscaler.providers.base import (
     WORKDIR_ENV,
     AmbiguousCreateError,
-    Build,
     CapacityError,
     LaunchSpec,
     MachineStatus,
     NotOwnedError,
     Offer,
+    ProviderBuild,
     ProviderError,
     ProviderMachine,
     ProviderRequestError,
@@ -461,7 +461,7 @@ def _check_id(pod_id: str) -> None:
         raise ValueError(f"{pod_id!r} is not a RunPod pod id")
 
 
-def build(name: str, config: RunPodOptions, ctx: Build) -> RunPodProvider:
+def build(name: str, config: RunPodOptions, ctx: ProviderBuild) -> RunPodProvider:
     """RunPod's factory (`providers.registry.FACTORIES`)."""
     assert ctx.credential is not None  # the registry refuses a keyed kind without its key
     return RunPodProvider(

@@ -49,7 +49,6 @@ from autoscaler.digits import ascii_whole, is_ascii_whole
 from autoscaler.policy import reconcile
 from autoscaler.providers.base import (
     AmbiguousCreateError,
-    Build,
     CapacityError,
     HostsToAvoid,
     LaunchSpec,
@@ -57,6 +56,7 @@ from autoscaler.providers.base import (
     NotOwnedError,
     Offer,
     OfferGoneError,
+    ProviderBuild,
     ProviderError,
     ProviderMachine,
     ProviderRequestError,
@@ -631,7 +631,7 @@ class VastProvider(ApiProvider):
         )
 
 
-def build(name: str, config: VastOptions, ctx: Build) -> VastProvider:
+def build(name: str, config: VastOptions, ctx: ProviderBuild) -> VastProvider:
     """Vast.ai's factory (`providers.registry.FACTORIES`): hosts to avoid live in the store."""
     from autoscaler.store.avoided_hosts import StoredHostsToAvoid
 

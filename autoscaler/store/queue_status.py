@@ -19,7 +19,7 @@ from autoscaler.store.models import QueueStatus
 
 
 @dataclass(frozen=True, slots=True)
-class Evaluation:
+class QueueEvaluation:
     """A queue's latest evaluation as `status`, the admin API and /metrics read it."""
 
     queue: str
@@ -29,7 +29,7 @@ class Evaluation:
     """The status document the tick wrote (`StoreActions.flush`): desired, capacity, waits…"""
 
 
-def evaluations(session: Session) -> dict[str, Evaluation]:
+def evaluations(session: Session) -> dict[str, QueueEvaluation]:
     """Each queue's latest evaluation, by queue (one query)."""
     rows = session.execute(
         select(
@@ -39,7 +39,9 @@ def evaluations(session: Session) -> dict[str, Evaluation]:
             QueueStatus.status,
         )
     )
-    return {queue: Evaluation(queue, at, version, status) for queue, at, version, status in rows}
+    return {
+        queue: QueueEvaluation(queue, at, version, status) for queue, at, version, status in rows
+    }
 
 
 def histories(session: Session, queues: Collection[str]) -> dict[str, Any]:

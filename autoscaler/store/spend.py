@@ -58,7 +58,7 @@ class Spend:
         }
 
 
-Histories = Mapping[str, Sequence[transitions.Transition]]
+Histories = Mapping[str, Sequence[transitions.StateChange]]
 """Launch id -> its moves (`transitions.history`)."""
 
 

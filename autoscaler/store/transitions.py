@@ -33,7 +33,7 @@ Move = tuple[InstanceState, datetime]
 """A state entered, and when."""
 
 
-class Transition(NamedTuple):
+class StateChange(NamedTuple):
     """One move of a machine's row: from `src` (None: its first state) to `dst`, at `at`."""
 
     src: InstanceState | None
@@ -76,7 +76,7 @@ def record(
 
 def history(
     session: Session, launch_ids: Collection[str] | Select[Any]
-) -> dict[str, list[Transition]]:
+) -> dict[str, list[StateChange]]:
     """Launch id -> its moves in the order made, for `launch_ids` (a collection, or a SELECT of
     launch ids). One query."""
     if not isinstance(launch_ids, Select):
@@ -88,10 +88,10 @@ def history(
         .where(T.launch_id.in_(launch_ids))
         .order_by(T.launch_id, T.id)
     )
-    out: dict[str, list[Transition]] = {}
+    out: dict[str, list[StateChange]] = {}
     for launch_id, src, dst, at in rows:
         out.setdefault(launch_id, []).append(
-            Transition(InstanceState(src) if src is not None else None, InstanceState(dst), at)
+            StateChange(InstanceState(src) if src is not None else None, InstanceState(dst), at)
         )
     return out
 
@@ -125,7 +125,7 @@ def from_columns(row: Instance) -> list[Move]:
     return [*moves, (current, moves[-1][1])] if moves else moves
 
 
-def moves_of(row: Instance, recorded: Sequence[Transition]) -> list[Move]:
+def moves_of(row: Instance, recorded: Sequence[StateChange]) -> list[Move]:
     """A row's moves: its history where it holds the row's first state (`src` None); else what
     its columns know of the time before its first recorded move, then the recorded moves."""
     if recorded and recorded[0].src is None:
@@ -138,11 +138,11 @@ def moves_of(row: Instance, recorded: Sequence[Transition]) -> list[Move]:
 
 
 def intervals(
-    row: Instance, histories: Mapping[str, Sequence[Transition]]
+    row: Instance, histories: Mapping[str, Sequence[StateChange]]
 ) -> list[billing.Interval[datetime]]:
     """The intervals (state, from, to) of the machine of `row`, from its history in `histories`
     (`history`), or its columns."""
     return billing.intervals(moves_of(row, histories.get(row.launch_id, ())))
 
 
-__all__ = ["Move", "Transition", "from_columns", "history", "intervals", "moves_of", "record"]
+__all__ = ["Move", "StateChange", "from_columns", "history", "intervals", "moves_of", "record"]

@@ -275,7 +275,7 @@ def test_the_agent_asks_before_starting_its_worker_and_a_cancelled_machine_start
     the machine ready (then the worker may take jobs); on one cancelled while its agent
     deployed (its token dead) or drained before its worker ran, nothing is started."""
     from autoscaler.agent.run import Agent, AgentConfig
-    from autoscaler.control.steps.drain import Drain
+    from autoscaler.control.steps.drain import DrainStep
     from autoscaler.control.steps.frame import Kind, run_step
     from tests.api.apikit import add_machine
 
@@ -294,7 +294,7 @@ def test_the_agent_asks_before_starting_its_worker_and_a_cancelled_machine_start
         assert booting.may_start() is True and world.row("m4").state == S.READY
         # cancelled while its agent deployed: its token is dead, no worker starts
         cancelled = agent_of("m5", add_machine(world.rt, "m5", S.BOOTING))
-        said = run_step(Drain("ops asked to drain it"), world.rt, "m5")
+        said = run_step(DrainStep("ops asked to drain it"), world.rt, "m5")
         assert said.kind is Kind.CANCELLED and "being destroyed" in str(said), said
         assert cancelled.may_start() is False and cancelled.proc is None
         assert world.row("m5").state == S.TERMINATING

@@ -30,7 +30,7 @@ from autoscaler.config import load_config_text
 from autoscaler.control import machines, reconciler
 from autoscaler.control.runtime import Runtime, utc_now
 from autoscaler.control.steps import drain, launch, resume, stop, terminate
-from autoscaler.control.steps.drain import Drain
+from autoscaler.control.steps.drain import DrainStep
 from autoscaler.control.steps.frame import Kind, run_step
 from autoscaler.control.tick.evaluate import TickResult, evaluate
 from autoscaler.lifecycle import InstanceState as S
@@ -304,7 +304,7 @@ def test_racing_steps_stop_resume_and_destroy_each_machine_once(world: World):
     # the operator empties the pool later: the machine is destroyed once
     w.stop_idle(launch_id, now + timedelta(minutes=30))
     _stopped(w, launch_id)
-    emptied = Drain("emptied by the operator")
+    emptied = DrainStep("emptied by the operator")
     assert run_step(emptied, w.rt, launch_id).kind is Kind.CANCELLED
     race(lambda: run_step(terminate.STEP, w.rt, launch_id))
     with w.rt.transaction() as session:

@@ -19,7 +19,7 @@ from autoscaler.config.loader import load_config_text
 from autoscaler.control import apply
 from autoscaler.control.manual import ManualError, request_drain, set_target
 from autoscaler.control.runtime import utc_now
-from autoscaler.control.steps.drain import Drain
+from autoscaler.control.steps.drain import DrainStep
 from autoscaler.control.steps.frame import run_step
 from autoscaler.lifecycle import InstanceState
 from autoscaler.store import config_versions, event_views, machine_views, queue_status
@@ -148,7 +148,7 @@ def drain(who: Admin, rt: Rt, launch_id: LaunchId) -> Message:
     from autoscaler.control.tasks import BEST_EFFORT  # the Celery app: only when needed
 
     why = f"api:{who} asked to drain it"
-    return Message(message=str(run_step(Drain(why), rt, launch_id, BEST_EFFORT)))
+    return Message(message=str(run_step(DrainStep(why), rt, launch_id, BEST_EFFORT)))
 
 
 @router.get("/providers")

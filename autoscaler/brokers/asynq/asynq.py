@@ -28,8 +28,8 @@ from typing import Any
 import redis
 
 from autoscaler.brokers.base import (
-    Build,
     Clock,
+    ReaderBuild,
     Secrets,
     SourceError,
     failed_metrics,
@@ -147,6 +147,6 @@ class AsynqReader:
         self._client.close()
 
 
-def build(source: AsynqSource, ctx: Build) -> AsynqReader:
+def build(source: AsynqSource, ctx: ReaderBuild) -> AsynqReader:
     """The `asynq` source's reader (`brokers.registry.READERS`)."""
     return AsynqReader(ctx.url, clock=ctx.clock, timeout=ctx.timeout)

@@ -25,8 +25,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from autoscaler.brokers.base import (
-    Build,
     Clock,
+    ReaderBuild,
     Secrets,
     SightingsMemo,
     SourceError,
@@ -157,7 +157,7 @@ class CelerySqlaReader:
         self._engine.dispose()
 
 
-def build(source: CelerySource, ctx: Build) -> CelerySqlaReader:
+def build(source: CelerySource, ctx: ReaderBuild) -> CelerySqlaReader:
     """Celery's reader on the embedded broker, kombu's SQL transport
     (`brokers.registry.CELERY_TRANSPORTS`)."""
     return CelerySqlaReader(ctx.url, sightings=ctx.sightings, clock=ctx.clock, timeout=ctx.timeout)

@@ -20,8 +20,8 @@ from typing import Any, Literal
 import redis
 
 from autoscaler.brokers.base import (
-    Build,
     Clock,
+    ReaderBuild,
     Secrets,
     SightingsMemo,
     SourceError,
@@ -191,7 +191,7 @@ class RedisStreamReader:
         self._client.close()
 
 
-def build_list(source: RedisListSource, ctx: Build) -> RedisListReader:
+def build_list(source: RedisListSource, ctx: ReaderBuild) -> RedisListReader:
     """The `redis-list` source's reader (`brokers.registry.READERS`)."""
     return RedisListReader(
         ctx.url,
@@ -203,7 +203,7 @@ def build_list(source: RedisListSource, ctx: Build) -> RedisListReader:
     )
 
 
-def build_stream(source: RedisStreamSource, ctx: Build) -> RedisStreamReader:
+def build_stream(source: RedisStreamSource, ctx: ReaderBuild) -> RedisStreamReader:
     """The `redis-stream` source's reader (`brokers.registry.READERS`)."""
     return RedisStreamReader(
         ctx.url,

@@ -42,9 +42,9 @@ import requests
 from kombu.utils.url import parse_url
 
 from autoscaler.brokers.base import (
-    Build,
     Clock,
     Mark,
+    ReaderBuild,
     Secrets,
     SightingsMemo,
     SourceError,
@@ -314,7 +314,7 @@ def _missing(queue: str, now: datetime, error: str) -> QueueMetrics:
     )
 
 
-def build(source: CelerySource, ctx: Build) -> CeleryRabbitMQReader:
+def build(source: CelerySource, ctx: ReaderBuild) -> CeleryRabbitMQReader:
     """Celery's reader on RabbitMQ (`brokers.registry.CELERY_TRANSPORTS`)."""
     return CeleryRabbitMQReader(
         ctx.url,

@@ -48,8 +48,8 @@ from typing import Literal
 import redis
 
 from autoscaler.brokers.base import (
-    Build,
     Clock,
+    ReaderBuild,
     Secrets,
     SightingsMemo,
     SourceError,
@@ -350,7 +350,7 @@ class CeleryRedisReader(PieceReads, UnackedReads, HeadSightings, RoundTrips):
         self._client.close()
 
 
-def build(source: CelerySource, ctx: Build) -> CeleryRedisReader:
+def build(source: CelerySource, ctx: ReaderBuild) -> CeleryRedisReader:
     """Celery's reader on Redis (`brokers.registry.CELERY_TRANSPORTS`)."""
     return CeleryRedisReader(
         ctx.url,

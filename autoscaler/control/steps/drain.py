@@ -33,9 +33,9 @@ from autoscaler.control.runtime import log, utc_now
 from autoscaler.control.steps.frame import (
     AGAIN,
     Kind,
-    Machine,
     Outcome,
     Step,
+    StepRead,
     done,
     skipped,
     waiting,
@@ -61,7 +61,7 @@ class _Next(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Drain(Step[_Next]):
+class DrainStep(Step[_Next]):
     """One step of draining a machine (idempotent); `reason` is who asked, for its events."""
 
     reason: str = "asked to drain it through autoscaler.drain"
@@ -71,7 +71,7 @@ class Drain(Step[_Next]):
     def not_here(self, row: InstanceDetails | None) -> Outcome:
         return skipped("no such machine")  # any state: `read` sorts them out
 
-    def read(self, session: Session, m: Machine) -> _Next | Outcome:
+    def read(self, session: Session, m: StepRead) -> _Next | Outcome:
         row, launch_id, now = m.row, m.launch_id, utc_now()
         if row.state in (S.PENDING, S.CREATING, S.BOOTING, S.RESUMING):
             queue_cfg = m.queue_cfg
@@ -106,7 +106,7 @@ class Drain(Step[_Next]):
             return waiting("the agent drains its worker and reports drained")
         return _Next.DRAIN
 
-    def act(self, m: Machine, kept: _Next) -> Outcome:
+    def act(self, m: StepRead, kept: _Next) -> Outcome:
         if kept is _Next.LOOK:
             queue_cfg = m.queue_cfg
             if m.loaded is not None and queue_cfg is not None:
@@ -166,7 +166,7 @@ def _cancel(session: Session, row: InstanceDetails, reason: str, now: datetime) 
     return outcome
 
 
-def _drain_worker(m: Machine) -> Outcome:
+def _drain_worker(m: StepRead) -> Outcome:
     """The drain of a worker that remote control reaches (or of a machine with none)."""
     launch_id, queue, worker = m.launch_id, m.queue, m.row.worker_name
     queue_cfg = m.queue_cfg
@@ -198,7 +198,7 @@ def _drain_worker(m: Machine) -> Outcome:
     return _drained(m, "no worker to drain")
 
 
-def _drained(m: Machine, why: str) -> Outcome:
+def _drained(m: StepRead, why: str) -> Outcome:
     now = utc_now()
     with m.rt.transaction() as session:
         then = machines.finish_drain(session, m.launch_id, m.queue, why, now)
@@ -228,4 +228,4 @@ def cancel_if_requested(session: Session, launch_id: str, now: datetime) -> bool
     return moved
 
 
-STEP = Drain()
+STEP = DrainStep()

@@ -94,7 +94,7 @@ AGAIN = Outcome(Kind.AGAIN, "the machine moved under the step: read it again")
 
 
 @dataclass(frozen=True)
-class Machine:
+class StepRead:
     """What the frame read for one run of a step: the row, the config it was rented under
     (None when no config can be loaded), and what earlier reads of this run said (each
     AGAIN)."""
@@ -183,11 +183,11 @@ class Step(Generic[T]):
         """No such machine, or not in a state the step starts from."""
         return skipped(f"not {self.doing} ({row.state.value if row else 'no such machine'})")
 
-    def read(self, session: Session, m: Machine) -> T | Outcome:
+    def read(self, session: Session, m: StepRead) -> T | Outcome:
         """In the read transaction: what `act` needs, or an outcome."""
         raise NotImplementedError
 
-    def act(self, m: Machine, kept: T) -> Outcome:
+    def act(self, m: StepRead, kept: T) -> Outcome:
         """After the read transaction: provider calls (`m.call`), moves (`m.move`)."""
         raise NotImplementedError
 
@@ -221,7 +221,7 @@ def _once(step: Step[Any], rt: Runtime, launch_id: str, before: tuple[Outcome, .
             if step.exact_version
             else rt.load_for(session, version)
         )
-        m = Machine(rt, step.name, row, loaded, before)
+        m = StepRead(rt, step.name, row, loaded, before)
         kept = step.read(session, m)
     if isinstance(kept, Outcome):
         return kept

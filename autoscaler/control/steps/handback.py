@@ -43,7 +43,7 @@ from autoscaler.brokers.redis.unacked_mutex import clear_forged
 from autoscaler.brokers.redis_client import open_redis
 from autoscaler.config.metrics_sources import CelerySource
 from autoscaler.control.runtime import Runtime, log
-from autoscaler.control.steps.frame import Kind, Machine, Outcome, Step, done, skipped
+from autoscaler.control.steps.frame import Kind, Outcome, Step, StepRead, done, skipped
 from autoscaler.store import events, handbacks
 from autoscaler.store.db import Session, store_now
 from autoscaler.store.instances import InstanceDetails
@@ -57,7 +57,7 @@ NAMED_SHOWN = 20
 """Task ids of the machine's own claim shown in an event (its word, for the operator only)."""
 
 
-class Handback(Step[None]):
+class HandbackStep(Step[None]):
     """Give back the jobs of one lost machine; not due yet, the step is sent again when it is
     (the task's countdown)."""
 
@@ -72,10 +72,10 @@ class Handback(Step[None]):
             return Outcome(Kind.WAITING, f"not due for {wait:.1f}s", again_in=wait)
         return None
 
-    def read(self, session: Session, m: Machine) -> None:
+    def read(self, session: Session, m: StepRead) -> None:
         return None
 
-    def act(self, m: Machine, kept: None) -> Outcome:
+    def act(self, m: StepRead, kept: None) -> Outcome:
         launch_id, queue = m.launch_id, m.queue
         said = [t for t in m.row.tasks or () if isinstance(t, str)]
         queue_cfg = m.queue_cfg
@@ -191,4 +191,4 @@ def sweep_forged_mutexes(rt: Runtime) -> list[str]:
     return found
 
 
-STEP = Handback()
+STEP = HandbackStep()

@@ -27,7 +27,7 @@ from autoscaler.control import machines, placement, rate_limits
 from autoscaler.control.runtime import Loaded, Runtime, log, utc_now
 from autoscaler.control.steps import drain
 from autoscaler.control.steps.credentials import drop_broker_user, machine_env, make_broker_user
-from autoscaler.control.steps.frame import Kind, Machine, Outcome, Step, done, skipped
+from autoscaler.control.steps.frame import Kind, Outcome, Step, StepRead, done, skipped
 from autoscaler.lifecycle import InstanceState
 from autoscaler.providers.base import (
     AmbiguousCreateError,
@@ -56,7 +56,7 @@ class _Claim:
     fallback_boot: Any
 
 
-class Launch(Step[_Claim]):
+class LaunchStep(Step[_Claim]):
     """Carry out one launch intent. A machine cancelled while its create was in flight has its
     destroy sent (reconcile sends it too, later, if it is lost)."""
 
@@ -67,7 +67,7 @@ class Launch(Step[_Claim]):
     def not_here(self, row: InstanceDetails | None) -> Outcome:
         return skipped(NOT_PENDING)
 
-    def read(self, session: Session, m: Machine) -> _Claim | Outcome:
+    def read(self, session: Session, m: StepRead) -> _Claim | Outcome:
         now = utc_now()
         token = keys.new_secret()  # the machine's worker token: only its hash is stored
         if not intents.claim_intent(session, m.launch_id, now, keys.digest(token)):
@@ -76,7 +76,7 @@ class Launch(Step[_Claim]):
         boot_times, fallback_boot = boots.placement_boot_times(session, m.queue, now)
         return _Claim(token, install, boot_times, fallback_boot)
 
-    def act(self, m: Machine, claim: _Claim) -> Outcome:
+    def act(self, m: StepRead, claim: _Claim) -> Outcome:
         rt, launch_id, queue, row = m.rt, m.launch_id, m.queue, m.row
         provider_name, version, loaded = row.provider, row.config_version, m.loaded
         names = tuple((row.placement or {}).get("providers") or (provider_name,))
@@ -91,7 +91,7 @@ class Launch(Step[_Claim]):
         if loaded is None or auto is None or not auto.enabled:
             why = "the queue is no longer autoscaled"
             return _fail(rt, launch_id, queue, provider_name, why, None)
-        outcome = placement.Outcome()
+        outcome = placement.PlacementOutcome()
         providers = _usable(rt, loaded, names, outcome)
         if not providers:
             return _not_placed(rt, launch_id, queue, provider_name, outcome, loaded.config.backoff)
@@ -142,7 +142,7 @@ class Launch(Step[_Claim]):
 
 
 def _usable(
-    rt: Runtime, loaded: Loaded, names: tuple[str, ...], outcome: placement.Outcome
+    rt: Runtime, loaded: Loaded, names: tuple[str, ...], outcome: placement.PlacementOutcome
 ) -> dict[str, Provider]:
     """The launch's providers that may be called now: not held (a rate limit or no answer is no
     failure of the rental) and built with their key (a missing or undecryptable key fails it)."""
@@ -167,7 +167,7 @@ def _booting(
     rt: Runtime,
     launch_id: str,
     queue: str,
-    outcome: placement.Outcome,
+    outcome: placement.PlacementOutcome,
     backoff: Any,
     launch: LaunchSpec,
 ) -> Outcome:
@@ -228,11 +228,13 @@ def _bid(offer: Any) -> bool:
     return offer.details.get("interruptible") is True
 
 
-def _causes(outcome: placement.Outcome) -> dict[str, str]:
+def _causes(outcome: placement.PlacementOutcome) -> dict[str, str]:
     return {name: cause for name, (cause, _) in outcome.failures.items()}
 
 
-def _backoffs(session: Any, queue: str, outcome: placement.Outcome, now: Any, backoff: Any) -> None:
+def _backoffs(
+    session: Any, queue: str, outcome: placement.PlacementOutcome, now: Any, backoff: Any
+) -> None:
     """Each provider that failed this launch backs off on its own (queue, provider)."""
     for name, (cause, text) in outcome.failures.items():
         machines.rental_failed(session, queue, name, now, backoff, text, cause)
@@ -243,7 +245,7 @@ def _not_placed(
     launch_id: str,
     queue: str,
     provider: str,
-    outcome: placement.Outcome,
+    outcome: placement.PlacementOutcome,
     backoff: Any,
 ) -> Outcome:
     """Nothing was rented on any provider: the launch fails; the providers that failed it back
@@ -279,7 +281,7 @@ def _fail(
     backoff: Any,
     *,
     action: str = "failed",
-    outcome: placement.Outcome | None = None,
+    outcome: placement.PlacementOutcome | None = None,
 ) -> Outcome:
     """Close the launch as failed (nothing rented); `backoff` given: a failed rental of
     (queue, provider) — of each provider in `outcome`, with its cause — which backs off; None:
@@ -314,4 +316,4 @@ def _note(rt: Runtime, launch_id: str, queue: str, action: str, reason: str) -> 
         )
 
 
-STEP = Launch()
+STEP = LaunchStep()

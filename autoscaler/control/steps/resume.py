@@ -13,7 +13,7 @@ backoff). A start that does not answer is retried by reconcile until `resume_tim
 from __future__ import annotations
 
 from autoscaler.control.runtime import Runtime, log, utc_now
-from autoscaler.control.steps.frame import Kind, Machine, Outcome, Step, done
+from autoscaler.control.steps.frame import Kind, Outcome, Step, StepRead, done
 from autoscaler.lifecycle import InstanceState
 from autoscaler.providers.base import Provider, ResumeRefusedError
 from autoscaler.store import events, moves
@@ -22,17 +22,17 @@ from autoscaler.store.db import Session
 S = InstanceState
 
 
-class Resume(Step[None]):
+class ResumeStep(Step[None]):
     """One attempt (idempotent: a start of a running machine succeeds)."""
 
     name = "resume"
     starts = frozenset({S.RESUMING})
     doing = "resuming"
 
-    def read(self, session: Session, m: Machine) -> None:
+    def read(self, session: Session, m: StepRead) -> None:
         return None
 
-    def act(self, m: Machine, kept: None) -> Outcome:
+    def act(self, m: StepRead, kept: None) -> Outcome:
         def start(provider: Provider) -> None:
             pid = m.row.provider_instance_id
             if pid is None:
@@ -48,7 +48,7 @@ class Resume(Step[None]):
         return done("resuming: started at the provider; ready when its worker speaks")
 
 
-def _missed(m: Machine, exc: ResumeRefusedError) -> Outcome:
+def _missed(m: StepRead, exc: ResumeRefusedError) -> Outcome:
     """A warm miss: the machine destroyed, its host avoided, its queue evaluated now."""
     host = m.row.host_id
     with m.rt.transaction() as session:
@@ -84,4 +84,4 @@ def avoid_host(rt: Runtime, provider: str, host: str | None, reason: str) -> Non
         log.warning("could not mark host %s avoided", host, exc_info=True)
 
 
-STEP = Resume()
+STEP = ResumeStep()

@@ -13,7 +13,7 @@ failed — a 409, a 5xx, a lost answer — and destroys a machine whose stop nev
 from __future__ import annotations
 
 from autoscaler.control.steps.credentials import drop_broker_user
-from autoscaler.control.steps.frame import Kind, Machine, Outcome, Step, done, waiting
+from autoscaler.control.steps.frame import Kind, Outcome, Step, StepRead, done, waiting
 from autoscaler.lifecycle import InstanceState, MachineStatus
 from autoscaler.providers.base import Provider, ProviderMachine
 from autoscaler.store import events
@@ -22,17 +22,17 @@ from autoscaler.store.db import Session
 S = InstanceState
 
 
-class Stop(Step[None]):
+class StopStep(Step[None]):
     """Stop one drained machine for its queue's warm pool (one attempt, idempotent)."""
 
     name = "stop"
     starts = frozenset({S.STOPPING})
     doing = "stopping"
 
-    def read(self, session: Session, m: Machine) -> None:
+    def read(self, session: Session, m: StepRead) -> None:
         return None
 
-    def act(self, m: Machine, kept: None) -> Outcome:
+    def act(self, m: StepRead, kept: None) -> Outcome:
         pid = m.row.provider_instance_id
         if pid is None:
             return _destroy_instead(m, "it has no provider id to stop")
@@ -63,7 +63,7 @@ class Stop(Step[None]):
         return done("stopped")
 
 
-def _destroy_instead(m: Machine, why: str) -> Outcome:
+def _destroy_instead(m: StepRead, why: str) -> Outcome:
     """No place in the pool after all: the machine is destroyed, as any drained one."""
     reason = f"not kept warm: {why}; destroyed instead"
     said = events.warm_event("destroy", reason, m.queue, m.launch_id)
@@ -71,4 +71,4 @@ def _destroy_instead(m: Machine, why: str) -> Outcome:
     return Outcome(Kind.ABANDONED, reason, ("terminate",) if moved else ())
 
 
-STEP = Stop()
+STEP = StopStep()

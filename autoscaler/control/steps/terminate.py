@@ -11,7 +11,7 @@ from __future__ import annotations
 from autoscaler.access import keys
 from autoscaler.brokers import users as broker_users
 from autoscaler.control.runtime import log
-from autoscaler.control.steps.frame import Machine, Outcome, Step, done, waiting
+from autoscaler.control.steps.frame import Outcome, Step, StepRead, done, waiting
 from autoscaler.lifecycle import InstanceState, MachineStatus
 from autoscaler.providers.base import Provider
 from autoscaler.providers.labels import make_label
@@ -21,20 +21,20 @@ from autoscaler.store.db import Session
 S = InstanceState
 
 
-class Terminate(Step[str]):
+class TerminateStep(Step[str]):
     """Destroy one machine, until the provider confirms it is gone; then close its row."""
 
     name = "terminate"
     starts = frozenset({S.TERMINATING})
     doing = "terminating"
 
-    def read(self, session: Session, m: Machine) -> str:
+    def read(self, session: Session, m: StepRead) -> str:
         """The worker token dies first (the machine can call nothing any more); kept: the
         machine's label, to find it by when the row has no provider id."""
         keys.revoke_worker_token(session, m.launch_id)
         return make_label(m.rt.installation_id(session), m.launch_id)
 
-    def act(self, m: Machine, label: str) -> Outcome:
+    def act(self, m: StepRead, label: str) -> Outcome:
         def destroy(provider: Provider) -> str | Outcome | None:
             pid = m.row.provider_instance_id
             if pid is None:
@@ -63,7 +63,7 @@ class Terminate(Step[str]):
         return done("terminated")
 
 
-def _broker_user_deleted(m: Machine, user: str) -> bool:
+def _broker_user_deleted(m: StepRead, user: str) -> bool:
     """False while its broker cannot be reached (the step waits); a broker no longer known
     cannot be reached from here at all: logged, and the machine is closed anyway."""
     queue_cfg = m.queue_cfg
@@ -79,4 +79,4 @@ def _broker_user_deleted(m: Machine, user: str) -> bool:
     return True
 
 
-STEP = Terminate()
+STEP = TerminateStep()
