@@ -30,7 +30,8 @@ from pydantic import BaseModel, ValidationError
 
 from autoscaler import wire
 from autoscaler.agent import run
-from autoscaler.agent.run import Agent, AgentConfig, AgentError
+from autoscaler.agent.run import Agent
+from autoscaler.agent.server_api import AgentConfig, AgentError
 from autoscaler.api.routers import hand_made, worker
 from autoscaler.lifecycle import InstanceState as S
 from tests.agent.agentkit import serve

@@ -26,7 +26,8 @@ def agent(api_url: str | None, queue: str | None, name: str | None, workdir: str
     from its launch. A hand-made machine is given AUTOSCALER_ENROLMENT_KEY (from 'autoscaler
     keys create-enrolment') and --queue: it counts as capacity and is never drained by us."""
     from autoscaler.agent.guard import hide_secrets, take_secrets
-    from autoscaler.agent.run import AgentConfig, AgentError, run_agent
+    from autoscaler.agent.run import run_agent
+    from autoscaler.agent.server_api import AgentConfig, AgentError
 
     # the re-exec runs from `/`: a relative work folder is the one meant here
     workdir = os.path.abspath(workdir) if workdir else None

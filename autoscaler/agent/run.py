@@ -30,328 +30,43 @@ and the requirements installed in the work folder (`<workdir>/site-packages`, it
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import logging
 import os
 import shlex
 import signal
 import subprocess
-import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import requests
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from autoscaler import wire
-from autoscaler.agent import gpu
 from autoscaler.agent.deploy import STATE, Deployed, DeployError, prepare, usable_workdir
 from autoscaler.agent.deploy import git_auth_env as git_auth_env  # where tests look for it
 from autoscaler.agent.guard import SECRET_ENV, worker_user
-from autoscaler.digits import ascii_whole
+from autoscaler.agent.server_api import AgentConfig, AgentError, Api, ApiAnswered, said
+from autoscaler.agent.worker_status import (
+    Mark,
+    StatusServer,
+    gpu_utilisation,
+    is_time,
+    job_reports,
+    read_held,
+    read_jobs,
+    read_status,
+    sendable_detail,
+    sendable_task,
+    status_files,
+)
 from autoscaler.policy.boots import BOOT_PHASES
 
 log = logging.getLogger("autoscaler.agent")
 
 SHELL_CHARS = set(";&|<>$`()*?[]{}~#\n\\'\"=")
-
-
-class AgentError(Exception):
-    """The agent cannot go on; the message says why (never a token)."""
-
-
-class ApiAnswered(AgentError):
-    """The API answered, with an error status (as opposed to not being reachable at all)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass
-class AgentConfig:
-    api_url: str
-    token: str
-    launch_id: str | None = None  # None: a hand-made machine (token is an enrolment key)
-    name: str | None = None
-    queue: str | None = None
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="asg-agent-")))
-    heartbeat_interval: float | None = None
-    stop_grace: float = 3600.0
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **over: str) -> AgentConfig:
-        e = os.environ if env is None else env
-        api = over.pop("api_url", None) or e.get("AUTOSCALER_API_URL", "")
-        token = e.get("AUTOSCALER_WORKER_TOKEN") or e.get("AUTOSCALER_ENROLMENT_KEY") or ""
-        launch = None if e.get("AUTOSCALER_ENROLMENT_KEY") else e.get("AUTOSCALER_LAUNCH_ID")
-        if not api or not token:
-            raise AgentError(
-                "the agent needs AUTOSCALER_API_URL and AUTOSCALER_WORKER_TOKEN (a rented "
-                "machine gets both at launch) or AUTOSCALER_ENROLMENT_KEY (a hand-made one)"
-            )
-        interval = e.get("AUTOSCALER_HEARTBEAT_INTERVAL")
-        cfg = cls(
-            api_url=api.rstrip("/"),
-            token=token,
-            launch_id=launch,
-            name=over.pop("name", None) or e.get("AUTOSCALER_AGENT_NAME") or os.uname().nodename,
-            queue=over.pop("queue", None) or e.get("AUTOSCALER_QUEUE"),
-            heartbeat_interval=float(interval) if interval else None,
-        )
-        workdir = over.pop("workdir", None) or e.get("AUTOSCALER_AGENT_WORKDIR")
-        if workdir:
-            cfg.workdir = Path(workdir).absolute()  # the worker runs in the checkout
-        if cfg.launch_id is None and not cfg.queue:
-            raise AgentError("a hand-made machine's agent needs --queue (or AUTOSCALER_QUEUE)")
-        return cfg
-
-
-A = TypeVar("A", bound=wire.Answer)
-
-
-def said(exc: ValidationError) -> str:
-    """Which fields a message got wrong and why, never their values (an answer holds the
-    machine's broker password and the repository's token)."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'the message'}: {e['msg']}"
-        for e in exc.errors(include_url=False, include_input=False, include_context=False)
-    )
-
-
-def body_of(message: wire.RequestBody) -> dict[str, Any]:
-    """The JSON a request body is sent as (a field not set is left out: the API's default)."""
-    return message.model_dump(mode="json", exclude_none=True)
-
-
-class Api:
-    """The server API as the agent speaks to it: every body a `wire` request model, every answer
-    parsed with the `wire` model the route answers (fields it does not know are ignored; an
-    answer it cannot read is an AgentError, as an answer that is no JSON)."""
-
-    def __init__(self, cfg: AgentConfig) -> None:
-        self.cfg = cfg
-        self.http = requests.Session()
-        self.http.headers["Authorization"] = f"Bearer {cfg.token}"
-
-    def _url(self, tail: str) -> str:
-        if self.cfg.launch_id is None:
-            return f"{self.cfg.api_url}/v1/hand-made/{tail}"
-        return f"{self.cfg.api_url}/v1/worker/{self.cfg.launch_id}/{tail}"
-
-    def call(
-        self,
-        method: str,
-        tail: str,
-        answer: type[A],
-        body: wire.RequestBody | None = None,
-        params: Mapping[str, str] | None = None,
-    ) -> A:
-        sent = body_of(body) if body is not None else None
-        try:
-            r = self.http.request(method, self._url(tail), timeout=10, json=sent, params=params)
-        except requests.RequestException as exc:
-            raise AgentError(f"the API cannot be reached ({type(exc).__name__})") from None
-        if r.status_code >= 400:
-            what = f"{method} {tail}: HTTP {r.status_code} {r.text[:300]}"
-            raise ApiAnswered(what, r.status_code)
-        try:
-            data = r.json()
-        except ValueError:
-            raise AgentError(f"{method} {tail}: the API's answer is not JSON") from None
-        try:
-            return answer.model_validate(data)
-        except ValidationError as exc:
-            raise AgentError(
-                f"{method} {tail}: the API's answer is not a {answer.__name__} ({said(exc)})"
-            ) from None
-
-    def call_retrying(
-        self,
-        method: str,
-        tail: str,
-        answer: type[A],
-        body: wire.RequestBody | None = None,
-        params: Mapping[str, str] | None = None,
-        tries: int = 30,
-    ) -> A:
-        for attempt in range(tries):
-            try:
-                return self.call(method, tail, answer, body, params)
-            except AgentError as exc:
-                refused = isinstance(exc, ApiAnswered) and 400 <= exc.status < 500
-                if attempt == tries - 1 or refused:
-                    raise
-                log.warning("%s; retrying", exc)
-                time.sleep(min(10.0, 0.5 * 2**attempt))
-        raise AgentError("unreachable")
-
-
-@dataclass(frozen=True)
-class StatusFile:
-    """One status file: `path` itself or `path.<pid>` (one per prefork child), what it says,
-    and whether the process writing it still runs (a child killed mid-task leaves its last
-    word behind: "running": 1 for ever)."""
-
-    name: str
-    doc: dict[str, Any]
-    alive: bool
-
-
-def _writer_alive(name: str, base: str) -> bool:
-    suffix = name[len(base) :]
-    pid = ascii_whole(suffix[1:]) if suffix.startswith(".") else None
-    if pid is None:
-        return True  # the agent's own file, or one a non-prefork worker writes
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
-
-
-def status_files(path: str) -> Iterator[StatusFile]:
-    """Each readable status file."""
-    for p in glob.glob(glob.escape(path) + "*"):
-        if p.endswith(".tmp"):
-            continue
-        try:
-            data = json.loads(Path(p).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict):
-            yield StatusFile(p, data, _writer_alive(p, path))
-
-
-def read_held(path: str) -> tuple[list[str], bool | None]:
-    """The task ids the worker holds (received, not finished; of every status file, less those
-    any file lists finished: a prefork child finishes what the main process received) and
-    whether it runs with acks_late, when it said."""
-    held: dict[str, None] = {}
-    finished: set[str] = set()
-    acks_late: bool | None = None
-    for f in status_files(path):
-        tasks = f.doc.get("tasks")
-        for t in tasks if isinstance(tasks, list) else ():
-            if isinstance(t, str) and 0 < len(t) <= 255:
-                held[t] = None
-        jobs = f.doc.get("jobs")
-        for j in jobs if isinstance(jobs, list) else ():
-            if isinstance(j, dict) and isinstance(j.get("id"), str):
-                finished.add(j["id"])
-        late = f.doc.get("acks_late")
-        if isinstance(late, bool):
-            acks_late = late if acks_late is None else acks_late and late
-    return [t for t in held if t not in finished][:1000], acks_late
-
-
-def read_status(path: str) -> tuple[int, float | None]:
-    """Running tasks (of live writers only) and last task time from the status file(s)."""
-    running, last = 0, None
-    for f in status_files(path):
-        if f.alive:
-            with contextlib.suppress(TypeError, ValueError):
-                running += max(0, int(f.doc.get("running") or 0))
-        t = f.doc.get("last_task_at")
-        if isinstance(t, int | float):
-            last = t if last is None else max(last, t)
-    return running, last
-
-
-JOBS_PER_BEAT = wire.HEARTBEAT_JOBS
-"""Finished jobs sent with one heartbeat at most (the API's limit); the rest go with the next."""
-
-Mark = tuple[float, str]
-"""(finished_at, task id): how far a status file's jobs were sent (a file lists them in the
-order they finished)."""
-
-
-def _time(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 2**33
-
-
-def read_jobs(path: str) -> list[tuple[str, dict[str, Any]]]:
-    """(status file, job) for the finished jobs the hook listed, well-formed ones only."""
-    out: list[tuple[str, dict[str, Any]]] = []
-    for f in status_files(path):
-        jobs = f.doc.get("jobs")
-        for j in jobs if isinstance(jobs, list) else ():
-            if (
-                isinstance(j, dict)
-                and isinstance(j.get("id"), str)
-                and 0 < len(j["id"]) <= 200
-                and _time(j.get("started_at"))
-                and _time(j.get("finished_at"))
-            ):
-                out.append((f.name, j))
-    out.sort(key=lambda fj: (fj[1]["finished_at"], fj[1]["id"]))
-    return out
-
-
-def job_reports(
-    jobs: list[tuple[str, dict[str, Any]]], marks: Mapping[str, Mark]
-) -> list[tuple[str, Mark, wire.JobReport | None]]:
-    """The heartbeat's `jobs`: those past their file's mark, at most JOBS_PER_BEAT, oldest
-    first; each with its file and its own mark (recorded once the heartbeat is answered). A job
-    the API would refuse (`wire.JobReport`: a task id it cannot store) has no report: it is
-    dropped here, and marked sent with the others, so it never costs the heartbeat."""
-    out: list[tuple[str, Mark, wire.JobReport | None]] = []
-    for name, j in jobs:
-        mark: Mark = (float(j["finished_at"]), j["id"])
-        if name in marks and mark <= marks[name]:
-            continue
-        queue, stamp = j.get("queue"), j.get("published_at")
-        report: wire.JobReport | None
-        try:
-            report = wire.JobReport(
-                id=j["id"],
-                queue=queue[:200] if isinstance(queue, str) else None,
-                published_at=stamp if _time(stamp) else None,
-                started_at=j["started_at"],
-                finished_at=j["finished_at"],
-            )
-        except ValidationError as exc:
-            log.warning("a finished job the API would refuse; dropped: %s", said(exc))
-            report = None
-        out.append((name, mark, report))
-        if len(out) == JOBS_PER_BEAT:
-            break
-    return out
-
-
-def gpu_utilisation() -> float | None:
-    """The mean utilisation of this machine's GPUs, None without GPU data."""
-    return gpu.mean_utilisation(gpu.read())
-
-
-_TASK_ID = TypeAdapter(wire.TaskId)
-
-
-def sendable_task(task_id: str) -> bool:
-    """A held task id the heartbeat can carry (`wire.TaskId`, storable): another one is left
-    out of the list rather than costing the heartbeat."""
-    try:
-        wire.storable(_TASK_ID.validate_python(task_id))
-    except ValueError:  # pydantic's ValidationError is one
-        return False
-    return True
-
-
-def sendable_detail(text: str | None) -> str | None:
-    """A heartbeat's `detail` the API takes: at most 500 characters, a NUL or an undecodable
-    file name (a lone surrogate) written out rather than refused."""
-    if not text:
-        return None
-    clean = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
-    return clean[:500]
 
 
 def prepare_deploy(dep: wire.DeploymentAnswer, workdir: Path) -> Deployed:
@@ -374,43 +89,6 @@ def _give(folder: Path, uid: int, gid: int) -> None:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.chown(path, uid, gid, follow_symlinks=False)
-
-
-class StatusServer:
-    """`POST /status` on 127.0.0.1 (a port of its own): the body becomes the status file."""
-
-    def __init__(self, path: str) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        target = path + ".http"
-        folder, name = os.path.split(target)
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                try:
-                    size = min(int(self.headers.get("content-length") or 0), 4096)
-                    data = json.loads(self.rfile.read(size) or b"{}")
-                    running = max(0, int(data.get("running") or 0))
-                    last = data.get("last_task_at")
-                    last = float(last) if isinstance(last, int | float) else None
-                except (ValueError, TypeError, AttributeError):
-                    self.send_response(400)
-                    self.end_headers()
-                    return
-                # a name of its own (O_EXCL): never through a link the worker left in the folder
-                fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{name}.", suffix=".tmp")
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    json.dump({"running": running, "last_task_at": last}, fh)
-                os.replace(tmp, target)
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/status"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 BUSY_POLL = 0.5
@@ -581,7 +259,7 @@ class Agent:
                     running_tasks=running,
                     last_task_at=(
                         datetime.fromtimestamp(int(last), UTC)
-                        if last is not None and _time(last)
+                        if last is not None and is_time(last)
                         else None
                     ),
                     gpu_utilisation=max(0.0, min(100.0, gpu)) if gpu is not None else None,

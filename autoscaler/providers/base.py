@@ -116,7 +116,7 @@ SECRET_ENV = frozenset({"AUTOSCALER_WORKER_TOKEN"})
 """Environment variables of a launch whose values are secrets."""
 
 WORKDIR_ENV = "AUTOSCALER_AGENT_WORKDIR"
-"""Where the agent keeps its work folder (checkout, virtualenv), as `agent.run.AgentConfig`
+"""Where the agent keeps its work folder (checkout, virtualenv), as `agent.server_api.AgentConfig`
 reads it: set by providers whose machines keep it across a stop only at a given place (RunPod's
 volume disk, a local machine's folder), so a resumed agent finds it again."""
 

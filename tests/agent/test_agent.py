@@ -228,7 +228,9 @@ def test_heartbeats_carry_finished_jobs_once_and_forget_gone_children(world, tmp
     heartbeat (clocks that disagree are clamped)."""
     from sqlalchemy import select
 
-    from autoscaler.agent.run import Agent, AgentConfig, read_status
+    from autoscaler.agent.run import Agent
+    from autoscaler.agent.server_api import AgentConfig
+    from autoscaler.agent.worker_status import read_status
     from autoscaler.store.models import JobRecord
 
     work = tmp_path / "work"
@@ -274,7 +276,8 @@ def test_the_agent_asks_before_starting_its_worker_and_a_cancelled_machine_start
     """The heartbeat that says the worker starts comes first: on a booting machine it makes
     the machine ready (then the worker may take jobs); on one cancelled while its agent
     deployed (its token dead) or drained before its worker ran, nothing is started."""
-    from autoscaler.agent.run import Agent, AgentConfig
+    from autoscaler.agent.run import Agent
+    from autoscaler.agent.server_api import AgentConfig
     from autoscaler.control.steps.drain import DrainStep
     from autoscaler.control.steps.frame import Kind, run_step
     from tests.api.apikit import add_machine

@@ -13,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import update
 
-from autoscaler.agent.run import Agent, AgentConfig
+from autoscaler.agent.run import Agent
+from autoscaler.agent.server_api import AgentConfig
 from autoscaler.lifecycle import InstanceState as S
 from autoscaler.policy.boots import BOOT_PHASES
 from autoscaler.store import boot_phases, config_versions

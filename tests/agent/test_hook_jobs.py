@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 from autoscaler.agent import hook
-from autoscaler.agent.run import JOBS_PER_BEAT, job_reports, read_jobs
+from autoscaler.agent.worker_status import JOBS_PER_BEAT, job_reports, read_jobs
 from autoscaler.brokers.base import PUBLISHED_AT_HEADER
 
 
@@ -61,7 +61,7 @@ def test_reports_leave_out_what_was_sent_and_are_bounded():
 def test_the_ids_a_worker_holds_are_received_and_not_finished_across_its_processes(tmp_path):
     """A prefork child finishes what the main process received: the agent lists the ids any
     file says are held, less those any file lists finished."""
-    from autoscaler.agent.run import read_held
+    from autoscaler.agent.worker_status import read_held
 
     base = tmp_path / "status.json"
     hook.write_status(str(base), 0, None, tasks=["a", "b", "c"], acks_late=True)
@@ -83,7 +83,7 @@ def test_the_hook_holds_a_received_task_until_it_finishes_and_says_its_acks_mode
     finished -> no longer held; the app's acks mode once the worker is ready."""
     from celery.signals import task_received, worker_ready
 
-    from autoscaler.agent.run import read_held
+    from autoscaler.agent.worker_status import read_held
 
     app = Celery("hookheld", set_as_current=False)
     app.conf.task_always_eager = True

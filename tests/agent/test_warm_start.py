@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from autoscaler.agent.deploy import STATE, Deployed, names_local_files, prepare
-from autoscaler.agent.run import Agent, AgentConfig, AgentError, prepare_deploy
+from autoscaler.agent.run import Agent, prepare_deploy
+from autoscaler.agent.server_api import AgentConfig, AgentError
 from autoscaler.store import config_versions
 from tests.agent.agentkit import (
     AgentProc,

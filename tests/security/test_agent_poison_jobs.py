@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from autoscaler.agent.run import Agent, AgentConfig, AgentError
+from autoscaler.agent.run import Agent
+from autoscaler.agent.server_api import AgentConfig, AgentError
 from autoscaler.wire import HeartbeatAnswer
 
 

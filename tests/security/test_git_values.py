@@ -12,7 +12,8 @@ import subprocess
 
 import pytest
 
-from autoscaler.agent.run import AgentError, prepare_deploy
+from autoscaler.agent.run import prepare_deploy
+from autoscaler.agent.server_api import AgentError
 from autoscaler.config import ConfigError, load_config_text
 from tests.agent.agentkit import deployment, git_repo
 
