@@ -36,7 +36,8 @@ local Redis; no user of this installation exists). Not included: sending the tas
 counts them), the tasks themselves (terminate, drain, handback), PostgreSQL's own CPU (the CPU
 column is this process's). Per phase, the time and statements of each step are taken by wrapping the
 functions `run_reconcile` calls (`observe_celery_workers`, `list_providers`, `instances.live_rows` /
-`rows_of`, `reconcile`, `_apply`, `_destroy_orphans`, `_sweep_broker_users`); "other" is the rest
+`rows_of`, `reconcile`, `_apply`, `reconcile_actions._destroy_orphans`,
+`_sweep_broker_users`); "other" is the rest
 (config load, the rows turned into `policy.reconcile.Row`, orphan sightings, pending handbacks,
 commits). SQL statements are counted with `tick_world.Counter_` (`before_cursor_execute`; an
 executemany is one). The ratios 20,000/2,000 are measured in the same run. The time Python's cycle
@@ -99,7 +100,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tick_world.py, tick_
 from tick_runs import med
 from tick_world import PROVIDER, Counter_, config_document, instance_rows
 
-from autoscaler.control import reconciler
+from autoscaler.control import reconcile_actions, reconciler
 from autoscaler.control.outbox import StepName
 from autoscaler.control.runtime import Runtime
 from autoscaler.lifecycle import InstanceState
@@ -150,7 +151,7 @@ PHASES: tuple[tuple[str, Any, str], ...] = (
     ("read rows", instances, "rows_of"),
     ("reconcile()", reconciler, "reconcile"),
     ("apply moves", reconciler, "_apply"),
-    ("destroy orphans", reconciler, "_destroy_orphans"),
+    ("destroy orphans", reconcile_actions, "_destroy_orphans"),
     ("sweep broker users", reconciler, "_sweep_broker_users"),
 )
 PHASE_NAMES = (*dict.fromkeys(p[0] for p in PHASES), "other")

@@ -9,8 +9,11 @@
 2. read the rows again: those that moved while the lists were taken are `unsettled`, judged by
    no list this round (a listing is evidence only about what existed before it);
    `reconcile()` turns rows + lists + orphan sightings into moves, retries and orphan destroys;
-3. apply the moves (conditional writes), backoffs, avoided hosts and events in one transaction;
-4. send the retried steps; destroy orphans past their grace time.
+3. hand the plan to production's port (`reconcile_actions.StoreReconcileActions`) through the
+   applier shared with the simulator (`reconcile_executor.apply_reconcile`): the moves
+   (conditional writes), backoffs, hand-backs, silences and events in one transaction;
+4. once committed: avoided hosts, the retried steps and those the moves call for, queues
+   evaluated; orphans past their grace time destroyed.
 """
 
 from __future__ import annotations
@@ -20,24 +23,21 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from autoscaler.access.credentials import CredentialError
-from autoscaler.control import machines, rate_limits
+from autoscaler.control import rate_limits
 from autoscaler.control.observe import observe_celery_workers
 from autoscaler.control.outbox import Outbox
+from autoscaler.control.reconcile_actions import StoreReconcileActions
+from autoscaler.control.reconcile_executor import apply_reconcile
 from autoscaler.control.runtime import Loaded, Runtime, collector_paused, log
-from autoscaler.control.steps import drain, handback
-from autoscaler.control.steps.resume import avoid_host, warm_miss
-from autoscaler.lifecycle import InstanceState
 from autoscaler.policy.reconcile import Listed, ProviderView, ReconcilePlan, reconcile, unsettled
 from autoscaler.providers import http
 from autoscaler.providers.base import ProviderError, RateLimitedError, UnansweredError
-from autoscaler.store import backoffs, events, handbacks, instances, leases, moves, orphan_sightings
+from autoscaler.store import handbacks, instances, leases, orphan_sightings
 from autoscaler.store.db import Session, store_now
-
-S = InstanceState
 
 
 def run_reconcile(rt: Runtime, outbox: Outbox, now: datetime | None = None) -> dict[str, Any]:
@@ -72,25 +72,9 @@ def _round(rt: Runtime, outbox: Outbox, loaded: Loaded, now: datetime) -> dict[s
         moved = unsettled(rows, before)
         seen = orphan_sightings.seen(session)
         plan = reconcile(rows, views, seen, loaded.config, now, moved)
-        cancelled, missed, avoid = _apply(session, loaded, plan, now)
+        port = _apply(session, loaded, plan, now)
         due = handbacks.pending(session)
-    for provider, host, reason in avoid:
-        avoid_host(rt, provider, host, reason)
-    for r in plan.retries:
-        outbox.step(r.step, r.launch_id)
-    for t in plan.transitions:
-        if t.dst == S.TERMINATING:
-            outbox.step("terminate", t.launch_id)
-        elif t.dst == S.STOPPING:
-            outbox.step("stop", t.launch_id)
-    for launch_id in cancelled:
-        outbox.step("terminate", launch_id)
-    for launch_id, _ in due:  # a lost machine's jobs back to the broker (and again
-        outbox.step("handback", launch_id)  # each round until done: a crash loses nothing)
-    # a warm miss or a lost machine: a fresh machine is rented now, not a poll later
-    for queue in sorted(missed | {t.queue for t in plan.transitions if t.handback}):
-        outbox.evaluate(queue)
-    destroyed = _destroy_orphans(rt, loaded, plan, now)
+    destroyed = port.after_commit(rt, outbox, due)
     _sweep_broker_users(rt, loaded, {r.launch_id for r in live})
     return {
         "transitions": len(plan.transitions),
@@ -99,6 +83,17 @@ def _round(rt: Runtime, outbox: Outbox, loaded: Loaded, now: datetime) -> dict[s
         "providers_unreadable": sorted(n for n, v in views.items() if not v.listed),
         "unsettled": len(moved),
     }
+
+
+def _apply(
+    session: Session, loaded: Loaded, plan: ReconcilePlan, now: datetime
+) -> StoreReconcileActions:
+    """The plan through production's port, in the round's transaction (its events last); the
+    port then holds what waits for the commit."""
+    port = StoreReconcileActions(session, loaded, now)
+    apply_reconcile(plan, port)
+    port.record()
+    return port
 
 
 def _sweep_broker_users(rt: Runtime, loaded: Loaded, live: set[str]) -> None:
@@ -204,144 +199,3 @@ def _view(
         ),
         ready_when_running=loaded.config.providers[name].ready_when_running,
     )
-
-
-def _apply(
-    session: Session, loaded: Loaded, plan: ReconcilePlan, now: datetime
-) -> tuple[list[str], set[str], list[tuple[str, str, str]]]:
-    """Carry the plan's moves out; returns the launches to destroy beyond the plan's own (a
-    create adopted by label that an operator had cancelled meanwhile), the queues whose warm
-    pool missed (evaluated at once), and the (provider, host, reason) to avoid once this
-    transaction is committed."""
-    said = []
-    cancelled: list[str] = []
-    missed: set[str] = set()
-    avoid: list[tuple[str, str, str]] = []
-    for t in plan.transitions:
-        if t.dst == S.READY:  # the one way a machine becomes ready, wherever it is seen
-            ready = machines.mark_ready(session, t.launch_id, t.queue, t.provider, now, t.reason)
-            if ready and ready.slow_host is not None:  # a slow cold boot: avoid its host
-                slow = ready.slow_host
-                avoid.append((slow.provider, slow.host_id, slow.reason))
-            continue
-        if t.warm == "miss" and t.dst == S.TERMINATING:
-            if warm_miss(session, t.launch_id, t.queue, t.host_id, t.reason):
-                missed.add(t.queue)
-                if t.avoid_host and t.host_id:
-                    avoid.append((t.provider, t.host_id, t.reason))
-            continue
-        fields: dict[str, Any] = {}
-        if t.provider_instance_id is not None:
-            fields["provider_instance_id"] = t.provider_instance_id
-        if t.host_id is not None:
-            fields["host_id"] = t.host_id
-        only_if = moves.unheard_since(t.heard_at) if t.silenced else None
-        if not moves.move(
-            session, t.launch_id, t.src, t.dst, now, t.reason, only_if=only_if, **fields
-        ):
-            continue  # someone moved it first (or, for silence, it spoke meanwhile)
-        if t.handback:
-            handbacks.set_due(session, t.launch_id, now + handback.GRACE)
-        if t.preempted:
-            said.append(
-                events.event(
-                    events.PREEMPTION_EVENT,
-                    "preempted",
-                    t.reason,
-                    queue=t.queue,
-                    launch_id=t.launch_id,
-                    details={"provider": t.provider, "host": t.host_id},
-                )
-            )
-            avoid += _preempting_host(session, t, now)
-        if t.dst == S.BOOTING and drain.cancel_if_requested(session, t.launch_id, now):
-            cancelled.append(t.launch_id)
-        said.append(
-            events.event(
-                "reconcile",
-                f"{t.src.value}->{t.dst.value}",
-                t.reason,
-                queue=t.queue,
-                launch_id=t.launch_id,
-            )
-        )
-        if t.dst == S.STOPPED:
-            said.append(events.warm_event("stopped", t.reason, t.queue, t.launch_id))
-        elif t.warm == "miss":  # lost while resuming
-            said.append(events.warm_event("miss", t.reason, t.queue, t.launch_id))
-            missed.add(t.queue)
-        if t.rental == "failed":
-            machines.rental_failed(
-                session, t.queue, t.provider, now, loaded.config.backoff, t.reason
-            )
-            if t.avoid_host and t.host_id:
-                avoid.append((t.provider, t.host_id, t.reason))
-        elif t.rental == "ok":
-            backoffs.clear(session, t.queue, t.provider)
-    if plan.silences:
-        moves.note_silence(session, [n.launch_id for n in plan.silences], now)
-        said += [
-            events.event(
-                "reconcile",
-                "silent",
-                f"{n.reason}: destroyed if the next round finds it silent too",
-                queue=n.queue,
-                launch_id=n.launch_id,
-            )
-            for n in plan.silences
-        ]
-    unnoted = moves.unnoted_retries(session, [(r.launch_id, r.step) for r in plan.retries])
-    for r in plan.retries:
-        # Audited once per stretch of retries (not on every reconcile while a drain waits).
-        if r.launch_id in unnoted and moves.note_retry(session, r.launch_id, r.step, r.reason):
-            said.append(
-                events.event(
-                    "reconcile", f"retry_{r.step}", r.reason, queue=r.queue, launch_id=r.launch_id
-                )
-            )
-    orphan_sightings.replace(session, plan.orphans)
-    events.record(session, said, now)
-    return cancelled, missed, avoid
-
-
-PREEMPTIONS_TO_AVOID = 2
-"""Preemptions on one host within PREEMPTION_WINDOW that get it avoided for a while."""
-PREEMPTION_WINDOW = timedelta(hours=24)
-
-
-def _preempting_host(session: Session, t: Any, now: datetime) -> list[tuple[str, str, str]]:
-    """The host to avoid when it has now preempted our machines PREEMPTIONS_TO_AVOID times
-    within PREEMPTION_WINDOW (this one included: its event is flushed with the round's)."""
-    if not t.host_id:
-        return []
-    earlier = events.preemptions_on_host(session, t.provider, t.host_id, now - PREEMPTION_WINDOW)
-    if earlier + 1 < PREEMPTIONS_TO_AVOID:
-        return []
-    return [(t.provider, t.host_id, f"preempted {earlier + 1} machines of ours within 24h")]
-
-
-def _destroy_orphans(rt: Runtime, loaded: Loaded, plan: ReconcilePlan, now: datetime) -> int:
-    done = 0
-    said = []
-    for d in plan.destroys:
-        try:  # held: after its end the orphan is still listed, and still past its grace
-            with rate_limits.answering(rt, d.provider, loaded):
-                rt.provider(d.provider).destroy(d.provider_instance_id)
-        except rate_limits.Held:
-            continue
-        except (ProviderError, CredentialError, KeyError) as exc:
-            log.warning("orphan %s not destroyed: %s", d.provider_instance_id, exc)
-            continue
-        done += 1
-        said.append(
-            events.event(
-                "reconcile",
-                "destroy_orphan",
-                f"{d.label}: {d.reason}",
-                details={"provider": d.provider, "id": d.provider_instance_id},
-            )
-        )
-    if said:
-        with rt.transaction() as session:
-            events.record(session, said, now)
-    return done

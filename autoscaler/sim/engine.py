@@ -17,17 +17,6 @@ boot seen when the provider reports the machine dead rather than at the boot tim
 that runs `destroy_billing_s` past a destroy, and a node kept `release_delay_s` after its
 worker left (a cluster's scale-in delay).
 
-Warm pools (`autoscale.warm_pool`): a drain decide() marked `keep_warm` stops the machine once
-drained instead of destroying it — full price for the provider's stop time, then only its
-storage price while stopped; a `Resume` starts it again, ready after a resume time, or a warm
-miss (destroyed, no backoff: the next evaluation rents fresh) at the provider's resume failure
-rate; stopped machines past `keep_for`, above `size` or unfit are destroyed each poll by
-`policy.warm.retirements`, the function production's reconcile uses. The numbers and where they
-come from: `sim/provider.py`. A resumed machine appears to decide() as production's row shows
-it (`store.fleet.start_resumes`): rented at its first rental, its last task forgotten at the
-resume (idle since it is ready again); only cold boots feed the queue's boot estimate (a resume
-is not a boot), as `store.fleet.boot_estimates` counts them.
-
 Several providers (`autoscale.provider: [a, b]`, `placement`): one `SimProvider` per listed
 provider, each with its price, boot-time distribution, failure rates and capacity windows
 (`World.outages`). A launch ranks the offers of `Launch.providers` not in backoff when decide()
@@ -37,14 +26,7 @@ capacity: a failed rental moves to the next, and each provider that failed gets 
 provider: they bill its price, stop and resume at its numbers, and a machine that comes up ends
 that provider's backoff. One listed provider: the run is the one before placement.
 
-Interruptible machines (`instance.interruptible`): a launch decide() marked `interruptible`
-rents at the bid (`Interruptible.price` of its provider's on-demand price) and the snapshot
-says so (`Machine.interruptible`). While rented it is preempted after an exponential time at
-`World.preemption_rate` per machine-hour (a generator of its own, so the other draws stay as
-they were): it stops billing and counting as capacity at once and is destroyed, the queue is
-evaluated at once, and its jobs come back to the broker `World.handback_s` later — run again
-from the start, first in line, under `acks: late` (`Result.reruns`), lost under `acks: early`
-(`Result.lost`: never run). The assumptions: `sim/provider.py`.
+Warm pools, reconcile rounds and interruptible machines: `sim/machine_events.py`.
 """
 
 from __future__ import annotations
@@ -55,9 +37,8 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
-from typing import Literal
+from dataclasses import replace
+from datetime import datetime, timedelta
 
 from autoscaler.config.models import Autoscale, Config
 from autoscaler.control.executor import execute
@@ -67,7 +48,7 @@ from autoscaler.policy.backoff import active_backoff, after_failure
 from autoscaler.policy.billing import Charge
 from autoscaler.policy.history import QueueHistory, observe_load
 from autoscaler.policy.placement import Candidate, rank
-from autoscaler.policy.plan import Drain, Launch, Plan, QueuePlan, Reclaim, Resume
+from autoscaler.policy.plan import Plan
 from autoscaler.policy.snapshot import (
     BackoffState,
     Machine,
@@ -75,177 +56,55 @@ from autoscaler.policy.snapshot import (
     QueueSnapshot,
     Snapshot,
 )
+from autoscaler.sim import machine_events
+from autoscaler.sim.account import Account
+from autoscaler.sim.plan_port import _SimActions
 from autoscaler.sim.provider import (
     DEFAULT_BOOT_S,
-    HANDBACK_S,
-    Outage,
     ProviderParams,
     SimProvider,
 )
 from autoscaler.sim.trace import Job
+from autoscaler.sim.world import (
+    _ARRIVE,
+    _BOOTED,
+    _DRAINED,
+    _FINISH,
+    _HANDED_BACK,
+    _MISSED,
+    _PREEMPTED,
+    _RESUMED,
+    _STOPPED,
+    _TICK,
+    DAY_S,
+    EPOCH,
+    TAIL_S,
+    Acks,
+    Result,
+    SimMachine,
+    World,
+)
+
+__all__ = [
+    "DAY_S",
+    "EPOCH",
+    "TAIL_S",
+    "Account",
+    "Acks",
+    "Policy",
+    "Result",
+    "SimMachine",
+    "Simulation",
+    "World",
+]
 
 Policy = Callable[[Snapshot, Config, datetime], Plan]
-
-EPOCH = datetime(2025, 3, 3, tzinfo=UTC)
-"""Virtual time zero: a Monday, midnight UTC (schedules in the config see this calendar)."""
-
-DAY_S = 86400.0
-TAIL_S = 4 * 3600.0
-"""After the last arrival (or the day's end), the run continues this long at most so that idle
-tails are billed and late jobs may still be served; then it stops."""
 
 RUNTIME_WINDOW_S = 86400.0
 """The history's mean runtime is over the jobs finished in the last day (as the loop's,
 `store.job_records.STATS_WINDOW`)."""
 BOOT_HISTORY = 5
 """The boot estimate is the longest of the last this many boots (as the loop's)."""
-
-(
-    _ARRIVE,
-    _BOOTED,
-    _BOOT_FAILED,
-    _FINISH,
-    _TICK,
-    _DRAINED,
-    _STOPPED,
-    _RESUMED,
-    _MISSED,
-    _PREEMPTED,
-    _HANDED_BACK,
-) = range(11)
-
-Acks = Literal["late", "early"]
-
-
-@dataclass(frozen=True)
-class World:
-    """How hard the simulated world is; the defaults are the exact, instant world."""
-
-    metric_lag_s: float = 0.0
-    blind_in_flight: bool = False
-    blind_age: bool = False
-    drain_race_s: float = 0.0
-    worker_concurrency: int = 1
-    per_rental_dollars: float = 0.0
-    failure_seen_at_boot: bool = False
-    release_delay_s: float = 0.0
-    destroy_billing_s: float = 0.0
-    """A destroyed machine bills this much longer (the provider's terminate takes time)."""
-    outages: tuple[Outage, ...] = ()
-    """Capacity windows: a provider with no capacity for an interval (`sim.provider.Outage`)."""
-    preemption_rate: float = 0.0
-    """Interruptible machines preempted per machine-hour (0.05: 5 % per hour), exponential."""
-    acks: Acks = "late"
-    """The workers' Celery acks: "late" (`task_acks_late`: a preempted machine's job runs again)
-    or "early" (Celery's default: it is lost)."""
-    handback_s: float = HANDBACK_S
-    """From a preemption to its jobs back in the broker (reconcile's poll, the hand-back)."""
-
-    @classmethod
-    def realistic(cls) -> World:
-        """A 5 s metric lag, a 2 s drain race, $0.02 per rental, failed boots reported dead by
-        the provider after about a boot time, 30 s of billing after a destroy (what
-        `benchmarks/cost.py --realistic` runs)."""
-        return cls(
-            metric_lag_s=5.0,
-            drain_race_s=2.0,
-            per_rental_dollars=0.02,
-            failure_seen_at_boot=True,
-            destroy_billing_s=30.0,
-        )
-
-
-@dataclass
-class SimMachine:
-    launch_id: str
-    created_s: float
-    price: float
-    state: InstanceState = InstanceState.BOOTING
-    ready_s: float | None = None
-    ended_s: float | None = None
-    jobs: dict[int, float] = field(default_factory=dict)
-    """Jobs running now and when each started."""
-    last_task_s: float | None = None
-    drain_requested: bool = False
-    launched_for: str = ""
-    spec_key: str | None = None
-    storage_price: float = 0.0
-    """$/h while stopped (its kept disk)."""
-    keep_warm: bool = False
-    stopped_s: float | None = None
-    """When it was last stopped (a warm pool's machine)."""
-    stopped: list[tuple[float, float | None]] = field(default_factory=list)
-    """(from, to) spans it was stopped, billed at `storage_price` (to None: still stopped)."""
-    resumes: int = 0
-    epoch: int = 0
-    """Counts its stops and resumes: an event of an earlier one is stale."""
-    provider: str = ""
-    """The provider it was rented from."""
-    interruptible: bool = False
-    """Rented at the queue's bid: the provider may preempt it."""
-    preempted_s: float | None = None
-    """When it was preempted (it ended then)."""
-
-    def life(self) -> list[billing.Interval[float]]:
-        """Its life as the money rule reads it (`policy.billing`): rented at `created_s` (booting:
-        its price from then on), each stop (`stopped`: its storage price) and resume, its end
-        at `ended_s`. The simulator's end is past a destroy's billing tail
-        (`World.destroy_billing_s`, and a released node's `release_delay_s`), which bills as the
-        machine was when destroyed: its price, or its storage price if it was stopped."""
-        moves = [(InstanceState.BOOTING, self.created_s)]
-        for a, b in self.stopped:
-            moves.append((InstanceState.STOPPED, a))
-            if b is not None:
-                moves.append((InstanceState.RESUMING, b))
-        if self.ended_s is not None:
-            moves.append((InstanceState.TERMINATED, self.ended_s))
-        return billing.intervals(moves)
-
-    def _spans(self, end: float) -> list[billing.Span[float]]:
-        return billing.spans(self.life(), self.ended_s if self.ended_s is not None else end)
-
-    def stopped_seconds(self, end: float) -> float:
-        """Seconds it was stopped up to its end (or `end` while it lives)."""
-        return sum(s.end - s.start for s in self._spans(end) if s.charge is Charge.STORAGE)
-
-    def running_spans(self, end: float) -> list[tuple[float, float]]:
-        """The spans it billed at its full price (rented, not stopped)."""
-        return [(s.start, s.end) for s in self._spans(end) if s.charge is Charge.FULL]
-
-
-@dataclass
-class Result:
-    """Raw outcome of one run; `report.summarize` turns it into figures."""
-
-    policy: str
-    jobs: list[Job]
-    starts: dict[int, float]
-    machines: list[SimMachine]
-    end_s: float
-    price_per_hour: float
-    """The cheapest listed provider's price: the lower bound's (and undone work's) price."""
-    killed: int = 0
-    failed_rentals: int = 0
-    waits_by_cap: int = 0
-    peak_machines: int = 0
-    max_over_limit: int = 0
-    evaluations: int = 0
-    per_rental_dollars: float = 0.0
-    log: list[str] = field(default_factory=list)
-    resumes: int = 0
-    warm_hits: int = 0
-    warm_misses: int = 0
-    stops: int = 0
-    retired: int = 0
-    interruptible: bool = False
-    """The queue rents part of its machines interruptible (`instance.interruptible`)."""
-    preemptions: int = 0
-    reruns: int = 0
-    """Jobs handed back after a preemption and run again from the start (`acks: late`)."""
-    rerun_work_s: float = 0.0
-    """The work those reruns threw away: seconds each had run when its machine was preempted."""
-    lost: list[int] = field(default_factory=list)
-    """Jobs lost with a preempted machine (`acks: early`): never run again."""
 
 
 class Simulation:
@@ -400,8 +259,6 @@ class Simulation:
                 self._evaluate()  # scale from zero without waiting for the poll
         elif kind == _BOOTED:
             self._booted(str(payload))
-        elif kind == _BOOT_FAILED:
-            self._boot_failed(str(payload))
         elif kind == _FINISH:
             self._finish(str(payload))
         elif kind == _DRAINED:
@@ -417,7 +274,7 @@ class Simulation:
         elif kind == _HANDED_BACK:
             self._handed_back(str(payload))
         elif kind == _TICK:
-            self._retire()
+            self._reconcile()
             self._evaluate()
             if (
                 self.arrivals_left == 0
@@ -491,18 +348,6 @@ class Simulation:
         self.backoffs.pop(m.provider, None)  # a machine came up: its provider works again
         self._dispatch()
 
-    def _boot_failed(self, launch_id: str) -> None:
-        m = self.machines[launch_id]
-        if m.ended_s is not None:
-            return
-        self._destroy(m)
-        self._rental_failed(
-            m.provider or self.auto.providers[0],
-            "the provider reports the machine dead"
-            if self.world.failure_seen_at_boot
-            else "machine never became ready before the boot timeout",
-        )
-
     def _rental_failed(self, provider: str, error: str) -> None:
         """A rental from `provider` failed: its own (queue, provider) backoff grows."""
         self.result.failed_rentals += 1
@@ -547,149 +392,6 @@ class Simulation:
         else:
             self._destroy(m, released=True)
 
-    # ------------------------------------------------------------------ warm pool
-    def _stop(self, m: SimMachine) -> None:
-        m.state = InstanceState.STOPPING
-        m.drain_requested = False
-        self.racing.discard(m.launch_id)
-        m.epoch += 1
-        self.result.stops += 1
-        self._push(self.now + self._params(m).stop_s, _STOPPED, f"{m.launch_id}#{m.epoch}")
-
-    def _current(self, payload: str, state: InstanceState) -> SimMachine | None:
-        """The machine of a stop or resume event still in `state` since it (else stale)."""
-        launch_id, _, epoch = payload.rpartition("#")
-        m = self.machines[launch_id]
-        if m.ended_s is not None or m.state != state or m.epoch != int(epoch):
-            return None
-        return m
-
-    def _stopped(self, payload: str) -> None:
-        m = self._current(payload, InstanceState.STOPPING)
-        if m is None:
-            return
-        m.state = InstanceState.STOPPED
-        m.stopped_s = self.now
-        m.stopped.append((self.now, None))
-
-    def _resume(self, launch_id: str) -> None:
-        """Start a stopped machine (the executor's `resume`): a machine retired meanwhile is
-        left alone, as production's conditional move does."""
-        m = self.live.get(launch_id)
-        if m is None or m.state != InstanceState.STOPPED:
-            return
-        since, _ = m.stopped[-1]
-        m.stopped[-1] = (since, self.now)
-        m.state = InstanceState.RESUMING
-        m.keep_warm = False
-        m.last_task_s = None  # idle since it is ready again, as `fleet.start_resumes` says
-        m.resumes += 1
-        m.epoch += 1
-        self.result.resumes += 1
-        self._arm_preemption(m)  # billing again: outbid again at any time
-        outcome = self._provider_of(m).resume(self.auto.warm_pool.resume_timeout)
-        kind = _RESUMED if outcome.ok else _MISSED
-        self._push(self.now + outcome.after_s, kind, f"{m.launch_id}#{m.epoch}")
-
-    def _resumed(self, payload: str) -> None:
-        """A warm hit: its worker is up again."""
-        m = self._current(payload, InstanceState.RESUMING)
-        if m is None:
-            return
-        m.state = InstanceState.READY
-        m.ready_s = self.now
-        self.result.warm_hits += 1
-        self._dispatch()
-
-    def _missed(self, payload: str) -> None:
-        """A warm miss: destroyed, no backoff (the next evaluation rents a fresh machine)."""
-        m = self._current(payload, InstanceState.RESUMING)
-        if m is None:
-            return
-        self.result.warm_misses += 1
-        self._destroy(m)
-
-    def _retire(self) -> None:
-        """Stopped machines past keep_for, above the pool's size or unfit: destroyed, by the
-        function production's reconcile uses."""
-        stopped = [
-            warm.Stopped(
-                m.launch_id,
-                self.queue,
-                m.provider,
-                m.spec_key,
-                self._at(m.stopped_s if m.stopped_s is not None else m.created_s),
-            )
-            for m in self.live.values()
-            if m.state == InstanceState.STOPPED
-        ]
-        if not stopped:
-            return
-        for launch_id in warm.retirements(stopped, self.config, self._at(self.now)):
-            self.result.retired += 1
-            self._destroy(self.machines[launch_id])
-
-    # ------------------------------------------------------------------ interruptible
-    def _arm_preemption(self, m: SimMachine) -> None:
-        """Draw when an interruptible machine billing from now is outbid (memoryless: a stop
-        and a resume draw again; the event of an earlier epoch is stale)."""
-        rate = self.world.preemption_rate
-        if not m.interruptible or rate <= 0:
-            return
-        after = self.preempt_rng.expovariate(rate / 3600.0)
-        self._push(self.now + after, _PREEMPTED, f"{m.launch_id}#{m.epoch}")
-
-    def _preempted(self, payload: str) -> None:
-        """Outbid: the provider stops it. No more billing (Vast bills no GPU time while
-        stopped; the disk until the destroy is left out) and no capacity; its jobs come back
-        to the broker `handback_s` later (acks late) or are lost (early acks); the queue is
-        evaluated at once, and the machine destroyed."""
-        launch_id, _, epoch = payload.rpartition("#")
-        m = self.machines[launch_id]
-        if (
-            m.ended_s is not None
-            or m.epoch != int(epoch)
-            or m.state
-            not in (
-                InstanceState.BOOTING,
-                InstanceState.RESUMING,
-                InstanceState.READY,
-            )
-        ):
-            return
-        self.result.preemptions += 1
-        jobs = sorted(m.jobs)
-        for job in jobs:
-            self.result.starts.pop(job, None)
-            if self.world.acks == "early":
-                self.result.lost.append(job)
-            else:
-                self.result.rerun_work_s += self.now - m.jobs[job]
-        m.jobs = {}
-        m.state = InstanceState.TERMINATED
-        m.preempted_s = self.now
-        m.ended_s = self.now
-        self.live.pop(m.launch_id, None)
-        self.racing.discard(m.launch_id)
-        if jobs and self.world.acks != "early":
-            self.handing_back += len(jobs)
-            back = ",".join(str(j) for j in jobs)
-            self._push(self.now + self.world.handback_s, _HANDED_BACK, back)
-        self._sample()
-        self._evaluate()
-
-    def _handed_back(self, payload: str) -> None:
-        """A preempted machine's jobs are in the broker again, first in line (kombu restores
-        them where consumers take next; RabbitMQ requeues them in place)."""
-        jobs = [int(j) for j in payload.split(",")]
-        self.handing_back -= len(jobs)
-        self.result.reruns += len(jobs)
-        for job in reversed(jobs):
-            self.pending.appendleft(job)
-        self._dispatch()
-        if self.fast_path and self._capacity() == 0:
-            self._evaluate()
-
     def _destroy(self, m: SimMachine, released: bool = False) -> None:
         for job in sorted(m.jobs, reverse=True):
             # Only a baseline can get here: the job is lost and goes back to the queue.
@@ -706,6 +408,18 @@ class Simulation:
         )
         self.live.pop(m.launch_id, None)
         self._sample()
+
+    # ------------------------------------------------------------------ machine events
+    _stop = machine_events.stop
+    _current = machine_events.current
+    _stopped = machine_events.stopped
+    _resume = machine_events.resume
+    _resumed = machine_events.resumed
+    _missed = machine_events.missed
+    _reconcile = machine_events.reconcile_round
+    _arm_preemption = machine_events.arm_preemption
+    _preempted = machine_events.preempted
+    _handed_back = machine_events.handed_back
 
     # ------------------------------------------------------------------ policy
     def _at(self, s: float) -> datetime:
@@ -858,98 +572,6 @@ class Simulation:
         self._arm_preemption(m)
         if boots:
             self._push(self.now + boot_s, _BOOTED, launch_id)
-        elif self.world.failure_seen_at_boot:
-            self._push(self.now + min(boot_s, self.boot_timeout), _BOOT_FAILED, launch_id)
-        else:
-            self._push(self.now + self.boot_timeout, _BOOT_FAILED, launch_id)
-
-
-class _SimActions:
-    """The executor's port on the virtual world: what production writes to the store and
-    sends to providers, done to simulated machines at once."""
-
-    def __init__(self, sim: Simulation) -> None:
-        self.sim = sim
-
-    def _machine(self, launch_id: str) -> SimMachine | None:
-        m = self.sim.machines.get(launch_id)
-        return m if m is not None and m.ended_s is None else None
-
-    def reclaim(self, action: Reclaim) -> None:
-        m = self._machine(action.launch_id)
-        if m is not None:
-            m.drain_requested = False
-            m.keep_warm = False  # serving again: its pool place is freed
-            self.sim.racing.discard(m.launch_id)
-
-    def drain_now(self, action: Drain) -> None:
-        m = self._machine(action.launch_id)
-        if m is None:
-            return
-        if action.keep_warm:
-            m.keep_warm = True
-        race = self.sim.world.drain_race_s
-        if race > 0 and m.state == InstanceState.READY and not m.jobs:
-            # the worker stops consuming only after the drain reaches it: a job may slip in
-            m.drain_requested = True
-            self.sim.racing.add(m.launch_id)
-            self.sim._push(self.sim.now + race, _DRAINED, m.launch_id)
-        else:
-            self.sim._release(m)
-
-    def drain_when_idle(self, action: Drain) -> None:
-        m = self._machine(action.launch_id)
-        if m is None:
-            return
-        if m.jobs:
-            m.drain_requested = True
-            if action.keep_warm:
-                m.keep_warm = True
-        else:
-            self.drain_now(action)
-
-    def resume(self, action: Resume) -> None:
-        self.sim._resume(action.launch_id)
-
-    def launch(self, action: Launch, launch_id: str) -> None:
-        if action.interruptible:
-            self.sim._launch(action.reason, action.providers, interruptible=True)
-        else:
-            self.sim._launch(action.reason, action.providers)
-
-    def queue_done(self, plan: QueuePlan) -> None:
-        return None
-
-
-class Account:
-    """Several queues of one config in one run: each queue is its own `Simulation` (its trace,
-    its machines, its provider), events are handled in one time order, and every evaluation
-    shows decide() every queue, so account-wide caps (`limits`) and priorities act across
-    them. Each queue is evaluated at its own poll and carries out its own part of the plan."""
-
-    def __init__(self, sims: list[Simulation]) -> None:
-        self.sims = sims
-        for sim in sims:
-            sim.account = self
-        self.peak_machines = 0
-
-    def snapshot(self, now: float) -> Snapshot:
-        queues: list[QueueSnapshot] = []
-        for sim in self.sims:
-            sim.now = max(sim.now, now)
-            queues.extend(sim.snapshot().queues)
-        self.peak_machines = max(self.peak_machines, sum(s.running_machines() for s in self.sims))
-        return Snapshot(queues=tuple(queues))
-
-    def run(self) -> list[Result]:
-        for sim in self.sims:
-            sim.start()
-        while True:
-            nexts = [
-                (at, i) for i, sim in enumerate(self.sims) if (at := sim.next_at()) is not None
-            ]
-            if not nexts:
-                break
-            _, i = min(nexts)
-            self.sims[i].step()
-        return [sim.finish() for sim in self.sims]
+        elif self.world.failure_seen_at_boot:  # the provider lists it dead: reconcile's round
+            m.dead_s = self.now + min(boot_s, self.boot_timeout)
+        # else its worker never comes up: reconcile's boot timeout

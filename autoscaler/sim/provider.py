@@ -164,6 +164,9 @@ class ResumeOutcome:
     ok: bool
     after_s: float
     """Seconds from the start to a ready worker (ok), or to the failure being seen."""
+    at_timeout: bool = False
+    """A miss with no ready worker by `resume_timeout` (the start answered): seen by reconcile
+    (`policy.reconcile`), not by the resume step."""
 
 
 @dataclass(frozen=True)
@@ -261,7 +264,9 @@ class SimProvider:
         p = self.params
         after = p.resume_s * self._jitter()
         if self.rng.random() < p.resume_failure_rate:
-            return ResumeOutcome(False, resume_timeout if p.miss_seen_at_timeout else after)
+            if p.miss_seen_at_timeout:
+                return ResumeOutcome(False, resume_timeout, at_timeout=True)
+            return ResumeOutcome(False, after)
         if after >= resume_timeout:  # no ready worker by resume_timeout: reconcile's miss
-            return ResumeOutcome(False, resume_timeout)
+            return ResumeOutcome(False, resume_timeout, at_timeout=True)
         return ResumeOutcome(True, after)
