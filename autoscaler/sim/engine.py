@@ -323,6 +323,8 @@ class Simulation:
     def _takes_jobs(self, m: SimMachine) -> bool:
         if m.state != InstanceState.READY or len(m.jobs) >= self.world.worker_concurrency:
             return False
+        if m.preempted_s is not None:
+            return False  # stopped by its provider: its worker is gone
         # a drain racing a pickup: until the worker stops consuming, it may take a job
         return not m.drain_requested or m.launch_id in self.racing
 
@@ -340,8 +342,8 @@ class Simulation:
 
     def _booted(self, launch_id: str) -> None:
         m = self.machines[launch_id]
-        if m.ended_s is not None:
-            return  # destroyed while booting (a baseline may do that)
+        if m.ended_s is not None or m.preempted_s is not None:
+            return  # destroyed while booting (a baseline may do that), or preempted
         m.state = InstanceState.READY
         m.ready_s = self.now
         self.boots.append(self.now - m.created_s)
@@ -387,7 +389,7 @@ class Simulation:
     def _release(self, m: SimMachine) -> None:
         """A drained machine: stopped for the warm pool when decide() gave it a place there (and
         the provider can stop), else destroyed."""
-        if m.keep_warm and not m.jobs and self._params(m).can_stop:
+        if m.keep_warm and not m.jobs and m.preempted_s is None and self._params(m).can_stop:
             self._stop(m)
         else:
             self._destroy(m, released=True)
@@ -400,6 +402,7 @@ class Simulation:
             self.pending.appendleft(job)
         m.jobs = {}
         m.state = InstanceState.TERMINATED
+        self._hand_back(m)
         # a node kept after its worker left (a cluster's scale-in delay) bills on
         m.ended_s = (
             self.now
@@ -419,6 +422,7 @@ class Simulation:
     _reconcile = machine_events.reconcile_round
     _arm_preemption = machine_events.arm_preemption
     _preempted = machine_events.preempted
+    _hand_back = machine_events.hand_back
     _handed_back = machine_events.handed_back
 
     # ------------------------------------------------------------------ policy

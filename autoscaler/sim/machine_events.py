@@ -19,10 +19,12 @@ Interruptible machines (`instance.interruptible`): a launch decide() marked `int
 rents at the bid (`Interruptible.price` of its provider's on-demand price) and the snapshot
 says so (`Machine.interruptible`). While rented it is preempted after an exponential time at
 `World.preemption_rate` per machine-hour (a generator of its own, so the other draws stay as
-they were): it stops billing and counting as capacity at once and is destroyed, the queue is
-evaluated at once, and its jobs come back to the broker `World.handback_s` later — run again
-from the start, first in line, under `acks: late` (`Result.reruns`), lost under `acks: early`
-(`Result.lost`: never run). The assumptions: `sim/provider.py`.
+they were): its provider stops it (its GPU bills no more, its disk does) and its worker stops;
+reconcile's next round sees the provider's listing (stopped, outbid), destroys it, hands back
+its jobs and evaluates the queue, as in production (until then decide() sees its row); the
+jobs come back to the broker `World.handback_s` after that round — run again from the start,
+first in line, under `acks: late` (`Result.reruns`), lost under `acks: early` (`Result.lost`:
+never run). The assumptions: `sim/provider.py`.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def current(self: Simulation, payload: str, state: InstanceState) -> SimMachine 
     m = self.machines[launch_id]
     if m.ended_s is not None or m.state != state or m.epoch != int(epoch):
         return None
+    if m.preempted_s is not None:
+        return None  # its provider stopped it meanwhile: reconcile judges it
     return m
 
 
@@ -132,14 +136,17 @@ def arm_preemption(self: Simulation, m: SimMachine) -> None:
 
 
 def preempted(self: Simulation, payload: str) -> None:
-    """Outbid: the provider stops it. No more billing (Vast bills no GPU time while
-    stopped; the disk until the destroy is left out) and no capacity; its jobs come back
-    to the broker `handback_s` later (acks late) or are lost (early acks); the queue is
-    evaluated at once, and the machine destroyed."""
+    """Outbid: the provider stops it. Its GPU bills no more (its disk does, at its storage
+    price, until the destroy) and its worker stops with the jobs it ran: lost under early acks,
+    held by the broker until handed back under late acks. Everything else is as production's
+    row shows it: decide() sees the machine as its row says (serving) until reconcile's next
+    round reads the provider's listing (stopped, outbid), destroys it, hands its jobs back and
+    evaluates the queue (`sim.reconcile_port`)."""
     launch_id, _, epoch = payload.rpartition("#")
     m = self.machines[launch_id]
     if (
         m.ended_s is not None
+        or m.preempted_s is not None
         or m.epoch != int(epoch)
         or m.state
         not in (
@@ -158,17 +165,22 @@ def preempted(self: Simulation, payload: str) -> None:
         else:
             self.result.rerun_work_s += self.now - m.jobs[job]
     m.jobs = {}
-    m.state = InstanceState.TERMINATED
     m.preempted_s = self.now
-    m.ended_s = self.now
-    self.live.pop(m.launch_id, None)
+    m.stopped.append((self.now, None))  # the provider stopped it: its disk bills on
     self.racing.discard(m.launch_id)
     if jobs and self.world.acks != "early":
-        self.handing_back += len(jobs)
-        back = ",".join(str(j) for j in jobs)
-        self._push(self.now + self.world.handback_s, _HANDED_BACK, back)
+        m.held_back = jobs
+        self.handing_back += len(jobs)  # unacked at the broker: in flight until handed back
     self._sample()
-    self._evaluate()
+
+
+def hand_back(self: Simulation, m: SimMachine) -> None:
+    """A preempted machine destroyed: the jobs its worker held go back to the broker
+    `World.handback_s` later (the hand-back step's grace and the requeue)."""
+    if m.held_back:
+        back = ",".join(str(j) for j in m.held_back)
+        m.held_back = []
+        self._push(self.now + self.world.handback_s, _HANDED_BACK, back)
 
 
 def handed_back(self: Simulation, payload: str) -> None:

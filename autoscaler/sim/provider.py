@@ -33,21 +33,20 @@ low: the simulator has no market). While rented, it is preempted — outbid and 
 provider — after an exponential time at `World.preemption_rate` per machine-hour (its own
 seeded generator; the rate does not depend on the bid, which in a real market it does):
 
-- it stops billing at once: Vast bills no GPU time for a stopped instance; its disk bills on
-  until reconcile destroys it (within a poll: 50 GB at $0.20/GB-month for 30 s is $0.0001,
-  left out), and it is destroyed;
-- it is no capacity from that moment, and the queue is evaluated at once (production's
-  reconcile enqueues an evaluation when it sees the machine lost: up to a reconcile poll after
-  the preemption, 15 s on average at the default 30 s poll — optimistic by that much);
-- the jobs it ran come back after HANDBACK_S, 20 s: reconcile sees the stop (on average half
-  of its 30 s poll), waits `control.steps.handback.GRACE` (5 s) and has RabbitMQ requeue them (the
-  machine's user's connections closed: under a second). On Redis nothing the broker keeps says
-  whose a delivery is, so they come back by kombu's `visibility_timeout` instead (an hour by
-  default): simulate such a queue with `World.handback_s` set to it. Under
-  `acks_late` each runs again from its start, first in line, its work so far lost (paid, done
-  again); the broker counts it in flight meanwhile, so decide() sees it as running. Under
-  Celery's default early acks the running job was acknowledged when it started: it is lost,
-  counted, never run.
+- its GPU stops billing at once (Vast bills no GPU time for a stopped instance); its disk bills
+  on, at its storage price, until reconcile destroys it;
+- its worker stops with the jobs it ran; everything else is as production's row says: decide()
+  sees a serving machine until reconcile's next round (every poll) reads the provider's
+  listing — stopped, outbid — destroys it, hands its jobs back and evaluates the queue
+  (`policy.reconcile`, through `sim.reconcile_port`: the simulator applies production's rule);
+- the jobs it ran come back HANDBACK_S (5 s) after that round: the hand-back step waits
+  `control.steps.handback.GRACE` (5 s) and has RabbitMQ requeue them (the machine's user's
+  connections closed: under a second). On Redis nothing the broker keeps says whose a delivery
+  is, so they come back by kombu's `visibility_timeout` instead (an hour by default): simulate
+  such a queue with `World.handback_s` set to it. Under `acks_late` each runs again from its
+  start, first in line, its work so far lost (paid, done again); the broker counts it in flight
+  meanwhile, so decide() sees it as running. Under Celery's default early acks the running job
+  was acknowledged when it started: it is lost, counted, never run.
 
 Several providers (`autoscale.provider: [a, b]`): one `SimProvider` each, with its own
 numbers (a declared mock provider's price, boot, failure rates; any other kind the defaults
@@ -73,6 +72,7 @@ from autoscaler.config.provider_options import (
     RunPodOptions,
     VastOptions,
 )
+from autoscaler.control.steps.handback import GRACE
 
 COLD_BOOT_S = 180.0
 DEFAULT_BOOT_S = COLD_BOOT_S
@@ -80,8 +80,8 @@ RESUME_S = 40.0
 STOP_S = 30.0
 RESUME_FAILURE_RATE = 0.10
 STORAGE_PER_GB_MONTH = 0.20
-HANDBACK_S = 20.0
-"""From an interruptible machine's preemption to its jobs back in the broker (see above)."""
+HANDBACK_S = GRACE.total_seconds()
+"""From reconcile destroying a preempted machine to its jobs back in the broker (see above)."""
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ failed boot its provider reports dead, warm-pool retirements — on simulated ma
 
 What the simulated world cannot produce has no effect here, and says why: its workers are never
 silent (a ready machine was heard now), it has no hosts, operators, orphans or lifecycle tasks
-to send (a destroy is done at once), and its preemptions hand their jobs back by themselves
-(`Simulation._preempted`)."""
+to send (a destroy is done at once). A preempted machine is listed stopped, outbid, and judged
+by production's rule."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from autoscaler.policy.reconcile_plan import (
     WarmMiss,
     WarmStopped,
 )
+from autoscaler.policy.reconcile_rules import OUTBID
 from autoscaler.sim.world import SimMachine
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ def _since(m: SimMachine) -> float:
 
 def _status(sim: Simulation, m: SimMachine) -> MachineStatus:
     """What its provider lists it as now."""
+    if m.preempted_s is not None:
+        return MachineStatus.STOPPED
     if m.dead_s is not None and sim.now >= m.dead_s:
         return MachineStatus.DEAD
     if m.state == S.STOPPED:
@@ -102,7 +105,8 @@ def provider_views(sim: Simulation) -> dict[str, ProviderView]:
     (never ready by running alone)."""
     machines: dict[str, list[Listed]] = {name: [] for name in sim.providers}
     for m in _live(sim):
-        listed = Listed(m.launch_id, m.launch_id, m.launch_id, _status(sim, m))
+        outbid = OUTBID if m.preempted_s is not None else None
+        listed = Listed(m.launch_id, m.launch_id, m.launch_id, _status(sim, m), raw_status=outbid)
         machines.setdefault(m.provider, []).append(listed)
     return {
         name: ProviderView(name, listed=True, machines=tuple(ms)) for name, ms in machines.items()
@@ -157,10 +161,10 @@ class SimReconcileActions:
 
     # ------------------------------------------------------------ consequences
     def hand_back(self, action: HandBack) -> None:
-        """Nothing more: the destroy put its jobs back first in line (`Simulation._destroy`)."""
+        """Nothing more: the destroy hands a preempted machine's jobs back (`_hand_back`)."""
 
     def preempted(self, action: Preempted) -> None:
-        """Nothing more: a simulated preemption is counted where it happens (`_preempted`)."""
+        """Nothing more: a simulated preemption is counted when the provider makes it."""
 
     def cancel_if_requested(self, action: CancelIfRequested) -> None:
         """No operator cancels a simulated launch."""

@@ -147,7 +147,8 @@ def interruptible_assumptions(config: Config, queue: str, world: World) -> str |
         return None
     on_demand = cheapest(config, queue).price_per_hour
     back = (
-        f"their jobs handed back {world.handback_s:g} s later and run again (acks late)"
+        f"seen at reconcile's next round, their jobs handed back {world.handback_s:g} s after it "
+        "and run again (acks late)"
         if world.acks == "late"
         else "their running jobs lost (early acks)"
     )

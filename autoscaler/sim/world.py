@@ -60,7 +60,8 @@ class World:
     """The workers' Celery acks: "late" (`task_acks_late`: a preempted machine's job runs again)
     or "early" (Celery's default: it is lost)."""
     handback_s: float = HANDBACK_S
-    """From a preemption to its jobs back in the broker (reconcile's poll, the hand-back)."""
+    """From reconcile destroying a preempted machine to its jobs back in the broker (the
+    hand-back step's grace and the requeue)."""
 
     @classmethod
     def realistic(cls) -> World:
@@ -105,7 +106,10 @@ class SimMachine:
     interruptible: bool = False
     """Rented at the queue's bid: the provider may preempt it."""
     preempted_s: float | None = None
-    """When it was preempted (it ended then)."""
+    """When its provider preempted it (stopped it: outbid); reconcile destroys it at its next
+    round."""
+    held_back: list[int] = field(default_factory=list)
+    """The jobs its worker ran when it was preempted, handed back when it is destroyed."""
     stopping_s: float | None = None
     """When its latest stop began."""
     dead_s: float | None = None
