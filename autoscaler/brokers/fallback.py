@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Generic, Protocol, TypeVar
 
-from autoscaler.brokers.base import Clock, MetricsReader, SourceError, utc_now
+from autoscaler.brokers.base import Clock, MetricsReader, SourceError, failed_metrics, utc_now
 from autoscaler.policy.snapshot import QueueMetrics
 
 log = logging.getLogger(__name__)
@@ -83,19 +83,6 @@ class MemoryReadings:
         return {q: m for q, m in found.items() if m is not None and m.read_at >= since}
 
 
-def missing(queue: str, now: datetime, reason: str) -> QueueMetrics:
-    """The reading for a queue with no usable numbers: nothing to act on, in either direction."""
-    return QueueMetrics(
-        queue=queue,
-        pending=0,
-        oldest_pending_age=None,
-        in_flight=0,
-        read_at=now,
-        stale=True,
-        error=reason,
-    )
-
-
 class FallbackReader:
     """Wraps any `MetricsReader`; `read` always returns one reading per queue, never raises."""
 
@@ -151,7 +138,7 @@ class FallbackReader:
             if known is not None:
                 out[q] = replace(known, stale=True, error=reason)
             else:
-                out[q] = missing(q, now, reason)
+                out[q] = failed_metrics(q, now, reason)
         return out
 
     def close(self) -> None:

@@ -48,6 +48,7 @@ from autoscaler.brokers.base import (
     Secrets,
     SightingsMemo,
     SourceError,
+    failed_metrics,
     safe_error,
     utc_now,
 )
@@ -212,7 +213,7 @@ class CeleryRabbitMQReader:
                     ) from None
                 passive = {}
                 for q in ask:  # management answered for the others: these are unknown
-                    out[q] = _missing(q, now, error)
+                    out[q] = failed_metrics(q, now, error)
             for q, p in passive.items():
                 self.last_consumers[q] = p.consumers if p else 0
                 if p is None:
@@ -300,18 +301,6 @@ class CeleryRabbitMQReader:
 
 def _int(value: Any) -> int:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _missing(queue: str, now: datetime, error: str) -> QueueMetrics:
-    return QueueMetrics(
-        queue=queue,
-        pending=0,
-        oldest_pending_age=None,
-        in_flight=0,
-        read_at=now,
-        stale=True,
-        error=error,
-    )
 
 
 def build(source: CelerySource, ctx: ReaderBuild) -> CeleryRabbitMQReader:
